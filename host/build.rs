@@ -1,0 +1,97 @@
+//! Builds what the demo tenants and the end-to-end tests run: the example and test guest
+//! components (compiled to wasm32-wasip2 components by a nested cargo), after fetching
+//! the Magika model that the magika component embeds a label table of.
+//!
+//! Outputs land in `target/guests/wasm32-wasip2/release/`, which the demo manifests in
+//! `tenants/` reference; `SLUICE_GUEST_DIR` points tests at the same folder.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const GUESTS: [&str; 4] = ["digits", "magika", "cascade", "hostile-guest"];
+const TARGET: &str = "wasm32-wasip2";
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ sits in the workspace")
+        .to_path_buf();
+    for watched in [
+        "guest-sdk",
+        "wit",
+        "examples",
+        "tests/guests",
+        "scripts/fetch_magika.py",
+    ] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+
+    fetch_magika(&root);
+    ensure_target();
+    let target_dir = root.join("target").join("guests");
+    build_guests(&root, &target_dir);
+    println!(
+        "cargo:rustc-env=SLUICE_GUEST_DIR={}",
+        target_dir.join(TARGET).join("release").display()
+    );
+    println!("cargo:rustc-env=SLUICE_REPO_ROOT={}", root.display());
+}
+
+fn fetch_magika(root: &Path) {
+    let status = Command::new("python3")
+        .arg(root.join("scripts/fetch_magika.py"))
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        other => panic!(
+            "fetching the Magika model failed ({other:?}); it needs python3 with pip and access to PyPI. \
+             Run `python3 scripts/fetch_magika.py` to see the error."
+        ),
+    }
+}
+
+/// Install the wasm32-wasip2 target where rustup does not do it from rust-toolchain.toml.
+fn ensure_target() {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output();
+    if let Ok(output) = installed
+        && !String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .any(|l| l.trim() == TARGET)
+    {
+        let _ = Command::new("rustup")
+            .args(["target", "add", TARGET])
+            .status();
+    }
+}
+
+fn build_guests(root: &Path, target_dir: &PathBuf) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(root)
+        .args(["build", "--release", "--target", TARGET, "--target-dir"])
+        .arg(target_dir);
+    for guest in GUESTS {
+        command.args(["-p", guest]);
+    }
+    // The outer build's settings are not the guests' settings.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CARGO_") && key != "CARGO_HOME"
+            || key.starts_with("RUST") && key != "RUSTUP_HOME" && key != "RUSTUP_TOOLCHAIN"
+        {
+            command.env_remove(key);
+        }
+    }
+    command
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
+    let status = command
+        .status()
+        .expect("running cargo to build the guest components");
+    assert!(
+        status.success(),
+        "building the guest components for {TARGET} failed (see the output above)"
+    );
+}

@@ -1,0 +1,142 @@
+//! The one error table: every failure a client can see, with its HTTP status (and, for the
+//! gRPC front end, its status code) and a bounded `kind` label. Messages say what failed
+//! and how to fix it; the same failure reads the same over every protocol.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::nn::scheduler::ComputeError;
+use crate::runtime::GuestError;
+
+/// Error kinds, each with one status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Unknown model, app or version (also foreign ones: no existence leak).
+    NotFound,
+    /// Malformed or inconsistent request.
+    InvalidInput,
+    /// Body larger than the tenant allows.
+    PayloadTooLarge,
+    /// Missing or wrong API key.
+    Unauthenticated,
+    /// The tenant is over one of its quotas.
+    QuotaExceeded,
+    /// The server (a model queue) is over capacity.
+    Overloaded,
+    /// The request ran past its deadline.
+    DeadlineExceeded,
+    /// The guest exhausted a resource limit (memory, stack).
+    GuestResource,
+    /// The guest trapped or reported an internal error.
+    GuestFailure,
+    /// A model call failed.
+    ModelFailure,
+    /// A host fault.
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::InvalidInput => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Self::GuestResource | Self::GuestFailure | Self::ModelFailure | Self::Internal => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// A bounded label for logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::InvalidInput => "invalid_input",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::Unauthenticated => "unauthenticated",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::Overloaded => "overloaded",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::GuestResource => "guest_resource",
+            Self::GuestFailure => "guest_failure",
+            Self::ModelFailure => "model_failure",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// An error answered to a client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidInput, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+}
+
+impl From<ComputeError> for ApiError {
+    fn from(error: ComputeError) -> Self {
+        let kind = match &error {
+            ComputeError::InvalidInput(_) => ErrorKind::InvalidInput,
+            ComputeError::Overloaded { .. } => ErrorKind::Overloaded,
+            ComputeError::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
+            ComputeError::Backend { .. } => ErrorKind::ModelFailure,
+            ComputeError::Stopped { .. } => ErrorKind::Overloaded,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
+impl From<GuestError> for ApiError {
+    fn from(error: GuestError) -> Self {
+        let kind = match &error {
+            GuestError::Queue(queue) => return queue.clone().into(),
+            GuestError::InvalidInput(_) => ErrorKind::InvalidInput,
+            GuestError::Model(_) => ErrorKind::ModelFailure,
+            GuestError::Internal(_) | GuestError::Trap(_) => ErrorKind::GuestFailure,
+            GuestError::Deadline { .. } => ErrorKind::DeadlineExceeded,
+            GuestError::OutOfMemory { .. } | GuestError::StackOverflow => ErrorKind::GuestResource,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.kind.status().is_server_error() {
+            tracing::warn!(kind = self.kind.label(), error = %self.message, "request failed");
+        }
+        let mut response = (
+            self.kind.status(),
+            axum::Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response();
+        if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
+    }
+}

@@ -1,0 +1,137 @@
+//! OIP REST over axum: health, server and model metadata, readiness and inference, with
+//! and without a pinned version. Every model route authenticates the tenant first; the
+//! body is read only up to the tenant's request-size limit.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use super::error::{ApiError, ErrorKind};
+use super::json::{encode_response, parse_infer_request};
+use super::types::TensorLimits;
+use super::{infer, metadata};
+use crate::serve::{ServingState, TenantState};
+
+type Shared = Arc<ServingState>;
+
+pub fn router(state: Shared) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/v2/health/live",
+            get(|| async { Json(serde_json::json!({ "live": true })) }),
+        )
+        .route(
+            "/v2/health/ready",
+            get(|| async { Json(serde_json::json!({ "ready": true })) }),
+        )
+        .route("/v2", get(|| async { Json(metadata::server()) }))
+        .route("/v2/models/{model}", get(model_metadata))
+        .route("/v2/models/{model}/versions/{version}", get(model_metadata))
+        .route("/v2/models/{model}/ready", get(model_ready))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(model_ready),
+        )
+        .route("/v2/models/{model}/infer", post(model_infer))
+        .route(
+            "/v2/models/{model}/versions/{version}/infer",
+            post(model_infer),
+        )
+        .fallback(|| async {
+            ApiError::not_found(
+                "no such endpoint; see the Open Inference Protocol REST paths under /v2",
+            )
+        })
+        .with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+struct ModelPath {
+    model: String,
+    version: Option<String>,
+}
+
+fn authenticate<'a>(
+    state: &'a ServingState,
+    headers: &HeaderMap,
+) -> Result<&'a TenantState, ApiError> {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let key = crate::tenancy::bearer_key(authorization)?;
+    let tenant = state
+        .registry
+        .authenticate(key)
+        .ok_or_else(crate::tenancy::unknown_key)?;
+    state.tenants.get(&tenant.id).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::Internal,
+            format!("tenant '{}' is not loaded", tenant.id),
+        )
+    })
+}
+
+async fn model_metadata(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
+    Ok(Json(metadata::model(&path.model, &target)).into_response())
+}
+
+async fn model_ready(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    infer::resolve(tenant, &path.model, path.version.as_deref())?;
+    Ok(Json(serde_json::json!({ "name": path.model, "ready": true })).into_response())
+}
+
+async fn model_infer(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let limit = usize::try_from(tenant.tenant.quotas.max_request_bytes).unwrap_or(usize::MAX);
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::PayloadTooLarge,
+            format!("request body exceeds the tenant's limit of {limit} bytes (max_request_bytes)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit) {
+        return Err(too_large());
+    }
+    let body = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large())?;
+    let limits = TensorLimits {
+        max_elements: tenant.tenant.quotas.max_tensor_elements,
+    };
+    let request = parse_infer_request(&body, limits)?;
+    let outcome = infer::infer(
+        &state,
+        tenant,
+        &path.model,
+        path.version.as_deref(),
+        request,
+    )
+    .await?;
+    Ok(Json(encode_response(outcome)).into_response())
+}

@@ -1,0 +1,344 @@
+//! OIP REST JSON: the wire request becomes a [`ValidInferRequest`]; an [`InferOutcome`]
+//! becomes the wire response. Tensor `data` may be flat or nested row-major arrays.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
+use crate::nn::tensor::ElementType;
+
+#[derive(Debug, Deserialize)]
+pub struct InferRequestJson {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<serde_json::Map<String, Value>>,
+    pub inputs: Vec<InputJson>,
+    #[serde(default)]
+    pub outputs: Option<Vec<RequestedOutputJson>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InputJson {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub datatype: String,
+    #[serde(default)]
+    pub parameters: Option<serde_json::Map<String, Value>>,
+    pub data: Value,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RequestedOutputJson {
+    pub name: String,
+    #[serde(default)]
+    pub parameters: Option<serde_json::Map<String, Value>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InferResponseJson {
+    pub model_name: String,
+    pub model_version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub parameters: serde_json::Map<String, Value>,
+    pub outputs: Vec<OutputJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OutputJson {
+    pub name: String,
+    pub datatype: &'static str,
+    pub shape: Vec<u64>,
+    pub data: DataJson,
+}
+
+/// Output values, typed so floats print in their own precision.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum DataJson {
+    Bool(Vec<bool>),
+    Signed(Vec<i64>),
+    Unsigned(Vec<u64>),
+    Float(Vec<f32>),
+    Double(Vec<f64>),
+    Text(Vec<String>),
+}
+
+/// Parse and validate a JSON infer request.
+pub fn parse_infer_request(
+    body: &[u8],
+    limits: TensorLimits,
+) -> Result<ValidInferRequest, ApiError> {
+    let wire: InferRequestJson = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("malformed JSON request: {e}")))?;
+    let mut inputs = Vec::with_capacity(wire.inputs.len());
+    for input in wire.inputs {
+        if inputs.iter().any(|i: &ValidTensor| i.name == input.name) {
+            return Err(ApiError::invalid(format!(
+                "input '{}' is given twice",
+                input.name
+            )));
+        }
+        inputs.push(parse_input(input, limits)?);
+    }
+    Ok(ValidInferRequest {
+        id: wire.id,
+        inputs,
+        parameters: parameters(wire.parameters),
+        requested_outputs: wire
+            .outputs
+            .map(|outputs| outputs.into_iter().map(|o| o.name).collect()),
+    })
+}
+
+/// Request parameters as strings (numbers and booleans in their JSON spelling).
+pub fn parameters(map: Option<serde_json::Map<String, Value>>) -> Vec<(String, String)> {
+    map.into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let text = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k, text)
+        })
+        .collect()
+}
+
+fn parse_input(input: InputJson, limits: TensorLimits) -> Result<ValidTensor, ApiError> {
+    let name = input.name;
+    let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "input '{name}': unknown datatype '{}'; expected one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, \
+             INT32, INT64, FP16, BF16, FP32, FP64, BYTES",
+            input.datatype
+        ))
+    })?;
+    let shape = input
+        .shape
+        .iter()
+        .map(|&d| u64::try_from(d))
+        .collect::<Result<Vec<u64>, _>>()
+        .map_err(|_| {
+            ApiError::invalid(format!(
+                "input '{name}': shape {:?} has a negative dimension",
+                input.shape
+            ))
+        })?;
+    // Refuse oversized tensors before touching their data.
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .unwrap_or(u64::MAX);
+    if elements > limits.max_elements {
+        return Err(ApiError::invalid(format!(
+            "tensor '{name}' has {elements} elements; the tenant's limit is {} (max_tensor_elements)",
+            limits.max_elements
+        )));
+    }
+    let mut values = Vec::new();
+    flatten(input.data, &mut values);
+    let payload = match datatype {
+        Datatype::Bytes => Payload::Bytes(
+            values
+                .into_iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s.into_bytes()),
+                    other => Err(ApiError::invalid(format!(
+                        "input '{name}': BYTES data must be strings, got {other}"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Datatype::Fixed(ty) => {
+            let mut bytes = Vec::with_capacity(values.len() * ty.size());
+            for value in &values {
+                encode_value(ty, value, &mut bytes).ok_or_else(|| {
+                    ApiError::invalid(format!("input '{name}': {value} is not a valid {ty} value"))
+                })?;
+            }
+            Payload::Fixed(bytes)
+        }
+    };
+    ValidTensor::new(name, datatype, shape, payload, limits).map_err(ApiError::invalid)
+}
+
+fn flatten(value: Value, out: &mut Vec<Value>) {
+    match value {
+        Value::Array(items) => items.into_iter().for_each(|item| flatten(item, out)),
+        other => out.push(other),
+    }
+}
+
+fn encode_value(ty: ElementType, value: &Value, out: &mut Vec<u8>) -> Option<()> {
+    macro_rules! int {
+        ($t:ty) => {{
+            let v = value
+                .as_i64()
+                .map(i128::from)
+                .or_else(|| value.as_u64().map(i128::from))?;
+            out.extend_from_slice(&<$t>::try_from(v).ok()?.to_le_bytes());
+        }};
+    }
+    match ty {
+        ElementType::Bool => out.push(u8::from(value.as_bool()?)),
+        ElementType::U8 => int!(u8),
+        ElementType::I8 => int!(i8),
+        ElementType::U16 => int!(u16),
+        ElementType::I16 => int!(i16),
+        ElementType::U32 => int!(u32),
+        ElementType::I32 => int!(i32),
+        ElementType::U64 => int!(u64),
+        ElementType::I64 => int!(i64),
+        ElementType::F16 => {
+            out.extend_from_slice(&half::f16::from_f64(value.as_f64()?).to_le_bytes())
+        }
+        ElementType::BF16 => {
+            out.extend_from_slice(&half::bf16::from_f64(value.as_f64()?).to_le_bytes())
+        }
+        ElementType::F32 => out.extend_from_slice(&(value.as_f64()? as f32).to_le_bytes()),
+        ElementType::F64 => out.extend_from_slice(&value.as_f64()?.to_le_bytes()),
+    }
+    Some(())
+}
+
+/// Encode a successful inference as the OIP JSON response.
+pub fn encode_response(outcome: InferOutcome) -> InferResponseJson {
+    InferResponseJson {
+        model_name: outcome.model_name,
+        model_version: outcome.model_version,
+        id: outcome.id,
+        parameters: outcome
+            .parameters
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect(),
+        outputs: outcome.outputs.into_iter().map(encode_output).collect(),
+    }
+}
+
+fn encode_output(tensor: ValidTensor) -> OutputJson {
+    let data = match (&tensor.datatype, tensor.payload) {
+        (Datatype::Bytes, Payload::Bytes(items)) => DataJson::Text(
+            items
+                .into_iter()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .collect(),
+        ),
+        (Datatype::Fixed(ty), Payload::Fixed(bytes)) => decode_values(*ty, &bytes),
+        _ => DataJson::Text(Vec::new()),
+    };
+    OutputJson {
+        name: tensor.name,
+        datatype: tensor.datatype.name(),
+        shape: tensor.shape,
+        data,
+    }
+}
+
+fn decode_values(ty: ElementType, bytes: &[u8]) -> DataJson {
+    macro_rules! each {
+        ($t:ty, $map:expr) => {
+            bytes
+                .chunks_exact(std::mem::size_of::<$t>())
+                .map(|c| <$t>::from_le_bytes(c.try_into().expect("element size")))
+                .map($map)
+                .collect()
+        };
+    }
+    match ty {
+        ElementType::Bool => DataJson::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        ElementType::U8 => DataJson::Unsigned(bytes.iter().map(|&b| u64::from(b)).collect()),
+        ElementType::U16 => DataJson::Unsigned(each!(u16, u64::from)),
+        ElementType::U32 => DataJson::Unsigned(each!(u32, u64::from)),
+        ElementType::U64 => DataJson::Unsigned(each!(u64, |v| v)),
+        ElementType::I8 => DataJson::Signed(bytes.iter().map(|&b| i64::from(b as i8)).collect()),
+        ElementType::I16 => DataJson::Signed(each!(i16, i64::from)),
+        ElementType::I32 => DataJson::Signed(each!(i32, i64::from)),
+        ElementType::I64 => DataJson::Signed(each!(i64, |v| v)),
+        ElementType::F16 => DataJson::Float(each!(half::f16, half::f16::to_f32)),
+        ElementType::BF16 => DataJson::Float(each!(half::bf16, half::bf16::to_f32)),
+        ElementType::F32 => DataJson::Float(each!(f32, |v| v)),
+        ElementType::F64 => DataJson::Double(each!(f64, |v| v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: TensorLimits = TensorLimits { max_elements: 1000 };
+
+    fn parse(json: &str) -> Result<ValidInferRequest, ApiError> {
+        parse_infer_request(json.as_bytes(), LIMITS)
+    }
+
+    #[test]
+    fn nested_data_flattens_row_major() {
+        let request = parse(
+            r#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,4]]}]}"#,
+        )
+        .expect("valid request");
+        let Payload::Fixed(bytes) = &request.inputs[0].payload else {
+            panic!("fixed payload")
+        };
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(&bytes[12..16], &4i32.to_le_bytes());
+    }
+
+    #[test]
+    fn each_bad_input_names_what_is_wrong() {
+        let cases = [
+            (r#"{"inputs": ["#, "malformed JSON"),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FLOAT","data":[1]}]}"#,
+                "unknown datatype 'FLOAT'",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#,
+                "needs 3 values",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[1]}]}"#,
+                "negative dimension",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[300]}]}"#,
+                "300 is not a valid UINT8",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[2000],"datatype":"FP32","data":[]}]}"#,
+                "max_tensor_elements",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":[1]}]}"#,
+                "BYTES data must be strings",
+            ),
+        ];
+        for (json, expected) in cases {
+            let error = parse(json).expect_err(json);
+            assert!(
+                error.message.contains(expected),
+                "{json}: {}",
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn outputs_encode_with_their_own_precision() {
+        let tensor = ValidTensor::new(
+            "p".into(),
+            Datatype::Fixed(ElementType::F32),
+            vec![1],
+            Payload::Fixed(0.1f32.to_le_bytes().to_vec()),
+            LIMITS,
+        )
+        .expect("valid");
+        let json = serde_json::to_string(&encode_output(tensor)).expect("serializes");
+        assert!(json.contains("[0.1]"), "{json}");
+    }
+}

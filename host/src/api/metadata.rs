@@ -1,0 +1,64 @@
+//! Server and model metadata as OIP reports it: for plain models from the ONNX graph, for
+//! apps from their manifest.
+
+use serde::Serialize;
+
+use super::infer::{PLAIN_MODEL_VERSION, Target};
+use crate::nn::backend::{BackendKind, TensorSpec};
+use crate::registry::manifest::TensorMetadata;
+
+#[derive(Debug, Serialize)]
+pub struct ServerMetadata {
+    pub name: &'static str,
+    pub version: &'static str,
+    pub extensions: Vec<&'static str>,
+}
+
+pub fn server() -> ServerMetadata {
+    ServerMetadata {
+        name: "sluice",
+        version: env!("CARGO_PKG_VERSION"),
+        extensions: Vec::new(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: String,
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// Metadata of a resolved model or app.
+pub fn model(name: &str, target: &Target<'_>) -> ModelMetadata {
+    match target {
+        Target::App { app, .. } => ModelMetadata {
+            name: name.to_string(),
+            versions: app.versions.keys().map(|v| v.to_string()).collect(),
+            platform: "sluice_wasm".to_string(),
+            inputs: app.spec.inputs.clone(),
+            outputs: app.spec.outputs.clone(),
+        },
+        Target::Model { model, .. } => ModelMetadata {
+            name: name.to_string(),
+            versions: vec![PLAIN_MODEL_VERSION.to_string()],
+            platform: match model.backend {
+                BackendKind::Onnxruntime => "onnxruntime_onnx",
+                BackendKind::Tract => "tract_onnx",
+            }
+            .to_string(),
+            inputs: model.signature.inputs.iter().map(tensor).collect(),
+            outputs: model.signature.outputs.iter().map(tensor).collect(),
+        },
+    }
+}
+
+fn tensor(spec: &TensorSpec) -> TensorMetadata {
+    TensorMetadata {
+        name: spec.name.clone(),
+        datatype: spec.ty.oip_name().to_string(),
+        shape: spec.oip_shape(),
+    }
+}

@@ -1,0 +1,10 @@
+//! The client-facing API: OIP over HTTP ([`http`]) with JSON tensors ([`json`]), the
+//! validated request types every protocol shares ([`types`]), protocol-neutral inference
+//! ([`infer`]), model metadata ([`metadata`]) and the one error table ([`error`]).
+
+pub mod error;
+pub mod http;
+pub mod infer;
+pub mod json;
+pub mod metadata;
+pub mod types;

@@ -1,0 +1,259 @@
+//! Protocol-neutral validated requests and results. Every front end turns its wire format
+//! into these (parse, don't validate); everything downstream takes only these.
+
+use crate::api::error::ApiError;
+use crate::nn::tensor::{ElementType, Tensor, byte_len};
+use crate::runtime::{Datatype as GuestDatatype, GuestTensor, TensorData as GuestData};
+
+/// An OIP datatype: a fixed-size element type or BYTES.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Datatype {
+    Fixed(ElementType),
+    Bytes,
+}
+
+impl Datatype {
+    pub fn parse(name: &str) -> Option<Self> {
+        if name == "BYTES" {
+            return Some(Self::Bytes);
+        }
+        ElementType::from_oip_name(name).map(Self::Fixed)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fixed(ty) => ty.oip_name(),
+            Self::Bytes => "BYTES",
+        }
+    }
+}
+
+/// Tensor contents consistent with the datatype and shape.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    /// Little-endian element bytes.
+    Fixed(Vec<u8>),
+    /// One byte string per element.
+    Bytes(Vec<Vec<u8>>),
+}
+
+/// A named tensor whose contents match its datatype and shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidTensor {
+    pub name: String,
+    pub datatype: Datatype,
+    pub shape: Vec<u64>,
+    pub payload: Payload,
+}
+
+/// Limits applied while validating.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorLimits {
+    pub max_elements: u64,
+}
+
+impl ValidTensor {
+    /// Check datatype, shape and payload together.
+    pub fn new(
+        name: String,
+        datatype: Datatype,
+        shape: Vec<u64>,
+        payload: Payload,
+        limits: TensorLimits,
+    ) -> Result<Self, String> {
+        let elements = shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| format!("tensor '{name}': shape {shape:?} is too large"))?;
+        if elements > limits.max_elements {
+            return Err(format!(
+                "tensor '{name}' has {elements} elements; the tenant's limit is {} (max_tensor_elements)",
+                limits.max_elements
+            ));
+        }
+        match (&datatype, &payload) {
+            (Datatype::Fixed(ty), Payload::Fixed(bytes)) => {
+                let expected = elements as usize * ty.size();
+                if bytes.len() != expected {
+                    return Err(format!(
+                        "tensor '{name}': shape {shape:?} of {} needs {} values ({expected} bytes) but {} bytes were given",
+                        ty,
+                        elements,
+                        bytes.len()
+                    ));
+                }
+            }
+            (Datatype::Bytes, Payload::Bytes(items)) => {
+                if items.len() as u64 != elements {
+                    return Err(format!(
+                        "tensor '{name}': shape {shape:?} needs {elements} BYTES elements but {} were given",
+                        items.len()
+                    ));
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "tensor '{name}': contents do not match datatype {}",
+                    datatype.name()
+                ));
+            }
+        }
+        Ok(Self {
+            name,
+            datatype,
+            shape,
+            payload,
+        })
+    }
+
+    /// As a model input (BYTES cannot feed a model directly).
+    pub fn into_model_tensor(self) -> Result<(String, Tensor), ApiError> {
+        let (Datatype::Fixed(ty), Payload::Fixed(bytes)) = (self.datatype, self.payload) else {
+            return Err(ApiError::invalid(format!(
+                "input '{}' is BYTES; this model takes numeric tensors",
+                self.name
+            )));
+        };
+        let dims = self.shape.iter().map(|&d| d as usize).collect();
+        let tensor = Tensor::new(ty, dims, bytes)
+            .map_err(|e| ApiError::invalid(format!("input '{}': {e}", self.name)))?;
+        Ok((self.name, tensor))
+    }
+
+    /// From a model output.
+    pub fn from_model_tensor(name: String, tensor: Tensor) -> Self {
+        let shape = tensor.dims().iter().map(|&d| d as u64).collect();
+        let datatype = Datatype::Fixed(tensor.ty());
+        Self {
+            name,
+            datatype,
+            shape,
+            payload: Payload::Fixed(tensor.into_data()),
+        }
+    }
+
+    /// As the guest's request tensor.
+    pub fn into_guest(self) -> GuestTensor {
+        GuestTensor {
+            name: self.name,
+            datatype: guest_datatype(self.datatype),
+            shape: self.shape,
+            data: match self.payload {
+                Payload::Fixed(bytes) => GuestData::Raw(bytes),
+                Payload::Bytes(items) => GuestData::Elements(items),
+            },
+        }
+    }
+
+    /// From a guest's response tensor, checked like any client input.
+    pub fn from_guest(tensor: GuestTensor) -> Result<Self, String> {
+        let datatype = host_datatype(tensor.datatype);
+        let payload = match tensor.data {
+            GuestData::Raw(bytes) => Payload::Fixed(bytes),
+            GuestData::Elements(items) => Payload::Bytes(items),
+        };
+        if let (Datatype::Fixed(ty), Payload::Fixed(bytes)) = (&datatype, &payload) {
+            let dims: Vec<usize> = tensor.shape.iter().map(|&d| d as usize).collect();
+            if byte_len(*ty, &dims) != Some(bytes.len()) {
+                return Err(format!(
+                    "output '{}' has {} bytes, which does not fit shape {:?} of {ty}",
+                    tensor.name,
+                    bytes.len(),
+                    tensor.shape
+                ));
+            }
+        }
+        Self::new(
+            tensor.name,
+            datatype,
+            tensor.shape,
+            payload,
+            TensorLimits {
+                max_elements: u64::MAX,
+            },
+        )
+    }
+}
+
+fn guest_datatype(datatype: Datatype) -> GuestDatatype {
+    match datatype {
+        Datatype::Bytes => GuestDatatype::Bytes,
+        Datatype::Fixed(ty) => match ty {
+            ElementType::Bool => GuestDatatype::Bool,
+            ElementType::U8 => GuestDatatype::Uint8,
+            ElementType::I8 => GuestDatatype::Int8,
+            ElementType::U16 => GuestDatatype::Uint16,
+            ElementType::I16 => GuestDatatype::Int16,
+            ElementType::U32 => GuestDatatype::Uint32,
+            ElementType::I32 => GuestDatatype::Int32,
+            ElementType::U64 => GuestDatatype::Uint64,
+            ElementType::I64 => GuestDatatype::Int64,
+            ElementType::F16 | ElementType::BF16 => GuestDatatype::Fp16,
+            ElementType::F32 => GuestDatatype::Fp32,
+            ElementType::F64 => GuestDatatype::Fp64,
+        },
+    }
+}
+
+fn host_datatype(datatype: GuestDatatype) -> Datatype {
+    Datatype::Fixed(match datatype {
+        GuestDatatype::Bytes => return Datatype::Bytes,
+        GuestDatatype::Bool => ElementType::Bool,
+        GuestDatatype::Uint8 => ElementType::U8,
+        GuestDatatype::Int8 => ElementType::I8,
+        GuestDatatype::Uint16 => ElementType::U16,
+        GuestDatatype::Int16 => ElementType::I16,
+        GuestDatatype::Uint32 => ElementType::U32,
+        GuestDatatype::Int32 => ElementType::I32,
+        GuestDatatype::Uint64 => ElementType::U64,
+        GuestDatatype::Int64 => ElementType::I64,
+        GuestDatatype::Fp16 => ElementType::F16,
+        GuestDatatype::Fp32 => ElementType::F32,
+        GuestDatatype::Fp64 => ElementType::F64,
+    })
+}
+
+/// A validated inference request.
+#[derive(Debug, Clone, Default)]
+pub struct ValidInferRequest {
+    pub id: Option<String>,
+    pub inputs: Vec<ValidTensor>,
+    pub parameters: Vec<(String, String)>,
+    /// Output names the client asked for; `None` means all.
+    pub requested_outputs: Option<Vec<String>>,
+}
+
+/// A successful inference.
+#[derive(Debug, Clone)]
+pub struct InferOutcome {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: Option<String>,
+    pub outputs: Vec<ValidTensor>,
+    pub parameters: Vec<(String, String)>,
+}
+
+impl InferOutcome {
+    /// Keep only the outputs the client asked for, in the order asked.
+    pub fn select(mut self, requested: Option<&[String]>) -> Result<Self, ApiError> {
+        let Some(requested) = requested else {
+            return Ok(self);
+        };
+        let mut selected = Vec::with_capacity(requested.len());
+        for name in requested {
+            let index = self
+                .outputs
+                .iter()
+                .position(|o| &o.name == name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
+                    ApiError::invalid(format!(
+                        "unknown requested output '{name}'; outputs: {known:?}"
+                    ))
+                })?;
+            selected.push(self.outputs.swap_remove(index));
+        }
+        self.outputs = selected;
+        Ok(self)
+    }
+}

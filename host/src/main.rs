@@ -1,0 +1,103 @@
+//! The `sluice` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use sluice::nn::backend::BackendKind;
+use sluice::serve::{ServeConfig, serve};
+
+/// Sluice: a multi-tenant inference server. Tenants' WebAssembly components run beside
+/// shared model backends; clients speak the Open Inference Protocol (KServe v2).
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the tenants in a directory over HTTP.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Address for the OIP HTTP API.
+    #[arg(long, env = "SLUICE_HTTP", default_value = "127.0.0.1:8000")]
+    http: SocketAddr,
+    /// Directory of tenant manifests (`*.toml`, plus an optional `platform.toml`).
+    #[arg(long, env = "SLUICE_TENANTS", default_value = "tenants")]
+    tenants: PathBuf,
+    /// Directory for server state (compiled-component cache).
+    #[arg(long, env = "SLUICE_DATA_DIR", default_value = "data")]
+    data_dir: PathBuf,
+    /// Path of the ONNX Runtime shared library (`libonnxruntime.so.*`). Without it, an
+    /// `onnxruntime` Python package is searched (./.venv, then python3).
+    #[arg(long, env = "ORT_DYLIB_PATH")]
+    onnxruntime_lib: Option<PathBuf>,
+    /// Backend for models whose manifest pins none (default: onnxruntime if its library
+    /// is found, else tract).
+    #[arg(long, env = "SLUICE_BACKEND", value_enum)]
+    backend: Option<BackendArg>,
+    /// Intra-op threads per model (0: the backend decides).
+    #[arg(long, env = "SLUICE_BACKEND_THREADS", default_value_t = 0)]
+    backend_threads: usize,
+    /// Guest instances alive at once across all tenants.
+    #[arg(long, env = "SLUICE_MAX_INSTANCES", default_value_t = 256)]
+    max_instances: u32,
+    /// Epoch tick in milliseconds: the granularity of guest deadlines.
+    #[arg(long, env = "SLUICE_EPOCH_TICK_MS", default_value_t = 5)]
+    epoch_tick_ms: u64,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "SLUICE_LOG_JSON")]
+    log_json: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BackendArg {
+    Onnxruntime,
+    Tract,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(args.log_json);
+            let config = ServeConfig {
+                http: args.http,
+                tenants_dir: args.tenants,
+                data_dir: args.data_dir,
+                onnxruntime_library: args.onnxruntime_lib,
+                default_backend: args.backend.map(|b| match b {
+                    BackendArg::Onnxruntime => BackendKind::Onnxruntime,
+                    BackendArg::Tract => BackendKind::Tract,
+                }),
+                backend_threads: args.backend_threads,
+                max_instances: args.max_instances,
+                epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(serve(config))
+        }
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,187 @@
+//! Backends run model graphs on a device. Each is an object-safe [`Backend`] that loads
+//! ONNX bytes into a [`Graph`]; graphs run synchronously on the caller's thread (the
+//! scheduler calls them from blocking threads, never from an async worker).
+//!
+//! Backends sit behind cargo features and are listed by [`available`].
+
+#[cfg(feature = "onnxruntime")]
+pub mod onnxruntime;
+#[cfg(feature = "tract")]
+pub mod tract;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::tensor::{ElementType, Tensor};
+
+/// Which backend serves a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Onnxruntime,
+    Tract,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Onnxruntime => "onnxruntime",
+            Self::Tract => "tract",
+        })
+    }
+}
+
+/// A model input or output as the graph declares it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TensorSpec {
+    pub name: String,
+    pub ty: ElementType,
+    /// Dimensions; `None` is a dynamic dimension (reported as -1).
+    pub dims: Vec<Option<usize>>,
+}
+
+impl TensorSpec {
+    /// Whether the first dimension is dynamic, so requests can be stacked along it.
+    pub fn has_batch_dim(&self) -> bool {
+        matches!(self.dims.first(), Some(None))
+    }
+
+    /// Check a tensor against this spec; the message names what differs.
+    pub fn check(&self, tensor: &Tensor) -> Result<(), String> {
+        if tensor.ty() != self.ty {
+            return Err(format!(
+                "input '{}' must be {}, got {}",
+                self.name,
+                self.ty,
+                tensor.ty()
+            ));
+        }
+        let dims = tensor.dims();
+        let fits = dims.len() == self.dims.len()
+            && dims
+                .iter()
+                .zip(&self.dims)
+                .all(|(&d, spec)| spec.is_none_or(|s| s == d));
+        if !fits {
+            return Err(format!(
+                "input '{}' must have shape {}, got {dims:?}",
+                self.name,
+                self.shape_text()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Shape with -1 for dynamic dimensions, as OIP metadata reports it.
+    pub fn oip_shape(&self) -> Vec<i64> {
+        self.dims
+            .iter()
+            .map(|d| d.map_or(-1, |d| d as i64))
+            .collect()
+    }
+
+    fn shape_text(&self) -> String {
+        format!("{:?}", self.oip_shape())
+    }
+}
+
+/// A graph's declared inputs and outputs.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Signature {
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl Signature {
+    /// Whether requests can be stacked: every input and output has a dynamic first dimension.
+    pub fn batchable(&self) -> bool {
+        !self.inputs.is_empty()
+            && self.inputs.iter().all(TensorSpec::has_batch_dim)
+            && self.outputs.iter().all(TensorSpec::has_batch_dim)
+    }
+}
+
+/// Why a backend could not load or run a model.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{backend} is not available: {reason}")]
+    Unavailable {
+        backend: BackendKind,
+        reason: String,
+    },
+    #[error("{backend} could not load the model: {reason}")]
+    Load {
+        backend: BackendKind,
+        reason: String,
+    },
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("{backend} failed to run the model: {reason}")]
+    Run {
+        backend: BackendKind,
+        reason: String,
+    },
+}
+
+/// A loaded, runnable graph.
+pub trait Graph: Send + Sync {
+    fn signature(&self) -> &Signature;
+
+    /// Run on named inputs already checked against the signature; outputs in signature order.
+    fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError>;
+}
+
+/// A backend that turns ONNX bytes into graphs.
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+
+    fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError>;
+}
+
+/// Settings for building the backends.
+#[derive(Debug, Clone, Default)]
+pub struct BackendSettings {
+    /// Path of the ONNX Runtime shared library, when known.
+    pub onnxruntime_library: Option<PathBuf>,
+    /// Intra-op threads per graph (0 lets the backend decide).
+    pub threads: usize,
+}
+
+/// Backends compiled in and usable on this machine, best first, plus why others are not.
+pub struct Backends {
+    pub available: Vec<Arc<dyn Backend>>,
+    pub unavailable: Vec<BackendError>,
+}
+
+impl Backends {
+    pub fn get(&self, kind: BackendKind) -> Option<Arc<dyn Backend>> {
+        self.available.iter().find(|b| b.kind() == kind).cloned()
+    }
+
+    /// The default backend for a model with no pinned backend.
+    pub fn preferred(&self) -> Option<Arc<dyn Backend>> {
+        self.available.first().cloned()
+    }
+}
+
+/// Every backend compiled into this build, in order of preference.
+pub fn available(settings: &BackendSettings) -> Backends {
+    let mut backends = Backends {
+        available: Vec::new(),
+        unavailable: Vec::new(),
+    };
+    #[cfg(feature = "onnxruntime")]
+    match onnxruntime::OnnxRuntime::new(settings) {
+        Ok(backend) => backends.available.push(Arc::new(backend)),
+        Err(err) => backends.unavailable.push(err),
+    }
+    #[cfg(feature = "tract")]
+    backends
+        .available
+        .push(Arc::new(tract::Tract::new(settings)));
+    let _ = settings;
+    backends
+}

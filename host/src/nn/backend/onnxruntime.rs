@@ -1,0 +1,306 @@
+//! The ONNX Runtime backend through `ort`, loading the native library at run time
+//! (`load-dynamic`: nothing is downloaded at build time). The library is found through
+//! the `--onnxruntime-lib` setting or `ORT_DYLIB_PATH`, then in an `onnxruntime` Python
+//! package (the project's `.venv`, then the machine's `python3`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::value::{DynValue, TensorElementType, ValueType};
+
+use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, TensorSpec};
+use crate::nn::tensor::{ElementType, Tensor};
+
+const KIND: BackendKind = BackendKind::Onnxruntime;
+
+/// The process-wide ONNX Runtime environment; ort allows one per process.
+static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+
+pub struct OnnxRuntime {
+    threads: usize,
+}
+
+impl OnnxRuntime {
+    pub fn new(settings: &BackendSettings) -> Result<Self, BackendError> {
+        let unavailable = |reason: String| BackendError::Unavailable {
+            backend: KIND,
+            reason,
+        };
+        let library = match &settings.onnxruntime_library {
+            Some(path) => path.clone(),
+            None => locate_library().ok_or_else(|| {
+                unavailable(
+                    "no ONNX Runtime library found: set ORT_DYLIB_PATH or --onnxruntime-lib, or \
+                     install the `onnxruntime` Python package"
+                        .to_string(),
+                )
+            })?,
+        };
+        if !library.is_file() {
+            return Err(unavailable(format!(
+                "ONNX Runtime library {} does not exist",
+                library.display()
+            )));
+        }
+        let environment = ENVIRONMENT.get_or_init(|| {
+            ort::init_from(&library)
+                .map_err(|e| format!("cannot load {}: {e}", library.display()))?
+                .with_name("sluice")
+                .build()
+                .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", library.display()))
+        });
+        environment.as_ref().map_err(|e| unavailable(e.clone()))?;
+        tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+        Ok(Self {
+            threads: settings.threads,
+        })
+    }
+}
+
+impl Backend for OnnxRuntime {
+    fn kind(&self) -> BackendKind {
+        KIND
+    }
+
+    fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
+        let load_error = |reason: String| BackendError::Load {
+            backend: KIND,
+            reason,
+        };
+        let environment = ENVIRONMENT
+            .get()
+            .and_then(|e| e.as_ref().ok())
+            .ok_or_else(|| load_error("ONNX Runtime is not initialised".to_string()))?;
+        let mut builder = Session::builder(environment)
+            .and_then(|b| {
+                b.with_optimization_level(GraphOptimizationLevel::Level3)
+                    .map_err(Into::into)
+            })
+            .map_err(|e| load_error(e.to_string()))?;
+        if self.threads > 0 {
+            builder = builder
+                .with_intra_threads(self.threads)
+                .map_err(|e| load_error(e.to_string()))?;
+        }
+        let session = builder
+            .commit_from_memory(onnx)
+            .map_err(|e| load_error(e.to_string()))?;
+        let signature = Signature {
+            inputs: session
+                .inputs()
+                .iter()
+                .map(|o| spec(o.name(), o.dtype()))
+                .collect::<Result<_, _>>()
+                .map_err(load_error)?,
+            outputs: session
+                .outputs()
+                .iter()
+                .map(|o| spec(o.name(), o.dtype()))
+                .collect::<Result<_, _>>()
+                .map_err(load_error)?,
+        };
+        Ok(Box::new(OrtGraph {
+            session: Mutex::new(session),
+            signature,
+        }))
+    }
+}
+
+struct OrtGraph {
+    // `Session::run` needs `&mut`; the scheduler runs one batch per graph at a time, so the
+    // lock is uncontended.
+    session: Mutex<Session>,
+    signature: Signature,
+}
+
+impl Graph for OrtGraph {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
+        let run_error = |reason: String| BackendError::Run {
+            backend: KIND,
+            reason,
+        };
+        let values = inputs
+            .into_iter()
+            .map(|(name, tensor)| to_value(tensor).map(|v| (name, v)))
+            .collect::<Result<Vec<(String, DynValue)>, _>>()
+            .map_err(run_error)?;
+        let mut session = self
+            .session
+            .lock()
+            .map_err(|_| run_error("session lock poisoned".to_string()))?;
+        let outputs = session.run(values).map_err(|e| run_error(e.to_string()))?;
+        self.signature
+            .outputs
+            .iter()
+            .map(|spec| {
+                let value = outputs
+                    .get(&spec.name)
+                    .ok_or_else(|| format!("missing output '{}'", spec.name))?;
+                Ok((spec.name.clone(), from_value(value)?))
+            })
+            .collect::<Result<_, String>>()
+            .map_err(run_error)
+    }
+}
+
+fn element_type(ty: TensorElementType) -> Option<ElementType> {
+    Some(match ty {
+        TensorElementType::Float32 => ElementType::F32,
+        TensorElementType::Float64 => ElementType::F64,
+        TensorElementType::Float16 => ElementType::F16,
+        TensorElementType::Bfloat16 => ElementType::BF16,
+        TensorElementType::Uint8 => ElementType::U8,
+        TensorElementType::Int8 => ElementType::I8,
+        TensorElementType::Uint16 => ElementType::U16,
+        TensorElementType::Int16 => ElementType::I16,
+        TensorElementType::Uint32 => ElementType::U32,
+        TensorElementType::Int32 => ElementType::I32,
+        TensorElementType::Uint64 => ElementType::U64,
+        TensorElementType::Int64 => ElementType::I64,
+        TensorElementType::Bool => ElementType::Bool,
+        _ => return None,
+    })
+}
+
+fn spec(name: &str, dtype: &ValueType) -> Result<TensorSpec, String> {
+    let ValueType::Tensor { ty, shape, .. } = dtype else {
+        return Err(format!(
+            "'{name}' is not a tensor ({dtype:?}); only tensor inputs and outputs are served"
+        ));
+    };
+    let ty =
+        element_type(*ty).ok_or_else(|| format!("'{name}' has unsupported element type {ty:?}"))?;
+    let dims = shape.iter().map(|&d| usize::try_from(d).ok()).collect();
+    Ok(TensorSpec {
+        name: name.to_string(),
+        ty,
+        dims,
+    })
+}
+
+macro_rules! typed_value {
+    ($tensor:expr, $ty:ty) => {{
+        let dims: Vec<i64> = $tensor.dims().iter().map(|&d| d as i64).collect();
+        let values: Vec<$ty> = $tensor
+            .data()
+            .chunks_exact(std::mem::size_of::<$ty>())
+            .map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk has the element size")))
+            .collect();
+        ort::value::Tensor::from_array((dims, values)).map(|t| t.into_dyn())
+    }};
+}
+
+fn to_value(tensor: Tensor) -> Result<DynValue, String> {
+    let value = match tensor.ty() {
+        ElementType::F32 => typed_value!(tensor, f32),
+        ElementType::F64 => typed_value!(tensor, f64),
+        ElementType::U8 => typed_value!(tensor, u8),
+        ElementType::I8 => typed_value!(tensor, i8),
+        ElementType::U16 => typed_value!(tensor, u16),
+        ElementType::I16 => typed_value!(tensor, i16),
+        ElementType::U32 => typed_value!(tensor, u32),
+        ElementType::I32 => typed_value!(tensor, i32),
+        ElementType::U64 => typed_value!(tensor, u64),
+        ElementType::I64 => typed_value!(tensor, i64),
+        ElementType::Bool => {
+            let dims: Vec<i64> = tensor.dims().iter().map(|&d| d as i64).collect();
+            let values: Vec<bool> = tensor.data().iter().map(|&b| b != 0).collect();
+            ort::value::Tensor::from_array((dims, values)).map(|t| t.into_dyn())
+        }
+        other => {
+            return Err(format!(
+                "{other} tensors are not supported by the onnxruntime backend"
+            ));
+        }
+    };
+    value.map_err(|e| e.to_string())
+}
+
+macro_rules! typed_bytes {
+    ($value:expr, $ty:ty) => {{
+        let (shape, values) = $value
+            .try_extract_tensor::<$ty>()
+            .map_err(|e| e.to_string())?;
+        let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        (dims, data)
+    }};
+}
+
+fn from_value(value: &DynValue) -> Result<Tensor, String> {
+    let ValueType::Tensor { ty, .. } = value.dtype() else {
+        return Err("model produced a non-tensor output".to_string());
+    };
+    let element = element_type(*ty).ok_or_else(|| format!("unsupported output type {ty:?}"))?;
+    let (dims, data) = match element {
+        ElementType::F32 => typed_bytes!(value, f32),
+        ElementType::F64 => typed_bytes!(value, f64),
+        ElementType::U8 => typed_bytes!(value, u8),
+        ElementType::I8 => typed_bytes!(value, i8),
+        ElementType::U16 => typed_bytes!(value, u16),
+        ElementType::I16 => typed_bytes!(value, i16),
+        ElementType::U32 => typed_bytes!(value, u32),
+        ElementType::I32 => typed_bytes!(value, i32),
+        ElementType::U64 => typed_bytes!(value, u64),
+        ElementType::I64 => typed_bytes!(value, i64),
+        ElementType::Bool => {
+            let (shape, values) = value
+                .try_extract_tensor::<bool>()
+                .map_err(|e| e.to_string())?;
+            (
+                shape.iter().map(|&d| d as usize).collect(),
+                values.iter().map(|&b| u8::from(b)).collect(),
+            )
+        }
+        other => {
+            return Err(format!(
+                "{other} outputs are not supported by the onnxruntime backend"
+            ));
+        }
+    };
+    Tensor::new(element, dims, data).map_err(|e| e.to_string())
+}
+
+/// Find `libonnxruntime.so.*` in an installed `onnxruntime` Python package.
+fn locate_library() -> Option<PathBuf> {
+    let venv = Path::new(".venv/lib");
+    let from_venv = std::fs::read_dir(venv)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find_map(|python| library_in(&python.path().join("site-packages/onnxruntime/capi")));
+    from_venv.or_else(|| {
+        let output = Command::new("python3")
+            .args([
+                "-c",
+                "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
+            ])
+            .output()
+            .ok()?;
+        let package = String::from_utf8(output.stdout).ok()?;
+        library_in(&Path::new(package.trim()).join("capi"))
+    })
+}
+
+fn library_in(capi: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(capi)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so"))
+        })
+        .collect();
+    found.sort();
+    found.pop()
+}

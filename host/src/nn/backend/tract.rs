@@ -1,0 +1,193 @@
+//! The pure-Rust `tract` backend: the zero-setup fallback that needs no native library.
+//!
+//! Models load with their symbolic dimensions kept (one plan serves every batch size).
+//! A graph that tract cannot optimize falls back to its unoptimized plan, with a log line.
+
+use std::sync::Arc;
+use tract_onnx::prelude::{
+    DatumType, Framework, InferenceModelExt, IntoRunnable, TDim, TValue, TVec,
+    Tensor as TractTensor, TypedFact, TypedModel, TypedSimplePlan,
+};
+use tract_onnx::tract_hir::internal::DimLike;
+
+use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, TensorSpec};
+use crate::nn::tensor::{ElementType, Tensor};
+
+const KIND: BackendKind = BackendKind::Tract;
+
+pub struct Tract;
+
+impl Tract {
+    pub fn new(_settings: &BackendSettings) -> Self {
+        Self
+    }
+}
+
+impl Backend for Tract {
+    fn kind(&self) -> BackendKind {
+        KIND
+    }
+
+    fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
+        let load_error = |reason: String| BackendError::Load {
+            backend: KIND,
+            reason,
+        };
+        let typed = tract_onnx::onnx()
+            .with_ignore_output_shapes(true)
+            .model_for_read(&mut std::io::Cursor::new(onnx))
+            .and_then(|m| m.into_typed())
+            .map_err(|e| load_error(format!("{e:#}")))?;
+        let signature = signature(&typed).map_err(load_error)?;
+        let plan = match typed
+            .clone()
+            .into_optimized()
+            .and_then(|m| m.into_runnable())
+        {
+            Ok(plan) => plan,
+            Err(err) => {
+                tracing::warn!(error = %format!("{err:#}"), "tract cannot optimize this graph; running it unoptimized");
+                typed
+                    .into_runnable()
+                    .map_err(|e| load_error(format!("{e:#}")))?
+            }
+        };
+        Ok(Box::new(TractGraph { plan, signature }))
+    }
+}
+
+struct TractGraph {
+    plan: Arc<TypedSimplePlan>,
+    signature: Signature,
+}
+
+impl Graph for TractGraph {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
+        let run_error = |reason: String| BackendError::Run {
+            backend: KIND,
+            reason,
+        };
+        // tract takes inputs by position: order them as the signature declares.
+        let mut ordered: TVec<TValue> = TVec::new();
+        for spec in &self.signature.inputs {
+            let tensor = inputs
+                .iter()
+                .find(|(name, _)| name == &spec.name)
+                .map(|(_, t)| t)
+                .ok_or_else(|| run_error(format!("missing input '{}'", spec.name)))?;
+            ordered.push(to_tract(tensor).map_err(run_error)?.into());
+        }
+        let outputs = self
+            .plan
+            .run(ordered)
+            .map_err(|e| run_error(format!("{e:#}")))?;
+        self.signature
+            .outputs
+            .iter()
+            .zip(outputs)
+            .map(|(spec, value)| Ok((spec.name.clone(), from_tract(&value)?)))
+            .collect::<Result<_, String>>()
+            .map_err(run_error)
+    }
+}
+
+fn signature(model: &TypedModel) -> Result<Signature, String> {
+    let spec = |name: String, fact: &TypedFact| -> Result<TensorSpec, String> {
+        let ty = element_type(fact.datum_type)
+            .ok_or_else(|| format!("'{name}' has unsupported type {:?}", fact.datum_type))?;
+        let dims = fact
+            .shape
+            .iter()
+            .map(|d: &TDim| d.to_usize().ok())
+            .collect();
+        Ok(TensorSpec { name, ty, dims })
+    };
+    let inputs = model
+        .input_outlets()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|outlet| {
+            spec(
+                model.node(outlet.node).name.clone(),
+                model.outlet_fact(*outlet).map_err(|e| e.to_string())?,
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let outputs = model
+        .output_outlets()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|outlet| {
+            let name = model
+                .outlet_label(*outlet)
+                .map_or_else(|| model.node(outlet.node).name.clone(), str::to_string);
+            spec(name, model.outlet_fact(*outlet).map_err(|e| e.to_string())?)
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Signature { inputs, outputs })
+}
+
+fn element_type(dt: DatumType) -> Option<ElementType> {
+    Some(match dt {
+        DatumType::Bool => ElementType::Bool,
+        DatumType::U8 => ElementType::U8,
+        DatumType::I8 => ElementType::I8,
+        DatumType::U16 => ElementType::U16,
+        DatumType::I16 => ElementType::I16,
+        DatumType::U32 => ElementType::U32,
+        DatumType::I32 => ElementType::I32,
+        DatumType::U64 => ElementType::U64,
+        DatumType::I64 => ElementType::I64,
+        DatumType::F16 => ElementType::F16,
+        DatumType::F32 => ElementType::F32,
+        DatumType::F64 => ElementType::F64,
+        _ => return None,
+    })
+}
+
+macro_rules! typed_tract {
+    ($tensor:expr, $ty:ty) => {{
+        let values: Vec<$ty> = $tensor
+            .data()
+            .chunks_exact(std::mem::size_of::<$ty>())
+            .map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk has the element size")))
+            .collect();
+        TractTensor::from_shape::<$ty>($tensor.dims(), &values)
+    }};
+}
+
+fn to_tract(tensor: &Tensor) -> Result<TractTensor, String> {
+    let converted = match tensor.ty() {
+        ElementType::F32 => typed_tract!(tensor, f32),
+        ElementType::F64 => typed_tract!(tensor, f64),
+        ElementType::U8 => typed_tract!(tensor, u8),
+        ElementType::I8 => typed_tract!(tensor, i8),
+        ElementType::U16 => typed_tract!(tensor, u16),
+        ElementType::I16 => typed_tract!(tensor, i16),
+        ElementType::U32 => typed_tract!(tensor, u32),
+        ElementType::I32 => typed_tract!(tensor, i32),
+        ElementType::U64 => typed_tract!(tensor, u64),
+        ElementType::I64 => typed_tract!(tensor, i64),
+        ElementType::Bool => {
+            let values: Vec<bool> = tensor.data().iter().map(|&b| b != 0).collect();
+            TractTensor::from_shape::<bool>(tensor.dims(), &values)
+        }
+        other => {
+            return Err(format!(
+                "{other} tensors are not supported by the tract backend"
+            ));
+        }
+    };
+    converted.map_err(|e| format!("{e:#}"))
+}
+
+fn from_tract(value: &TractTensor) -> Result<Tensor, String> {
+    let ty = element_type(value.datum_type())
+        .ok_or_else(|| format!("unsupported output type {:?}", value.datum_type()))?;
+    // tract stores elements in native order; every platform Sluice runs on is little-endian.
+    Tensor::new(ty, value.shape().to_vec(), value.as_bytes().to_vec()).map_err(|e| e.to_string())
+}

@@ -1,0 +1,387 @@
+//! The host's own `wasi:nn` (`wasi:nn@0.2.0-rc-2024-10-28`) for tenant guests.
+//!
+//! Context/view shape: an [`NnCtx`] lives in each request's store (the tenant's model
+//! namespace, the request deadline, the tenant's limits); an [`NnView`] borrows it with the
+//! resource table for each call. `load-by-name` resolves only in the tenant's namespace
+//! (plus shared models); `compute` checks the inputs and awaits the model's queue;
+//! `load` of raw bytes is refused unless the tenant's quota allows it.
+//!
+//! Guest-visible failures (unknown model, bad tensor, overload) come back as `wasi:nn`
+//! errors; host faults and exhausted limits trap.
+
+use std::sync::Arc;
+
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
+
+use super::backend::Backend;
+use super::models::{LoadedModel, TenantModels};
+use super::scheduler::{ComputeError, ModelQueue, QueueSettings};
+use super::tensor::{ElementType, Tensor};
+use crate::runtime::bindings::wasi::nn::{errors, graph, inference, tensor};
+
+/// A guest-created tensor; checked against its shape when it reaches `compute`.
+pub struct HostTensor {
+    dimensions: Vec<u32>,
+    ty: tensor::TensorType,
+    data: Vec<u8>,
+}
+
+/// A loaded graph as the guest holds it.
+pub struct HostGraph {
+    name: String,
+    model: Arc<LoadedModel>,
+}
+
+/// An execution context on a graph.
+pub struct HostExecutionContext {
+    name: String,
+    model: Arc<LoadedModel>,
+}
+
+/// A `wasi:nn` error value.
+pub struct HostError {
+    code: errors::ErrorCode,
+    message: String,
+}
+
+/// Limits and namespace of one request's `wasi:nn` use.
+pub struct NnCtx {
+    pub models: Arc<TenantModels>,
+    pub deadline: tokio::time::Instant,
+    /// Backend for raw `load`; `None` when the tenant may not load raw bytes.
+    pub raw_load: Option<RawLoad>,
+    /// Most bytes of tensors the guest may hold in the host at once.
+    pub tensor_bytes_limit: usize,
+    tensor_bytes_live: usize,
+    /// The last overload or deadline a `compute` met; it decides the request's status when
+    /// the guest then fails.
+    pub queue_failure: Option<ComputeError>,
+}
+
+/// What a tenant allowed to load raw bytes may use.
+pub struct RawLoad {
+    pub backend: Arc<dyn Backend>,
+    pub max_bytes: usize,
+}
+
+impl NnCtx {
+    pub fn new(
+        models: Arc<TenantModels>,
+        deadline: tokio::time::Instant,
+        raw_load: Option<RawLoad>,
+        tensor_bytes_limit: usize,
+    ) -> Self {
+        Self {
+            models,
+            deadline,
+            raw_load,
+            tensor_bytes_limit,
+            tensor_bytes_live: 0,
+            queue_failure: None,
+        }
+    }
+}
+
+/// The per-call view: the context plus the store's resource table.
+pub struct NnView<'a> {
+    pub ctx: &'a mut NnCtx,
+    pub table: &'a mut ResourceTable,
+}
+
+struct Nn;
+
+impl HasData for Nn {
+    type Data<'a> = NnView<'a>;
+}
+
+/// Add the `wasi:nn` interfaces to a linker; `view` borrows them out of the store data.
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    view: fn(&mut T) -> NnView<'_>,
+) -> wasmtime::Result<()> {
+    tensor::add_to_linker::<T, Nn>(linker, view)?;
+    errors::add_to_linker::<T, Nn>(linker, view)?;
+    inference::add_to_linker::<T, Nn>(linker, view)?;
+    graph::add_to_linker::<T, Nn>(linker, view)?;
+    Ok(())
+}
+
+impl NnView<'_> {
+    fn error<T>(
+        &mut self,
+        code: errors::ErrorCode,
+        message: String,
+    ) -> wasmtime::Result<Result<T, Resource<HostError>>> {
+        Ok(Err(self.table.push(HostError { code, message })?))
+    }
+
+    fn track(&mut self, bytes: usize) -> wasmtime::Result<()> {
+        let live = self.ctx.tensor_bytes_live.saturating_add(bytes);
+        if live > self.ctx.tensor_bytes_limit {
+            wasmtime::bail!(
+                "guest holds more than {} bytes of wasi-nn tensors in the host (its memory limit)",
+                self.ctx.tensor_bytes_limit
+            );
+        }
+        self.ctx.tensor_bytes_live = live;
+        Ok(())
+    }
+}
+
+fn element_type(ty: tensor::TensorType) -> ElementType {
+    match ty {
+        tensor::TensorType::Fp16 => ElementType::F16,
+        tensor::TensorType::Fp32 => ElementType::F32,
+        tensor::TensorType::Fp64 => ElementType::F64,
+        tensor::TensorType::Bf16 => ElementType::BF16,
+        tensor::TensorType::U8 => ElementType::U8,
+        tensor::TensorType::I32 => ElementType::I32,
+        tensor::TensorType::I64 => ElementType::I64,
+    }
+}
+
+fn tensor_type(ty: ElementType) -> Option<tensor::TensorType> {
+    Some(match ty {
+        ElementType::F16 => tensor::TensorType::Fp16,
+        ElementType::F32 => tensor::TensorType::Fp32,
+        ElementType::F64 => tensor::TensorType::Fp64,
+        ElementType::BF16 => tensor::TensorType::Bf16,
+        ElementType::U8 => tensor::TensorType::U8,
+        ElementType::I32 => tensor::TensorType::I32,
+        ElementType::I64 => tensor::TensorType::I64,
+        _ => return None,
+    })
+}
+
+impl tensor::Host for NnView<'_> {}
+
+impl tensor::HostTensor for NnView<'_> {
+    fn new(
+        &mut self,
+        dimensions: Vec<u32>,
+        ty: tensor::TensorType,
+        data: Vec<u8>,
+    ) -> wasmtime::Result<Resource<HostTensor>> {
+        self.track(data.len())?;
+        Ok(self.table.push(HostTensor {
+            dimensions,
+            ty,
+            data,
+        })?)
+    }
+
+    fn dimensions(&mut self, tensor: Resource<HostTensor>) -> wasmtime::Result<Vec<u32>> {
+        Ok(self.table.get(&tensor)?.dimensions.clone())
+    }
+
+    fn ty(&mut self, tensor: Resource<HostTensor>) -> wasmtime::Result<tensor::TensorType> {
+        Ok(self.table.get(&tensor)?.ty)
+    }
+
+    fn data(&mut self, tensor: Resource<HostTensor>) -> wasmtime::Result<Vec<u8>> {
+        Ok(self.table.get(&tensor)?.data.clone())
+    }
+
+    fn drop(&mut self, tensor: Resource<HostTensor>) -> wasmtime::Result<()> {
+        let tensor = self.table.delete(tensor)?;
+        self.ctx.tensor_bytes_live = self.ctx.tensor_bytes_live.saturating_sub(tensor.data.len());
+        Ok(())
+    }
+}
+
+impl errors::Host for NnView<'_> {}
+
+impl errors::HostError for NnView<'_> {
+    fn code(&mut self, error: Resource<HostError>) -> wasmtime::Result<errors::ErrorCode> {
+        Ok(self.table.get(&error)?.code)
+    }
+
+    fn data(&mut self, error: Resource<HostError>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&error)?.message.clone())
+    }
+
+    fn drop(&mut self, error: Resource<HostError>) -> wasmtime::Result<()> {
+        self.table.delete(error)?;
+        Ok(())
+    }
+}
+
+impl graph::Host for NnView<'_> {
+    async fn load(
+        &mut self,
+        builder: Vec<Vec<u8>>,
+        encoding: graph::GraphEncoding,
+        _target: graph::ExecutionTarget,
+    ) -> wasmtime::Result<Result<Resource<HostGraph>, Resource<HostError>>> {
+        let Some(raw) = &self.ctx.raw_load else {
+            return self.error(
+                errors::ErrorCode::Security,
+                "loading models from raw bytes is not allowed for this tenant (quota allow_raw_model_load); \
+                 use load-by-name with a model from the tenant's manifest"
+                    .to_string(),
+            );
+        };
+        if !matches!(
+            encoding,
+            graph::GraphEncoding::Onnx | graph::GraphEncoding::Autodetect
+        ) {
+            return self.error(
+                errors::ErrorCode::InvalidEncoding,
+                "only ONNX graphs are supported".to_string(),
+            );
+        }
+        let [bytes] = &builder[..] else {
+            return self.error(
+                errors::ErrorCode::InvalidArgument,
+                "an ONNX graph is one byte buffer".to_string(),
+            );
+        };
+        if bytes.len() > raw.max_bytes {
+            let message = format!(
+                "graph of {} bytes exceeds the tenant's limit of {} bytes",
+                bytes.len(),
+                raw.max_bytes
+            );
+            return self.error(errors::ErrorCode::TooLarge, message);
+        }
+        let backend = raw.backend.clone();
+        let bytes = bytes.clone();
+        let loaded =
+            tokio::task::spawn_blocking(move || backend.load(&bytes).map(|g| (backend.kind(), g)))
+                .await?;
+        let (kind, graph) = match loaded {
+            Ok(loaded) => loaded,
+            Err(err) => return self.error(errors::ErrorCode::InvalidEncoding, err.to_string()),
+        };
+        let graph: Arc<dyn super::backend::Graph> = Arc::from(graph);
+        let settings = QueueSettings {
+            max_batch_rows: 1,
+            max_delay: std::time::Duration::ZERO,
+            capacity: 4,
+        };
+        let model = Arc::new(LoadedModel {
+            sha256: String::new(),
+            backend: kind,
+            signature: graph.signature().clone(),
+            queue: ModelQueue::start("raw", graph, settings),
+        });
+        Ok(Ok(self.table.push(HostGraph {
+            name: "raw".to_string(),
+            model,
+        })?))
+    }
+
+    fn load_by_name(
+        &mut self,
+        name: String,
+    ) -> wasmtime::Result<Result<Resource<HostGraph>, Resource<HostError>>> {
+        match self.ctx.models.resolve(&name) {
+            Some(model) => {
+                let model = model.clone();
+                Ok(Ok(self.table.push(HostGraph { name, model })?))
+            }
+            None => self.error(
+                errors::ErrorCode::NotFound,
+                format!("model '{name}' not found"),
+            ),
+        }
+    }
+}
+
+impl graph::HostGraph for NnView<'_> {
+    fn init_execution_context(
+        &mut self,
+        graph: Resource<HostGraph>,
+    ) -> wasmtime::Result<Result<Resource<HostExecutionContext>, Resource<HostError>>> {
+        let graph = self.table.get(&graph)?;
+        let context = HostExecutionContext {
+            name: graph.name.clone(),
+            model: graph.model.clone(),
+        };
+        Ok(Ok(self.table.push(context)?))
+    }
+
+    fn drop(&mut self, graph: Resource<HostGraph>) -> wasmtime::Result<()> {
+        self.table.delete(graph)?;
+        Ok(())
+    }
+}
+
+impl inference::Host for NnView<'_> {}
+
+impl inference::HostGraphExecutionContext for NnView<'_> {
+    async fn compute(
+        &mut self,
+        context: Resource<HostExecutionContext>,
+        inputs: Vec<(String, Resource<HostTensor>)>,
+    ) -> wasmtime::Result<Result<Vec<(String, Resource<HostTensor>)>, Resource<HostError>>> {
+        let (name, model) = {
+            let context = self.table.get(&context)?;
+            (context.name.clone(), context.model.clone())
+        };
+        let mut named = Vec::with_capacity(inputs.len());
+        for (input, handle) in inputs {
+            let guest = self.table.get(&handle)?;
+            let dims = guest.dimensions.iter().map(|&d| d as usize).collect();
+            match Tensor::new(element_type(guest.ty), dims, guest.data.clone()) {
+                Ok(tensor) => named.push((input, tensor)),
+                Err(err) => {
+                    return self.error(
+                        errors::ErrorCode::InvalidArgument,
+                        format!("model '{name}', input '{input}': {err}"),
+                    );
+                }
+            }
+        }
+        let outputs = match model.compute(named, self.ctx.deadline).await {
+            Ok(outputs) => outputs,
+            Err(err) => {
+                if matches!(
+                    err,
+                    ComputeError::Overloaded { .. } | ComputeError::DeadlineExceeded { .. }
+                ) {
+                    self.ctx.queue_failure = Some(err.clone());
+                }
+                let code = match &err {
+                    ComputeError::InvalidInput(_) => errors::ErrorCode::InvalidArgument,
+                    ComputeError::DeadlineExceeded { .. } => errors::ErrorCode::Timeout,
+                    ComputeError::Overloaded { .. }
+                    | ComputeError::Backend { .. }
+                    | ComputeError::Stopped { .. } => errors::ErrorCode::RuntimeError,
+                };
+                let message = match err {
+                    ComputeError::InvalidInput(message) => format!("model '{name}': {message}"),
+                    other => other.to_string(),
+                };
+                return self.error(code, message);
+            }
+        };
+        let mut handles = Vec::with_capacity(outputs.len());
+        for (output, tensor) in outputs {
+            let Some(ty) = tensor_type(tensor.ty()) else {
+                let message = format!(
+                    "model '{name}' output '{output}' is {}, which wasi:nn cannot carry",
+                    tensor.ty()
+                );
+                return self.error(errors::ErrorCode::UnsupportedOperation, message);
+            };
+            let dimensions = tensor.dims().iter().map(|&d| d as u32).collect();
+            let data = tensor.into_data();
+            self.track(data.len())?;
+            handles.push((
+                output,
+                self.table.push(HostTensor {
+                    dimensions,
+                    ty,
+                    data,
+                })?,
+            ));
+        }
+        Ok(Ok(handles))
+    }
+
+    fn drop(&mut self, context: Resource<HostExecutionContext>) -> wasmtime::Result<()> {
+        self.table.delete(context)?;
+        Ok(())
+    }
+}

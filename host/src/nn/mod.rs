@@ -1,0 +1,10 @@
+//! The host's own `wasi:nn`: guests' model calls land in [`host`], which resolves names in
+//! the calling tenant's namespace and sends `compute` through the [`scheduler`] to a
+//! [`backend`]. [`models`] keeps the resident models; [`tensor`] is the checked tensor type
+//! every stage shares.
+
+pub mod backend;
+pub mod host;
+pub mod models;
+pub mod scheduler;
+pub mod tensor;

@@ -1,0 +1,175 @@
+//! Resident models: each model's weights loaded once on a backend with its queue, keyed by
+//! weights digest and backend, so identical weights of several tenants share one copy and
+//! one queue. Tenants reach them only through their own namespace ([`TenantModels`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::backend::{Backend, BackendKind, Backends, Graph, Signature};
+use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings};
+use crate::registry::ModelSpec;
+use crate::registry::ids::ModelName;
+
+/// A model loaded on a backend, with its queue.
+pub struct LoadedModel {
+    pub sha256: String,
+    pub backend: BackendKind,
+    pub signature: Signature,
+    pub queue: ModelQueue,
+}
+
+impl LoadedModel {
+    /// Check named inputs against the signature: every input present once, with its
+    /// declared type and shape, and one row count across inputs of a batched model.
+    pub fn check_inputs(&self, inputs: &NamedTensors) -> Result<(), String> {
+        for (name, _) in inputs {
+            if !self.signature.inputs.iter().any(|spec| &spec.name == name) {
+                let expected: Vec<&str> = self
+                    .signature
+                    .inputs
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect();
+                return Err(format!(
+                    "unexpected input '{name}'; the model takes {expected:?}"
+                ));
+            }
+        }
+        for spec in &self.signature.inputs {
+            let mut matching = inputs.iter().filter(|(name, _)| name == &spec.name);
+            let (_, tensor) = matching
+                .next()
+                .ok_or_else(|| format!("missing input '{}'", spec.name))?;
+            if matching.next().is_some() {
+                return Err(format!("input '{}' is given twice", spec.name));
+            }
+            spec.check(tensor)?;
+        }
+        if self.signature.batchable() {
+            let rows: Vec<usize> = inputs.iter().map(|(_, t)| t.rows()).collect();
+            if rows.windows(2).any(|w| w[0] != w[1]) {
+                return Err(format!("inputs disagree on the batch size: {rows:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check inputs, queue them and wait for outputs.
+    pub async fn compute(
+        &self,
+        inputs: NamedTensors,
+        deadline: tokio::time::Instant,
+    ) -> Result<NamedTensors, ComputeError> {
+        self.check_inputs(&inputs)
+            .map_err(ComputeError::InvalidInput)?;
+        self.queue.compute(inputs, deadline).await
+    }
+}
+
+/// Why a model could not be made resident.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelLoadError {
+    #[error("model '{model}' pins backend {backend}, which is not available here")]
+    BackendMissing { model: String, backend: BackendKind },
+    #[error("model '{model}' ({path}) could not be loaded: {reasons}")]
+    Failed {
+        model: String,
+        path: String,
+        reasons: String,
+    },
+}
+
+/// Every resident model, keyed by weights digest and backend.
+#[derive(Default)]
+pub struct ModelStore {
+    resident: HashMap<(String, BackendKind), Arc<LoadedModel>>,
+}
+
+impl ModelStore {
+    /// Make a model resident (or reuse the resident copy of identical weights).
+    /// `default_backend` applies when the model pins none.
+    pub async fn load(
+        &mut self,
+        spec: &ModelSpec,
+        backends: &Backends,
+        default_backend: Option<BackendKind>,
+    ) -> Result<Arc<LoadedModel>, ModelLoadError> {
+        let candidates: Vec<Arc<dyn Backend>> = match spec.backend.or(default_backend) {
+            Some(kind) => {
+                vec![
+                    backends
+                        .get(kind)
+                        .ok_or_else(|| ModelLoadError::BackendMissing {
+                            model: spec.name.to_string(),
+                            backend: kind,
+                        })?,
+                ]
+            }
+            None => backends.available.clone(),
+        };
+        let mut reasons = Vec::new();
+        for backend in candidates {
+            let key = (spec.sha256.clone(), backend.kind());
+            if let Some(model) = self.resident.get(&key) {
+                return Ok(model.clone());
+            }
+            let started = Instant::now();
+            let bytes = spec.bytes.clone();
+            let loader = backend.clone();
+            let graph = match tokio::task::spawn_blocking(move || loader.load(&bytes)).await {
+                Ok(Ok(graph)) => Arc::<dyn Graph>::from(graph),
+                Ok(Err(err)) => {
+                    tracing::warn!(model = %spec.name, backend = %backend.kind(), error = %err, "backend cannot load the model; trying the next one");
+                    reasons.push(err.to_string());
+                    continue;
+                }
+                Err(join) => {
+                    reasons.push(format!("{}: loader thread failed: {join}", backend.kind()));
+                    continue;
+                }
+            };
+            let settings = QueueSettings {
+                max_batch_rows: spec.batching.max_batch_size,
+                max_delay: Duration::from_micros(spec.batching.max_queue_delay_us),
+                capacity: spec.batching.max_queue_size,
+            };
+            let queue = ModelQueue::start(spec.name.as_str(), graph.clone(), settings);
+            let model = Arc::new(LoadedModel {
+                sha256: spec.sha256.clone(),
+                backend: backend.kind(),
+                signature: graph.signature().clone(),
+                queue,
+            });
+            tracing::info!(
+                model = %spec.name,
+                backend = %backend.kind(),
+                sha256 = %spec.sha256,
+                batchable = model.signature.batchable(),
+                load_ms = started.elapsed().as_millis() as u64,
+                "model resident"
+            );
+            self.resident.insert(key, model.clone());
+            return Ok(model);
+        }
+        Err(ModelLoadError::Failed {
+            model: spec.name.to_string(),
+            path: spec.path.display().to_string(),
+            reasons: reasons.join("; "),
+        })
+    }
+}
+
+/// The models one tenant can load by name: its own, then the platform's shared ones.
+#[derive(Clone, Default)]
+pub struct TenantModels {
+    pub own: BTreeMap<ModelName, Arc<LoadedModel>>,
+    pub shared: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>,
+}
+
+impl TenantModels {
+    pub fn resolve(&self, name: &str) -> Option<&Arc<LoadedModel>> {
+        let name = ModelName::new(name).ok()?;
+        self.own.get(&name).or_else(|| self.shared.get(&name))
+    }
+}

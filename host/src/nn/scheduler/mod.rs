@@ -1,0 +1,221 @@
+//! The scheduler: one queue per resident model. A cloneable [`ModelQueue`] handle sends
+//! jobs over a bounded channel to one actor task that owns the batch-forming state
+//! ([`queue::BatchQueue`]), stacks compatible jobs from any tenant into one batch, runs it
+//! on a blocking thread and splits the outputs back to each caller.
+//!
+//! In: checked input tensors with a deadline. Out: that job's output tensors, or a
+//! [`ComputeError`] (overload, deadline, backend failure).
+
+pub mod queue;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::backend::{BackendError, Graph};
+use super::tensor::Tensor;
+use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
+
+pub type NamedTensors = Vec<(String, Tensor)>;
+
+/// Why a compute call produced no outputs.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ComputeError {
+    #[error("model '{model}' is overloaded: its queue holds {capacity} requests; retry later")]
+    Overloaded { model: String, capacity: usize },
+    #[error("the request's deadline passed while it waited for model '{model}'")]
+    DeadlineExceeded { model: String },
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("model '{model}' failed: {message}")]
+    Backend { model: String, message: String },
+    #[error("model '{model}' is shutting down")]
+    Stopped { model: String },
+}
+
+struct Job {
+    inputs: NamedTensors,
+    reply: oneshot::Sender<Result<NamedTensors, ComputeError>>,
+}
+
+/// Settings of one model's queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueSettings {
+    pub max_batch_rows: usize,
+    pub max_delay: Duration,
+    pub capacity: usize,
+}
+
+/// Handle to a model's queue; clone freely.
+#[derive(Clone)]
+pub struct ModelQueue {
+    model: Arc<str>,
+    sender: mpsc::Sender<Queued<Job>>,
+    capacity: usize,
+}
+
+impl ModelQueue {
+    /// Start the queue's actor on the current runtime.
+    pub fn start(model: &str, graph: Arc<dyn Graph>, settings: QueueSettings) -> Self {
+        let policy = QueuePolicy {
+            max_batch_rows: settings.max_batch_rows,
+            max_delay: settings.max_delay,
+            batchable: graph.signature().batchable(),
+        };
+        let (sender, receiver) = mpsc::channel(settings.capacity);
+        let model: Arc<str> = model.into();
+        tokio::spawn(run_queue(model.clone(), graph, policy, receiver));
+        Self {
+            model,
+            sender,
+            capacity: settings.capacity,
+        }
+    }
+
+    /// Queue inputs (already checked against the model's signature) and wait for outputs.
+    pub async fn compute(
+        &self,
+        inputs: NamedTensors,
+        deadline: Instant,
+    ) -> Result<NamedTensors, ComputeError> {
+        let model = self.model.to_string();
+        let rows = inputs.first().map_or(1, |(_, t)| t.rows());
+        let (reply, answer) = oneshot::channel();
+        let job = Queued {
+            key: shape_key(&inputs),
+            payload: Job { inputs, reply },
+            rows,
+            enqueued: Instant::now().into_std(),
+            deadline: deadline.into_std(),
+        };
+        self.sender.try_send(job).map_err(|err| match err {
+            mpsc::error::TrySendError::Full(_) => ComputeError::Overloaded {
+                model: model.clone(),
+                capacity: self.capacity,
+            },
+            mpsc::error::TrySendError::Closed(_) => ComputeError::Stopped {
+                model: model.clone(),
+            },
+        })?;
+        answer.await.map_err(|_| ComputeError::Stopped { model })?
+    }
+}
+
+async fn run_queue(
+    model: Arc<str>,
+    graph: Arc<dyn Graph>,
+    policy: QueuePolicy,
+    mut receiver: mpsc::Receiver<Queued<Job>>,
+) {
+    let mut state = BatchQueue::new(policy);
+    loop {
+        let next = match state.next_due() {
+            None => receiver.recv().await,
+            Some(due) => tokio::select! {
+                job = receiver.recv() => job,
+                () = tokio::time::sleep_until(due.into()) => None,
+            },
+        };
+        match next {
+            Some(job) => state.push(job),
+            None if state.is_empty() && receiver.is_closed() => return,
+            None => {}
+        }
+        while let Ok(job) = receiver.try_recv() {
+            state.push(job);
+        }
+        let now = std::time::Instant::now();
+        let dropped = state.drop_stale(now, |job| job.reply.is_closed());
+        for job in dropped.expired {
+            let _ = job.reply.send(Err(ComputeError::DeadlineExceeded {
+                model: model.to_string(),
+            }));
+        }
+        while let Some(batch) = state.pop_batch(now) {
+            execute(&model, &graph, batch).await;
+        }
+    }
+}
+
+/// Run one batch and answer each of its jobs.
+async fn execute(model: &Arc<str>, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
+    let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
+    let (inputs, replies): (Vec<NamedTensors>, Vec<_>) = batch
+        .into_iter()
+        .map(|j| (j.payload.inputs, j.payload.reply))
+        .unzip();
+    let backend_error = |message: String| ComputeError::Backend {
+        model: model.to_string(),
+        message,
+    };
+
+    let result = match stack(inputs) {
+        Some(stacked) => {
+            let graph = graph.clone();
+            match tokio::task::spawn_blocking(move || graph.run(stacked)).await {
+                Ok(Ok(outputs)) => Ok(outputs),
+                Ok(Err(BackendError::InvalidInput(message))) => {
+                    Err(ComputeError::InvalidInput(message))
+                }
+                Ok(Err(err)) => Err(backend_error(err.to_string())),
+                Err(join) => Err(backend_error(format!("compute thread failed: {join}"))),
+            }
+        }
+        None => Err(backend_error(
+            "batched inputs could not be stacked".to_string(),
+        )),
+    };
+    match result.and_then(|outputs| {
+        unstack(outputs, &rows)
+            .ok_or_else(|| backend_error("outputs do not split by rows".to_string()))
+    }) {
+        Ok(per_job) => {
+            for (reply, outputs) in replies.into_iter().zip(per_job) {
+                let _ = reply.send(Ok(outputs));
+            }
+        }
+        Err(err) => {
+            for reply in replies {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+/// Stack the jobs' inputs along dimension 0, input by input.
+fn stack(mut inputs: Vec<NamedTensors>) -> Option<NamedTensors> {
+    if inputs.len() == 1 {
+        return inputs.pop();
+    }
+    let names: Vec<String> = inputs
+        .first()?
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let parts: Vec<&Tensor> = inputs
+                .iter()
+                .map(|job| job.iter().find(|(n, _)| *n == name).map(|(_, t)| t))
+                .collect::<Option<_>>()?;
+            Some((name, Tensor::concat_rows(&parts)?))
+        })
+        .collect()
+}
+
+/// Split batched outputs back into each job's rows.
+fn unstack(outputs: NamedTensors, rows: &[usize]) -> Option<Vec<NamedTensors>> {
+    if rows.len() == 1 {
+        return Some(vec![outputs]);
+    }
+    let mut per_job: Vec<NamedTensors> = vec![Vec::with_capacity(outputs.len()); rows.len()];
+    for (name, tensor) in outputs {
+        for (job, piece) in per_job.iter_mut().zip(tensor.split_rows(rows)?) {
+            job.push((name.clone(), piece));
+        }
+    }
+    Some(per_job)
+}

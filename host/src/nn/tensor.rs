@@ -1,0 +1,254 @@
+//! Host-side model tensors: element type, dimensions and little-endian bytes, checked on
+//! construction so every tensor that reaches a queue or a backend is self-consistent.
+
+use std::fmt;
+
+/// Element types a model tensor can hold (the union of `wasi:nn`'s and ONNX's common types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElementType {
+    Bool,
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    U64,
+    I64,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl ElementType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::Bool | Self::U8 | Self::I8 => 1,
+            Self::U16 | Self::I16 | Self::F16 | Self::BF16 => 2,
+            Self::U32 | Self::I32 | Self::F32 => 4,
+            Self::U64 | Self::I64 | Self::F64 => 8,
+        }
+    }
+
+    /// The OIP datatype name.
+    pub fn oip_name(self) -> &'static str {
+        match self {
+            Self::Bool => "BOOL",
+            Self::U8 => "UINT8",
+            Self::I8 => "INT8",
+            Self::U16 => "UINT16",
+            Self::I16 => "INT16",
+            Self::U32 => "UINT32",
+            Self::I32 => "INT32",
+            Self::U64 => "UINT64",
+            Self::I64 => "INT64",
+            Self::F16 => "FP16",
+            Self::BF16 => "BF16",
+            Self::F32 => "FP32",
+            Self::F64 => "FP64",
+        }
+    }
+
+    /// Parse an OIP datatype name (`BYTES` is not a fixed-size element type).
+    pub fn from_oip_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "BOOL" => Self::Bool,
+            "UINT8" => Self::U8,
+            "INT8" => Self::I8,
+            "UINT16" => Self::U16,
+            "INT16" => Self::I16,
+            "UINT32" => Self::U32,
+            "INT32" => Self::I32,
+            "UINT64" => Self::U64,
+            "INT64" => Self::I64,
+            "FP16" => Self::F16,
+            "BF16" => Self::BF16,
+            "FP32" => Self::F32,
+            "FP64" => Self::F64,
+            _ => return None,
+        })
+    }
+}
+
+impl serde::Serialize for ElementType {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.oip_name())
+    }
+}
+
+impl fmt::Display for ElementType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.oip_name())
+    }
+}
+
+/// Why a tensor could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TensorError {
+    #[error("shape {shape:?} of {ty} needs {expected} bytes but {actual} were given")]
+    LengthMismatch {
+        shape: Vec<usize>,
+        ty: ElementType,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("shape {shape:?} is too large")]
+    TooLarge { shape: Vec<usize> },
+}
+
+/// A dense model tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    ty: ElementType,
+    dims: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl Tensor {
+    /// Build a tensor, checking that the bytes match the shape exactly.
+    pub fn new(ty: ElementType, dims: Vec<usize>, data: Vec<u8>) -> Result<Self, TensorError> {
+        let expected = byte_len(ty, &dims).ok_or_else(|| TensorError::TooLarge {
+            shape: dims.clone(),
+        })?;
+        if expected != data.len() {
+            return Err(TensorError::LengthMismatch {
+                shape: dims,
+                ty,
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(Self { ty, dims, data })
+    }
+
+    pub fn ty(&self) -> ElementType {
+        self.ty
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    pub fn into_data(self) -> Vec<u8> {
+        self.data
+    }
+
+    /// Number of elements.
+    pub fn element_count(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Rows along the first dimension (1 for scalars).
+    pub fn rows(&self) -> usize {
+        self.dims.first().copied().unwrap_or(1)
+    }
+
+    /// Concatenate tensors of one type and equal trailing dimensions along dimension 0.
+    pub fn concat_rows(parts: &[&Tensor]) -> Option<Tensor> {
+        let first = parts.first()?;
+        if first.dims.is_empty()
+            || parts.iter().any(|p| {
+                p.ty != first.ty
+                    || p.dims.len() != first.dims.len()
+                    || p.dims[1..] != first.dims[1..]
+            })
+        {
+            return None;
+        }
+        let mut dims = first.dims.clone();
+        dims[0] = parts.iter().map(|p| p.dims[0]).sum();
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        for part in parts {
+            data.extend_from_slice(&part.data);
+        }
+        Some(Tensor {
+            ty: first.ty,
+            dims,
+            data,
+        })
+    }
+
+    /// Split along dimension 0 into pieces of the given row counts.
+    pub fn split_rows(&self, rows: &[usize]) -> Option<Vec<Tensor>> {
+        let total: usize = rows.iter().sum();
+        if self.dims.first() != Some(&total) {
+            return None;
+        }
+        let row_bytes = if total == 0 {
+            0
+        } else {
+            self.data.len() / total
+        };
+        let mut offset = 0;
+        let mut pieces = Vec::with_capacity(rows.len());
+        for &n in rows {
+            let mut dims = self.dims.clone();
+            dims[0] = n;
+            let end = offset + n * row_bytes;
+            pieces.push(Tensor {
+                ty: self.ty,
+                dims,
+                data: self.data[offset..end].to_vec(),
+            });
+            offset = end;
+        }
+        Some(pieces)
+    }
+}
+
+/// Bytes a tensor of this type and shape occupies, or `None` on overflow.
+pub fn byte_len(ty: ElementType, dims: &[usize]) -> Option<usize> {
+    dims.iter()
+        .try_fold(ty.size(), |acc, &d| acc.checked_mul(d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(dims: Vec<usize>, values: &[f32]) -> Tensor {
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::new(ElementType::F32, dims, data).expect("valid tensor")
+    }
+
+    #[test]
+    fn rejects_bytes_that_do_not_match_the_shape() {
+        let err = Tensor::new(ElementType::F32, vec![2, 2], vec![0; 12]).unwrap_err();
+        assert_eq!(
+            err,
+            TensorError::LengthMismatch {
+                shape: vec![2, 2],
+                ty: ElementType::F32,
+                expected: 16,
+                actual: 12
+            }
+        );
+        assert!(matches!(
+            Tensor::new(ElementType::F64, vec![usize::MAX, 2], vec![]),
+            Err(TensorError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn concat_then_split_round_trips() {
+        let a = f32s(vec![1, 2], &[1.0, 2.0]);
+        let b = f32s(vec![2, 2], &[3.0, 4.0, 5.0, 6.0]);
+        let joined = Tensor::concat_rows(&[&a, &b]).expect("compatible");
+        assert_eq!(joined.dims(), &[3, 2]);
+        let parts = joined.split_rows(&[1, 2]).expect("rows add up");
+        assert_eq!(parts, vec![a, b]);
+    }
+
+    #[test]
+    fn concat_refuses_different_trailing_dims() {
+        let a = f32s(vec![1, 2], &[1.0, 2.0]);
+        let b = f32s(vec![1, 3], &[1.0, 2.0, 3.0]);
+        assert!(Tensor::concat_rows(&[&a, &b]).is_none());
+    }
+}

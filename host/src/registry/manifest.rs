@@ -1,0 +1,143 @@
+//! The tenant manifest schema (`tenants/*.toml`): what a platform admin declares for a
+//! tenant. Parsing rejects unknown keys and invalid ids, naming the file.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::ids::{AppName, ModelName, TenantId, VersionName};
+use crate::nn::backend::BackendKind;
+
+/// The manifest schema version this build reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One tenant's manifest.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantManifest {
+    /// Schema version; must be [`SCHEMA_VERSION`].
+    pub version: u32,
+    pub id: TenantId,
+    /// SHA-256 (hex) of each API key; keys themselves are never stored.
+    #[serde(default)]
+    pub api_key_sha256: Vec<String>,
+    #[serde(default)]
+    pub quotas: Quotas,
+    #[serde(default)]
+    pub models: BTreeMap<ModelName, ModelManifest>,
+    #[serde(default)]
+    pub apps: BTreeMap<AppName, AppManifest>,
+}
+
+/// The platform manifest (`platform.toml`): models every tenant may load by name.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlatformManifest {
+    pub version: u32,
+    #[serde(default)]
+    pub shared_models: BTreeMap<ModelName, ModelManifest>,
+}
+
+/// A tenant's limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quotas {
+    /// Linear memory a guest instance may use.
+    pub guest_memory_mib: u64,
+    /// Wall-clock time a request may take, guest and model calls together.
+    pub guest_deadline_ms: u64,
+    /// Largest request body.
+    pub max_request_bytes: u64,
+    /// Largest element count of one tensor.
+    pub max_tensor_elements: u64,
+    /// Requests of this tenant in flight at once.
+    pub max_concurrent_requests: u32,
+    /// Whether guests may load models from raw bytes (`wasi:nn` `load`).
+    pub allow_raw_model_load: bool,
+    /// Largest model a guest may load from raw bytes.
+    pub max_raw_model_bytes: u64,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Self {
+            guest_memory_mib: 64,
+            guest_deadline_ms: 2_000,
+            max_request_bytes: 16 << 20,
+            max_tensor_elements: 4 << 20,
+            max_concurrent_requests: 64,
+            allow_raw_model_load: false,
+            max_raw_model_bytes: 32 << 20,
+        }
+    }
+}
+
+/// A model: ONNX weights with their expected digest and serving settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelManifest {
+    /// Path of the `.onnx` file, relative to the manifest.
+    pub path: PathBuf,
+    /// Expected SHA-256 (hex) of the file; a mismatch refuses to start.
+    pub sha256: String,
+    /// Pin a backend; by default onnxruntime when its library is present, else tract.
+    #[serde(default)]
+    pub backend: Option<BackendKind>,
+    #[serde(default)]
+    pub batching: Batching,
+}
+
+/// Batching settings of a model's queue.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Batching {
+    /// Most rows in one batch.
+    pub max_batch_size: usize,
+    /// Longest a request waits for others to join its batch.
+    pub max_queue_delay_us: u64,
+    /// Requests waiting before new ones are refused as overload.
+    pub max_queue_size: usize,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Self {
+            max_batch_size: 32,
+            max_queue_delay_us: 500,
+            max_queue_size: 1024,
+        }
+    }
+}
+
+/// An app: a component with versions, one of them stable.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppManifest {
+    /// The version that serves unpinned requests.
+    pub stable: VersionName,
+    pub versions: BTreeMap<VersionName, AppVersionManifest>,
+    /// Declared inputs, reported by model metadata.
+    #[serde(default)]
+    pub inputs: Vec<TensorMetadata>,
+    /// Declared outputs, reported by model metadata.
+    #[serde(default)]
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// One version of an app.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppVersionManifest {
+    /// Path of the component `.wasm`, relative to the manifest.
+    pub component: PathBuf,
+}
+
+/// A tensor as OIP metadata describes it.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TensorMetadata {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+}

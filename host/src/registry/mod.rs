@@ -1,0 +1,300 @@
+//! The registry: every tenant, its keys, quotas, models and apps, loaded from the
+//! manifests in the tenants directory and checked before anything serves.
+//!
+//! In: `tenants/*.toml` (one per tenant) and an optional `tenants/platform.toml` (shared
+//! models). Out: an immutable [`Registry`] with resolved paths, verified digests and the
+//! bytes of every model and component.
+
+pub mod ids;
+pub mod manifest;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use ids::{AppName, ModelName, TenantId, VersionName};
+use manifest::{
+    AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, TenantManifest,
+    TensorMetadata,
+};
+
+use crate::nn::backend::BackendKind;
+
+const PLATFORM_MANIFEST: &str = "platform.toml";
+
+/// Why the registry could not be loaded; each names the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error(
+        "{path}: sha256 mismatch: the manifest {manifest} says {expected} but the file has {actual}"
+    )]
+    DigestMismatch {
+        path: PathBuf,
+        manifest: PathBuf,
+        expected: String,
+        actual: String,
+    },
+}
+
+/// A model's verified weights and settings.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    pub name: ModelName,
+    pub path: PathBuf,
+    pub sha256: String,
+    pub bytes: Arc<[u8]>,
+    pub backend: Option<BackendKind>,
+    pub batching: Batching,
+}
+
+/// One app version's component.
+#[derive(Debug, Clone)]
+pub struct ComponentSpec {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub bytes: Arc<[u8]>,
+}
+
+/// An app with its versions.
+#[derive(Debug, Clone)]
+pub struct AppSpec {
+    pub name: AppName,
+    pub stable: VersionName,
+    pub versions: BTreeMap<VersionName, ComponentSpec>,
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// A tenant's namespace and limits.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub quotas: Quotas,
+    pub models: BTreeMap<ModelName, ModelSpec>,
+    pub apps: BTreeMap<AppName, AppSpec>,
+}
+
+/// Every tenant, indexed by API key digest.
+#[derive(Debug, Default)]
+pub struct Registry {
+    tenants: BTreeMap<TenantId, Arc<Tenant>>,
+    key_digests: HashMap<String, TenantId>,
+    shared_models: BTreeMap<ModelName, ModelSpec>,
+}
+
+impl Registry {
+    /// Load and check every manifest in `dir`.
+    pub fn load(dir: &Path) -> Result<Self, RegistryError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| RegistryError::Io { path, source }
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(io(dir))?
+            .map(|entry| entry.map(|e| e.path()))
+            .collect::<Result<_, _>>()
+            .map_err(io(dir))?;
+        files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+        files.sort();
+
+        let mut registry = Registry::default();
+        for path in files {
+            let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+            if path.file_name().is_some_and(|n| n == PLATFORM_MANIFEST) {
+                let manifest: PlatformManifest = parse(&path, &text)?;
+                check_version(&path, manifest.version)?;
+                for (name, model) in manifest.shared_models {
+                    let spec = load_model(&path, name.clone(), model)?;
+                    registry.shared_models.insert(name, spec);
+                }
+            } else {
+                let manifest: TenantManifest = parse(&path, &text)?;
+                registry.add_tenant(&path, manifest)?;
+            }
+        }
+        Ok(registry)
+    }
+
+    fn add_tenant(&mut self, path: &Path, manifest: TenantManifest) -> Result<(), RegistryError> {
+        let invalid = |message: String| RegistryError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        check_version(path, manifest.version)?;
+        if self.tenants.contains_key(&manifest.id) {
+            return Err(invalid(format!(
+                "tenant '{}' is declared twice",
+                manifest.id
+            )));
+        }
+        for digest in &manifest.api_key_sha256 {
+            let digest = digest.to_ascii_lowercase();
+            if digest.len() != 64 || !digest.chars().all(|c| c.is_ascii_hexdigit()) {
+                return Err(invalid(format!(
+                    "api_key_sha256 entry '{digest}' is not a 64-digit hex SHA-256"
+                )));
+            }
+            if let Some(other) = self.key_digests.insert(digest, manifest.id.clone()) {
+                return Err(invalid(format!(
+                    "an API key of tenant '{}' is also a key of '{other}'",
+                    manifest.id
+                )));
+            }
+        }
+        let mut models = BTreeMap::new();
+        for (name, model) in manifest.models {
+            if manifest
+                .apps
+                .contains_key(&AppName::new(name.as_str()).map_err(invalid)?)
+            {
+                return Err(invalid(format!(
+                    "'{name}' names both a model and an app; OIP names must be unique"
+                )));
+            }
+            models.insert(name.clone(), load_model(path, name, model)?);
+        }
+        let mut apps = BTreeMap::new();
+        for (name, app) in manifest.apps {
+            apps.insert(name.clone(), load_app(path, name, app)?);
+        }
+        let tenant = Tenant {
+            id: manifest.id.clone(),
+            quotas: manifest.quotas,
+            models,
+            apps,
+        };
+        self.tenants.insert(manifest.id, Arc::new(tenant));
+        Ok(())
+    }
+
+    /// The tenant owning an API key.
+    pub fn authenticate(&self, api_key: &str) -> Option<Arc<Tenant>> {
+        let digest = hex::encode(Sha256::digest(api_key.as_bytes()));
+        let id = self.key_digests.get(&digest)?;
+        self.tenants.get(id).cloned()
+    }
+
+    pub fn tenants(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.tenants.values()
+    }
+
+    pub fn shared_models(&self) -> &BTreeMap<ModelName, ModelSpec> {
+        &self.shared_models
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, RegistryError> {
+    toml::from_str(text).map_err(|e| RegistryError::Invalid {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn check_version(path: &Path, version: u32) -> Result<(), RegistryError> {
+    if version != SCHEMA_VERSION {
+        return Err(RegistryError::Invalid {
+            path: path.to_path_buf(),
+            message: format!(
+                "schema version {version} is not supported; this build reads version {SCHEMA_VERSION}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn read_beside(
+    manifest: &Path,
+    relative: &Path,
+) -> Result<(PathBuf, Arc<[u8]>, String), RegistryError> {
+    let path = manifest.parent().unwrap_or(Path::new(".")).join(relative);
+    let bytes = std::fs::read(&path).map_err(|source| RegistryError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let digest = hex::encode(Sha256::digest(&bytes));
+    Ok((path, bytes.into(), digest))
+}
+
+fn load_model(
+    manifest: &Path,
+    name: ModelName,
+    model: ModelManifest,
+) -> Result<ModelSpec, RegistryError> {
+    let (path, bytes, actual) = read_beside(manifest, &model.path)?;
+    let expected = model.sha256.to_ascii_lowercase();
+    if actual != expected {
+        return Err(RegistryError::DigestMismatch {
+            path,
+            manifest: manifest.to_path_buf(),
+            expected,
+            actual,
+        });
+    }
+    if model.batching.max_batch_size == 0 || model.batching.max_queue_size == 0 {
+        return Err(RegistryError::Invalid {
+            path: manifest.to_path_buf(),
+            message: format!(
+                "model '{name}': max_batch_size and max_queue_size must be at least 1"
+            ),
+        });
+    }
+    Ok(ModelSpec {
+        name,
+        path,
+        sha256: actual,
+        bytes,
+        backend: model.backend,
+        batching: model.batching,
+    })
+}
+
+fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec, RegistryError> {
+    let invalid = |message: String| RegistryError::Invalid {
+        path: manifest.to_path_buf(),
+        message,
+    };
+    if !app.versions.contains_key(&app.stable) {
+        return Err(invalid(format!(
+            "app '{name}': stable version '{}' is not among its versions",
+            app.stable
+        )));
+    }
+    for tensor in app.inputs.iter().chain(&app.outputs) {
+        if tensor.datatype != "BYTES"
+            && crate::nn::tensor::ElementType::from_oip_name(&tensor.datatype).is_none()
+        {
+            return Err(invalid(format!(
+                "app '{name}': tensor '{}' has unknown datatype '{}'",
+                tensor.name, tensor.datatype
+            )));
+        }
+    }
+    let mut versions = BTreeMap::new();
+    for (version, spec) in app.versions {
+        let (path, bytes, sha256) = read_beside(manifest, &spec.component)?;
+        versions.insert(
+            version,
+            ComponentSpec {
+                path,
+                sha256,
+                bytes,
+            },
+        );
+    }
+    Ok(AppSpec {
+        name,
+        stable: app.stable,
+        versions,
+        inputs: app.inputs,
+        outputs: app.outputs,
+    })
+}

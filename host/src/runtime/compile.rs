@@ -1,0 +1,68 @@
+//! Compiled-component cache: a component is compiled once per content hash and engine
+//! configuration and kept on disk, so a restart does not recompile.
+
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// Load the compiled form of `wasm` from `cache_dir`, or compile and store it.
+pub fn load_or_compile(
+    engine: &Engine,
+    cache_dir: &Path,
+    sha256: &str,
+    wasm: &[u8],
+) -> wasmtime::Result<Component> {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    let file = cache_dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish()));
+    if file.is_file() {
+        match deserialize(engine, &file) {
+            Ok(component) => {
+                tracing::debug!(file = %file.display(), "compiled component loaded from cache");
+                return Ok(component);
+            }
+            Err(err) => {
+                tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cached component unusable; recompiling")
+            }
+        }
+    }
+    let started = std::time::Instant::now();
+    let component = Component::new(engine, wasm)?;
+    tracing::info!(
+        sha256,
+        compile_ms = started.elapsed().as_millis() as u64,
+        "component compiled"
+    );
+    if let Err(err) = store(&component, cache_dir, &file) {
+        tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot cache the compiled component");
+    }
+    Ok(component)
+}
+
+#[allow(unsafe_code)] // deserializing native code: only files this module wrote, checked by wasmtime's header
+fn deserialize(engine: &Engine, file: &Path) -> wasmtime::Result<Component> {
+    // SAFETY: the file was produced by `Component::serialize` for an engine with the same
+    // compatibility hash (it is in the file name), written atomically by `store` into the
+    // server's own data directory.
+    unsafe { Component::deserialize_file(engine, file) }
+}
+
+fn store(component: &Component, cache_dir: &Path, file: &Path) -> wasmtime::Result<()> {
+    std::fs::create_dir_all(cache_dir)?;
+    let bytes = component.serialize()?;
+    let temp = tempfile_in(cache_dir)?;
+    std::fs::write(&temp, bytes)?;
+    std::fs::rename(&temp, file)?;
+    Ok(())
+}
+
+fn tempfile_in(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    let name = format!(
+        ".tmp-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    );
+    Ok(dir.join(name.replace(['(', ')'], "")))
+}

@@ -1,0 +1,147 @@
+//! One guest call: a fresh store with the tenant's limits, instantiate from the pre-linked
+//! component, call `infer` under the request deadline, and classify how it ended.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use wasmtime::{Store, Trap};
+
+use super::bindings::sluice::tenant::types::{InferError, InferRequest, InferResponse};
+use super::limits::GuestLimiter;
+use super::store::{GuestLog, StoreState};
+use super::{Prepared, Runtime};
+use crate::nn::host::NnCtx;
+use crate::nn::scheduler::ComputeError;
+
+/// Everything one call needs besides the component.
+pub struct GuestCall {
+    pub nn: NnCtx,
+    pub memory_bytes: usize,
+    pub log: GuestLog,
+    pub deadline: Instant,
+    pub deadline_ms: u64,
+    pub request: InferRequest,
+}
+
+/// How a guest call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GuestError {
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("model error: {0}")]
+    Model(String),
+    #[error("component error: {0}")]
+    Internal(String),
+    #[error("the request exceeded its deadline of {ms} ms")]
+    Deadline { ms: u64 },
+    #[error("the component exceeded its memory limit of {mib} MiB")]
+    OutOfMemory { mib: usize },
+    #[error("the component overflowed its call stack")]
+    StackOverflow,
+    #[error("the component trapped: {0}")]
+    Trap(String),
+    #[error("{0}")]
+    Queue(ComputeError),
+}
+
+impl Runtime {
+    /// Run one request through a component.
+    pub async fn invoke(
+        &self,
+        prepared: &Prepared,
+        call: GuestCall,
+    ) -> Result<InferResponse, GuestError> {
+        let GuestCall {
+            nn,
+            memory_bytes,
+            log,
+            deadline,
+            deadline_ms,
+            request,
+        } = call;
+        let mut store = Store::new(
+            self.engine(),
+            StoreState::new(nn, GuestLimiter::new(memory_bytes), log),
+        );
+        store.limiter(|state| &mut state.limiter);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        store.set_epoch_deadline(ticks(remaining, self.epoch_tick()));
+        store.epoch_deadline_trap();
+
+        let outcome = {
+            let call = async {
+                let instance = prepared.instantiate_async(&mut store).await?;
+                instance
+                    .sluice_tenant_handler()
+                    .call_infer(&mut store, &request)
+                    .await
+            };
+            // The epoch stops guest code; this stops waits in host calls (the model queue).
+            tokio::time::timeout_at(deadline, call).await
+        };
+        let state = store.data();
+        match outcome {
+            Err(_elapsed) => Err(GuestError::Deadline { ms: deadline_ms }),
+            Ok(Ok(Ok(response))) => Ok(response),
+            Ok(Ok(Err(guest_error))) => Err(match state.nn.queue_failure.clone() {
+                // The guest failed because a model call was shed or timed out: report that.
+                Some(ComputeError::DeadlineExceeded { .. }) => {
+                    GuestError::Deadline { ms: deadline_ms }
+                }
+                Some(failure) => GuestError::Queue(failure),
+                None => match guest_error {
+                    InferError::InvalidInput(message) => GuestError::InvalidInput(message),
+                    InferError::ModelError(message) => GuestError::Model(message),
+                    InferError::Internal(message) => GuestError::Internal(message),
+                },
+            }),
+            Ok(Err(error)) => Err(classify_trap(&error, state, deadline_ms)),
+        }
+    }
+}
+
+fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) -> GuestError {
+    if state.limiter.memory_refused {
+        return GuestError::OutOfMemory {
+            mib: state.limiter.memory_bytes >> 20,
+        };
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => GuestError::Deadline { ms: deadline_ms },
+        Some(Trap::StackOverflow) => GuestError::StackOverflow,
+        trap => {
+            let cause = trap.map_or_else(|| format!("{error:#}"), |t| t.to_string());
+            let stderr = state.stderr_tail();
+            let first_line = cause.lines().next().unwrap_or_default().to_string();
+            GuestError::Trap(if stderr.is_empty() {
+                first_line
+            } else {
+                format!("{first_line}; guest stderr: {stderr}")
+            })
+        }
+    }
+}
+
+/// Epoch ticks covering `remaining`, at least one.
+fn ticks(remaining: Duration, tick: Duration) -> u64 {
+    let tick = tick.as_nanos().max(1);
+    (remaining.as_nanos().div_ceil(tick) as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_ticks_round_up() {
+        assert_eq!(
+            ticks(Duration::from_millis(100), Duration::from_millis(5)),
+            20
+        );
+        assert_eq!(
+            ticks(Duration::from_millis(101), Duration::from_millis(5)),
+            21
+        );
+        assert_eq!(ticks(Duration::ZERO, Duration::from_millis(5)), 1);
+    }
+}

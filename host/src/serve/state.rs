@@ -1,0 +1,118 @@
+//! The serving state built at startup from the registry: per tenant, its resident models
+//! (its namespace for `load-by-name`) and its apps' prepared component versions.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::nn::backend::{Backend, BackendKind, Backends};
+use crate::nn::models::{ModelStore, TenantModels};
+use crate::registry::ids::{AppName, TenantId, VersionName};
+use crate::registry::{AppSpec, Registry, Tenant};
+use crate::runtime::{Prepared, Runtime};
+use crate::tenancy::Admission;
+
+/// One app with each version pre-linked.
+pub struct AppState {
+    pub spec: AppSpec,
+    pub versions: BTreeMap<VersionName, Prepared>,
+}
+
+/// One tenant's serving state.
+pub struct TenantState {
+    pub tenant: Arc<Tenant>,
+    pub models: Arc<TenantModels>,
+    pub apps: BTreeMap<AppName, AppState>,
+    /// Backend for guests' raw `load`, when the tenant's quota allows it.
+    pub raw_backend: Option<Arc<dyn Backend>>,
+}
+
+/// Everything a request needs.
+pub struct ServingState {
+    pub registry: Registry,
+    pub runtime: Runtime,
+    pub tenants: HashMap<TenantId, TenantState>,
+    pub admission: Admission,
+}
+
+impl ServingState {
+    /// Load every model and prepare every component the registry names.
+    pub async fn build(
+        registry: Registry,
+        runtime: Runtime,
+        backends: &Backends,
+        default_backend: Option<BackendKind>,
+    ) -> anyhow::Result<Self> {
+        let mut store = ModelStore::default();
+        let mut shared = BTreeMap::new();
+        for (name, spec) in registry.shared_models() {
+            shared.insert(
+                name.clone(),
+                store.load(spec, backends, default_backend).await?,
+            );
+        }
+        let shared = Arc::new(shared);
+
+        let mut tenants = HashMap::new();
+        for tenant in registry.tenants() {
+            let mut own = BTreeMap::new();
+            for (name, spec) in &tenant.models {
+                let model = store.load(spec, backends, default_backend).await?;
+                tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");
+                own.insert(name.clone(), model);
+            }
+            let mut apps = BTreeMap::new();
+            for (name, spec) in &tenant.apps {
+                let mut versions = BTreeMap::new();
+                for (version, component) in &spec.versions {
+                    let prepared = runtime
+                        .prepare(&component.path, &component.sha256, &component.bytes)
+                        .with_context(|| {
+                            format!("tenant '{}', app '{name}', version '{version}'", tenant.id)
+                        })?;
+                    versions.insert(version.clone(), prepared);
+                }
+                tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.stable, versions = spec.versions.len(), "app serves");
+                apps.insert(
+                    name.clone(),
+                    AppState {
+                        spec: spec.clone(),
+                        versions,
+                    },
+                );
+            }
+            let raw_backend = if tenant.quotas.allow_raw_model_load {
+                default_backend
+                    .and_then(|kind| backends.get(kind))
+                    .or_else(|| backends.preferred())
+            } else {
+                None
+            };
+            let models = Arc::new(TenantModels {
+                own,
+                shared: shared.clone(),
+            });
+            tenants.insert(
+                tenant.id.clone(),
+                TenantState {
+                    tenant: tenant.clone(),
+                    models,
+                    apps,
+                    raw_backend,
+                },
+            );
+        }
+        let admission = Admission::new(
+            registry
+                .tenants()
+                .map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)),
+        );
+        Ok(Self {
+            registry,
+            runtime,
+            tenants,
+            admission,
+        })
+    }
+}

@@ -1,0 +1,109 @@
+//! Tenancy: who is calling (API-key authentication) and whether they may start another
+//! request now (per-tenant concurrency admission).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::api::error::{ApiError, ErrorKind};
+use crate::registry::ids::TenantId;
+
+/// The key from an `Authorization: Bearer <key>` header value.
+pub fn bearer_key(authorization: Option<&str>) -> Result<&str, ApiError> {
+    let value = authorization.ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::Unauthenticated,
+            "missing API key: send 'Authorization: Bearer <tenant key>'",
+        )
+    })?;
+    let (scheme, key) = value.trim().split_once(' ').unwrap_or((value, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            "malformed Authorization header: expected 'Bearer <tenant key>'",
+        ));
+    }
+    Ok(key.trim())
+}
+
+/// The error for a key no tenant owns.
+pub fn unknown_key() -> ApiError {
+    ApiError::new(ErrorKind::Unauthenticated, "invalid API key")
+}
+
+/// Per-tenant limits on requests in flight.
+#[derive(Default)]
+pub struct Admission {
+    in_flight: HashMap<TenantId, (Arc<Semaphore>, u32)>,
+}
+
+impl Admission {
+    pub fn new(limits: impl IntoIterator<Item = (TenantId, u32)>) -> Self {
+        let in_flight = limits
+            .into_iter()
+            .map(|(tenant, max)| (tenant, (Arc::new(Semaphore::new(max as usize)), max)))
+            .collect();
+        Self { in_flight }
+    }
+
+    /// A permit for one request; dropping it frees the slot.
+    pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, ApiError> {
+        let (semaphore, max) = self.in_flight.get(tenant).ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Internal,
+                format!("tenant '{tenant}' has no admission state"),
+            )
+        })?;
+        semaphore.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                ErrorKind::QuotaExceeded,
+                format!("tenant '{tenant}' already has {max} requests in flight (max_concurrent_requests); retry later"),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_bearer_keys() {
+        assert_eq!(bearer_key(Some("Bearer abc")).expect("valid"), "abc");
+        assert_eq!(bearer_key(Some("bearer  abc ")).expect("valid"), "abc");
+        assert_eq!(
+            bearer_key(None).expect_err("missing").kind,
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            bearer_key(Some("Basic abc")).expect_err("scheme").kind,
+            ErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            bearer_key(Some("Bearer")).expect_err("empty").kind,
+            ErrorKind::Unauthenticated
+        );
+    }
+
+    #[test]
+    fn admission_caps_requests_in_flight_per_tenant() {
+        let acme = TenantId::new("acme").expect("valid id");
+        let globex = TenantId::new("globex").expect("valid id");
+        let admission = Admission::new([(acme.clone(), 1), (globex.clone(), 1)]);
+        let held = admission.admit(&acme).expect("first is admitted");
+        assert_eq!(
+            admission.admit(&acme).expect_err("second waits").kind,
+            ErrorKind::QuotaExceeded
+        );
+        assert!(
+            admission.admit(&globex).is_ok(),
+            "another tenant is unaffected"
+        );
+        drop(held);
+        assert!(
+            admission.admit(&acme).is_ok(),
+            "a finished request frees its slot"
+        );
+    }
+}
