@@ -40,7 +40,7 @@ pub(crate) fn encode<T: Element>(values: &[T]) -> Vec<u8> {
 
 /// Decode little-endian bytes; `None` when the length is not a multiple of the element size.
 pub(crate) fn decode<T: Element>(bytes: &[u8]) -> Option<Vec<T>> {
-    if bytes.len() % T::SIZE != 0 {
+    if !bytes.len().is_multiple_of(T::SIZE) {
         return None;
     }
     Some(bytes.chunks_exact(T::SIZE).map(T::read_le).collect())

@@ -1,1 +1,8 @@
+//! End-to-end tests: each starts the real `sluice serve` on port 0 and calls it over HTTP.
 
+mod bad_input;
+mod hostile;
+mod isolation;
+mod serving;
+mod startup;
+mod support;

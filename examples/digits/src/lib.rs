@@ -74,7 +74,7 @@ fn read_images(tensor: &Tensor) -> Result<Vec<u8>, Error> {
         }
         _ => tensor.to_u8()?,
     };
-    if pixels.is_empty() || pixels.len() % PIXELS != 0 {
+    if pixels.is_empty() || !pixels.len().is_multiple_of(PIXELS) {
         return Err(Error::invalid_input(format!(
             "'image' has {} bytes; expected a multiple of {PIXELS} (8x8 grayscale per image)",
             pixels.len()

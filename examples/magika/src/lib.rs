@@ -1,6 +1,7 @@
 //! The `magika` component: content-type detection with Google's Magika model.
 //!
-//! Input `file`: BYTES, one element per file (raw file contents). For each file the
+//! Input `file`: BYTES, one element per file (raw file contents), or UINT8 holding one
+//! file's bytes (for clients that cannot send binary BYTES elements). For each file the
 //! component does Magika's feature extraction in Wasm (the first and last bytes of the
 //! file's leading and trailing blocks, whitespace-stripped and padded, as the model's
 //! configuration says), calls the tenant's `magika-v3` model once for all files, and applies
@@ -14,7 +15,7 @@ mod labels;
 
 use features::Features;
 use labels::LabelTable;
-use sluice_guest::{Error, Handler, Model, ModelTensor, Request, Response, Tensor};
+use sluice_guest::{Datatype, Error, Handler, Model, ModelTensor, Request, Response, Tensor};
 
 const LABEL_TABLE: &str = include_str!("../model/labels.tsv");
 
@@ -23,11 +24,15 @@ struct Magika;
 impl Handler for Magika {
     fn infer(request: Request) -> Result<Response, Error> {
         let table = LabelTable::parse(LABEL_TABLE).map_err(Error::internal)?;
-        let files = request.input("file")?.to_bytes()?;
+        let input = request.input("file")?;
+        let files: Vec<Vec<u8>> = match input.datatype {
+            Datatype::Uint8 => vec![input.to_u8()?],
+            _ => input.to_bytes()?.to_vec(),
+        };
 
         let mut answers: Vec<Option<(String, f32)>> = Vec::with_capacity(files.len());
         let mut model_rows: Vec<i32> = Vec::new();
-        for file in files {
+        for file in &files {
             match features::extract(file, &table.features) {
                 Features::Empty => answers.push(Some(("empty".to_string(), 1.0))),
                 Features::TooFew(content) => {

@@ -180,11 +180,7 @@ impl Tensor {
         if self.dims.first() != Some(&total) {
             return None;
         }
-        let row_bytes = if total == 0 {
-            0
-        } else {
-            self.data.len() / total
-        };
+        let row_bytes = self.data.len().checked_div(total).unwrap_or(0);
         let mut offset = 0;
         let mut pieces = Vec::with_capacity(rows.len());
         for &n in rows {
@@ -219,7 +215,8 @@ mod tests {
 
     #[test]
     fn rejects_bytes_that_do_not_match_the_shape() {
-        let err = Tensor::new(ElementType::F32, vec![2, 2], vec![0; 12]).unwrap_err();
+        let err = Tensor::new(ElementType::F32, vec![2, 2], vec![0; 12])
+            .expect_err("12 bytes cannot hold 2x2 f32");
         assert_eq!(
             err,
             TensorError::LengthMismatch {

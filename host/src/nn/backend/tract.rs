@@ -3,11 +3,14 @@
 //! Models load with their symbolic dimensions kept (one plan serves every batch size).
 //! A graph that tract cannot optimize falls back to its unoptimized plan, with a log line.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use tract_onnx::prelude::{
-    DatumType, Framework, InferenceModelExt, IntoRunnable, TDim, TValue, TVec,
-    Tensor as TractTensor, TypedFact, TypedModel, TypedSimplePlan,
+    DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt, IntoRunnable, TDim,
+    TValue, TVec, Tensor as TractTensor, TractResult, TypedFact, TypedModel, TypedSimplePlan,
 };
+use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, TensorSpec};
@@ -33,31 +36,139 @@ impl Backend for Tract {
             backend: KIND,
             reason,
         };
-        let typed = tract_onnx::onnx()
-            .with_ignore_output_shapes(true)
-            .model_for_read(&mut std::io::Cursor::new(onnx))
-            .and_then(|m| m.into_typed())
-            .map_err(|e| load_error(format!("{e:#}")))?;
-        let signature = signature(&typed).map_err(load_error)?;
-        let plan = match typed
-            .clone()
-            .into_optimized()
-            .and_then(|m| m.into_runnable())
-        {
-            Ok(plan) => plan,
-            Err(err) => {
-                tracing::warn!(error = %format!("{err:#}"), "tract cannot optimize this graph; running it unoptimized");
-                typed
-                    .into_runnable()
-                    .map_err(|e| load_error(format!("{e:#}")))?
+        match typed_model(onnx, None) {
+            Ok(typed) => {
+                let signature = signature(&typed).map_err(load_error)?;
+                let plan = runnable(typed).map_err(|e| load_error(format!("{e:#}")))?;
+                Ok(Box::new(TractGraph {
+                    plans: Plans::Symbolic(plan),
+                    signature,
+                }))
             }
-        };
-        Ok(Box::new(TractGraph { plan, signature }))
+            Err(symbolic) => {
+                // Some graphs compute shapes tract cannot keep symbolic (magika's one-hot):
+                // compile one plan per concrete batch size instead.
+                let typed = typed_model(onnx, Some(1))
+                    .map_err(|e| load_error(format!("{symbolic:#}; with a fixed batch: {e:#}")))?;
+                tracing::info!(reason = %format!("{symbolic:#}"), "tract compiles this model per batch size");
+                let mut signature = signature(&typed).map_err(load_error)?;
+                for spec in signature
+                    .inputs
+                    .iter_mut()
+                    .chain(signature.outputs.iter_mut())
+                {
+                    if let Some(first) = spec.dims.first_mut() {
+                        *first = None;
+                    }
+                }
+                let plans = Plans::PerBatch {
+                    onnx: onnx.into(),
+                    cache: Mutex::new(HashMap::new()),
+                };
+                Ok(Box::new(TractGraph { plans, signature }))
+            }
+        }
+    }
+}
+
+/// Type the ONNX graph; `batch` fixes unnamed first dimensions instead of naming them.
+/// Some exporters write value info that contradicts the graph: retry without it.
+fn typed_model(onnx: &[u8], batch: Option<usize>) -> TractResult<TypedModel> {
+    let attempt = |ignore_value_info: bool| {
+        tract_onnx::onnx()
+            .with_ignore_output_shapes(true)
+            .with_ignore_value_info(ignore_value_info)
+            .model_for_read(&mut std::io::Cursor::new(onnx))
+            .and_then(|model| name_unknown_dims(model, batch))
+            .and_then(|m| m.into_typed())
+    };
+    attempt(false).or_else(|_| attempt(true))
+}
+
+/// The optimized plan, or the unoptimized one (with a log line) when optimizing fails.
+fn runnable(typed: TypedModel) -> TractResult<Arc<TypedSimplePlan>> {
+    match typed
+        .clone()
+        .into_optimized()
+        .and_then(|m| m.into_runnable())
+    {
+        Ok(plan) => Ok(plan),
+        Err(err) => {
+            tracing::warn!(error = %format!("{err:#}"), "tract cannot optimize this graph; running it unoptimized");
+            typed.into_runnable()
+        }
+    }
+}
+
+/// Give input dimensions the graph leaves unnamed (ONNX `dim` with neither value nor
+/// parameter, as skl2onnx writes for the batch) a symbol, so tract can type the graph with
+/// one plan for every size: `N` for the first dimension (or `batch` when given), a fresh
+/// symbol for others.
+fn name_unknown_dims(
+    mut model: InferenceModel,
+    batch: Option<usize>,
+) -> TractResult<InferenceModel> {
+    for ix in 0..model.inputs.len() {
+        let fact = model.input_fact(ix)?.clone();
+        if fact.shape.is_open() {
+            continue;
+        }
+        let dims: ShapeFactoid = fact
+            .shape
+            .dims()
+            .enumerate()
+            .map(|(axis, dim)| match (axis, batch, dim.concretize()) {
+                (0, Some(rows), known) if known.as_ref().is_none_or(|d| d.to_usize().is_err()) => {
+                    TDim::from(rows)
+                }
+                (_, _, Some(known)) => known,
+                (0, _, None) => model.sym("N").into(),
+                (_, _, None) => model.sym(&format!("input{ix}_axis{axis}")).into(),
+            })
+            .collect();
+        model.set_input_fact(
+            ix,
+            InferenceFact {
+                shape: dims,
+                ..fact
+            },
+        )?;
+    }
+    Ok(model)
+}
+
+/// One plan for every batch size, or one per size compiled on first use.
+enum Plans {
+    Symbolic(Arc<TypedSimplePlan>),
+    PerBatch {
+        onnx: Arc<[u8]>,
+        cache: Mutex<HashMap<usize, Arc<TypedSimplePlan>>>,
+    },
+}
+
+impl Plans {
+    fn for_batch(&self, batch: usize) -> Result<Arc<TypedSimplePlan>, String> {
+        match self {
+            Self::Symbolic(plan) => Ok(plan.clone()),
+            Self::PerBatch { onnx, cache } => {
+                if let Some(plan) = cache.lock().map_err(|_| "plan cache poisoned")?.get(&batch) {
+                    return Ok(plan.clone());
+                }
+                let plan = typed_model(onnx, Some(batch))
+                    .and_then(runnable)
+                    .map_err(|e| format!("{e:#}"))?;
+                cache
+                    .lock()
+                    .map_err(|_| "plan cache poisoned")?
+                    .insert(batch, plan.clone());
+                Ok(plan)
+            }
+        }
     }
 }
 
 struct TractGraph {
-    plan: Arc<TypedSimplePlan>,
+    plans: Plans,
     signature: Signature,
 }
 
@@ -81,10 +192,9 @@ impl Graph for TractGraph {
                 .ok_or_else(|| run_error(format!("missing input '{}'", spec.name)))?;
             ordered.push(to_tract(tensor).map_err(run_error)?.into());
         }
-        let outputs = self
-            .plan
-            .run(ordered)
-            .map_err(|e| run_error(format!("{e:#}")))?;
+        let batch = inputs.first().map_or(1, |(_, t)| t.rows());
+        let plan = self.plans.for_batch(batch).map_err(run_error)?;
+        let outputs = plan.run(ordered).map_err(|e| run_error(format!("{e:#}")))?;
         self.signature
             .outputs
             .iter()
@@ -141,7 +251,8 @@ fn element_type(dt: DatumType) -> Option<ElementType> {
         DatumType::U32 => ElementType::U32,
         DatumType::I32 => ElementType::I32,
         DatumType::U64 => ElementType::U64,
-        DatumType::I64 => ElementType::I64,
+        // tract computes some integer outputs (indices, labels) as symbolic dims; they are i64.
+        DatumType::I64 | DatumType::TDim => ElementType::I64,
         DatumType::F16 => ElementType::F16,
         DatumType::F32 => ElementType::F32,
         DatumType::F64 => ElementType::F64,
@@ -186,6 +297,10 @@ fn to_tract(tensor: &Tensor) -> Result<TractTensor, String> {
 }
 
 fn from_tract(value: &TractTensor) -> Result<Tensor, String> {
+    if value.datum_type() == DatumType::TDim {
+        let as_i64 = value.cast_to::<i64>().map_err(|e| format!("{e:#}"))?;
+        return from_tract(&as_i64);
+    }
     let ty = element_type(value.datum_type())
         .ok_or_else(|| format!("unsupported output type {:?}", value.datum_type()))?;
     // tract stores elements in native order; every platform Sluice runs on is little-endian.

@@ -118,11 +118,13 @@ async fn run_queue(
                 () = tokio::time::sleep_until(due.into()) => None,
             },
         };
-        match next {
-            Some(job) => state.push(job),
-            None if state.is_empty() && receiver.is_closed() => return,
-            None => {}
-        }
+        let closed = match next {
+            Some(job) => {
+                state.push(job);
+                false
+            }
+            None => receiver.is_closed(),
+        };
         while let Ok(job) = receiver.try_recv() {
             state.push(job);
         }
@@ -132,6 +134,14 @@ async fn run_queue(
             let _ = job.reply.send(Err(ComputeError::DeadlineExceeded {
                 model: model.to_string(),
             }));
+        }
+        if closed {
+            // Every handle is gone: run what is left without waiting for company, then stop.
+            let everything_due = now + policy.max_delay;
+            while let Some(batch) = state.pop_batch(everything_due) {
+                execute(&model, &graph, batch).await;
+            }
+            return;
         }
         while let Some(batch) = state.pop_batch(now) {
             execute(&model, &graph, batch).await;

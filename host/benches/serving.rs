@@ -1,0 +1,307 @@
+//! Serving-path measurements, printed as Markdown for BENCHMARKS.md:
+//! 1. the per-request sandbox cost (fresh store + instantiate + call of a trivial component);
+//! 2. each example model's raw throughput on each backend at batch 1 and 32;
+//! 3. one digits request end to end over loopback next to the raw backend compute time for
+//!    the same input, in the same run.
+//!
+//! Run: `cargo bench --bench serving` (after `cargo test --release`, which installs the
+//! pinned onnxruntime into ./.venv; or set ORT_DYLIB_PATH).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph};
+use sluice::nn::host::NnCtx;
+use sluice::nn::models::TenantModels;
+use sluice::nn::tensor::{ElementType, Tensor};
+use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
+use sluice::serve::{ServeConfig, build_state};
+
+const SANDBOX_CALLS: usize = 10_000;
+const E2E_CALLS: usize = 2_000;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("SLUICE_REPO_ROOT"))
+}
+
+fn onnxruntime_library() -> Option<PathBuf> {
+    std::env::var_os("ORT_DYLIB_PATH")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let lib = root().join(
+                ".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.32.0",
+            );
+            lib.exists().then_some(lib)
+        })
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.1} µs", d.as_secs_f64() * 1e6)
+}
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    println!("## Serving path (`cargo bench --bench serving`)\n");
+    runtime.block_on(sandbox_cost())?;
+    backend_throughput()?;
+    runtime.block_on(end_to_end())?;
+    Ok(())
+}
+
+async fn sandbox_cost() -> anyhow::Result<()> {
+    let cache = tempfile::tempdir()?;
+    let runtime = Runtime::new(RuntimeSettings {
+        max_instances: 64,
+        max_memory_bytes: 64 << 20,
+        epoch_tick: Duration::from_millis(5),
+        cache_dir: cache.path().to_path_buf(),
+    })?;
+    let path = Path::new(env!("SLUICE_GUEST_DIR")).join("hostile_guest.wasm");
+    let wasm = std::fs::read(&path)?;
+    let prepared = runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?;
+    let models = Arc::new(TenantModels::default());
+    let mut samples = Vec::with_capacity(SANDBOX_CALLS);
+    for i in 0..(SANDBOX_CALLS + 500) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let call = GuestCall {
+            nn: NnCtx::new(models.clone(), deadline, None, 64 << 20),
+            memory_bytes: 64 << 20,
+            log: GuestLog {
+                tenant: "bench".into(),
+                app: "echo".into(),
+                version: "1".into(),
+            },
+            deadline,
+            deadline_ms: 1000,
+            request: InferRequest {
+                id: None,
+                inputs: Vec::new(),
+                parameters: vec![("mode".into(), "echo".into())],
+            },
+        };
+        let started = Instant::now();
+        runtime
+            .invoke(&prepared, call)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if i >= 500 {
+            samples.push(started.elapsed());
+        }
+    }
+    let p50 = percentile(&mut samples, 0.5);
+    let p99 = percentile(&mut samples, 0.99);
+    println!("### Per-request sandbox cost\n");
+    println!(
+        "Fresh store + instantiate + call `infer` of a trivial component (the test guest's `echo`), {SANDBOX_CALLS} calls after 500 warm-up:\n"
+    );
+    println!(
+        "| p50 | p99 |\n| --- | --- |\n| {} | {} |\n",
+        micros(p50),
+        micros(p99)
+    );
+    Ok(())
+}
+
+struct BenchModel {
+    name: &'static str,
+    path: PathBuf,
+    input: &'static str,
+    ty: ElementType,
+    width: usize,
+}
+
+fn example_models() -> Vec<BenchModel> {
+    vec![
+        BenchModel {
+            name: "digits-mlp",
+            path: root().join("examples/digits/model/digits.onnx"),
+            input: "X",
+            ty: ElementType::F32,
+            width: 64,
+        },
+        BenchModel {
+            name: "digits-mlp-small",
+            path: root().join("examples/digits/model/digits_small.onnx"),
+            input: "X",
+            ty: ElementType::F32,
+            width: 64,
+        },
+        BenchModel {
+            name: "magika-v3",
+            path: root().join("examples/magika/model/model.onnx"),
+            input: "bytes",
+            ty: ElementType::I32,
+            width: 2048,
+        },
+    ]
+}
+
+fn batch_input(model: &BenchModel, batch: usize) -> Vec<(String, Tensor)> {
+    let values = batch * model.width;
+    let data: Vec<u8> = match model.ty {
+        ElementType::F32 => (0..values)
+            .flat_map(|i| ((i % 17) as f32 / 16.0).to_le_bytes())
+            .collect(),
+        _ => (0..values)
+            .flat_map(|i| ((i * 31 % 257) as i32).to_le_bytes())
+            .collect(),
+    };
+    vec![(
+        model.input.to_string(),
+        Tensor::new(model.ty, vec![batch, model.width], data).expect("consistent input"),
+    )]
+}
+
+/// Inferences per second over at least one second of back-to-back runs.
+fn throughput(graph: &dyn Graph, inputs: &[(String, Tensor)], batch: usize) -> anyhow::Result<f64> {
+    for _ in 0..20 {
+        graph.run(inputs.to_vec())?;
+    }
+    let started = Instant::now();
+    let mut runs = 0usize;
+    while started.elapsed() < Duration::from_secs(1) || runs < 20 {
+        graph.run(inputs.to_vec())?;
+        runs += 1;
+    }
+    Ok((runs * batch) as f64 / started.elapsed().as_secs_f64())
+}
+
+fn backend_throughput() -> anyhow::Result<()> {
+    let backends = backend::available(&BackendSettings {
+        onnxruntime_library: onnxruntime_library(),
+        threads: 1,
+    });
+    println!("### Raw backend throughput (1 intra-op thread, inferences/s)\n");
+    for reason in &backends.unavailable {
+        println!("(not measured: {reason})\n");
+    }
+    println!("| model | backend | batch 1 | batch 32 |\n| --- | --- | --- | --- |");
+    for model in example_models() {
+        let onnx = std::fs::read(&model.path)?;
+        for kind in [BackendKind::Onnxruntime, BackendKind::Tract] {
+            let Some(backend) = backends.get(kind) else {
+                continue;
+            };
+            let graph = backend.load(&onnx)?;
+            let b1 = throughput(graph.as_ref(), &batch_input(&model, 1), 1)?;
+            let b32 = throughput(graph.as_ref(), &batch_input(&model, 32), 32)?;
+            println!("| {} | {kind} | {b1:.0} | {b32:.0} |", model.name);
+        }
+    }
+    println!();
+    Ok(())
+}
+
+async fn end_to_end() -> anyhow::Result<()> {
+    let tenants = tempfile::tempdir()?;
+    let model = root().join("examples/digits/model/digits.onnx");
+    let component = Path::new(env!("SLUICE_GUEST_DIR")).join("digits.wasm");
+    let manifest = format!(
+        "version = 1\nid = \"bench\"\napi_key_sha256 = [\"{}\"]\n\n[models.digits-mlp]\npath = \"{}\"\nsha256 = \"{}\"\nbackend = \"onnxruntime\"\n\n[apps.digits]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\n",
+        hex::encode(Sha256::digest(b"bench-key")),
+        model.display(),
+        hex::encode(Sha256::digest(std::fs::read(&model)?)),
+        component.display()
+    );
+    std::fs::write(tenants.path().join("bench.toml"), manifest)?;
+    let data = tempfile::tempdir()?;
+    let config = ServeConfig {
+        http: "127.0.0.1:0".parse()?,
+        tenants_dir: tenants.path().to_path_buf(),
+        data_dir: data.path().to_path_buf(),
+        onnxruntime_library: onnxruntime_library(),
+        default_backend: None,
+        backend_threads: 1,
+        max_instances: 64,
+        epoch_tick: Duration::from_millis(5),
+    };
+    let state = match build_state(&config).await {
+        Ok(state) => state,
+        Err(err) => {
+            println!("### End to end\n\n(not measured: {err:#})\n");
+            return Ok(());
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(
+        async move { axum::serve(listener, sluice::api::http::router(Arc::new(state))).await },
+    );
+
+    let pixels: Vec<u8> = (0..64).map(|i| ((i * 37) % 256) as u8).collect();
+    let body = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels }]
+    }))?;
+    let client = reqwest::Client::new();
+    let url = format!("http://{address}/v2/models/digits/infer");
+    let mut e2e = Vec::with_capacity(E2E_CALLS);
+    for i in 0..(E2E_CALLS + 200) {
+        let started = Instant::now();
+        let response = client
+            .post(&url)
+            .bearer_auth("bench-key")
+            .body(body.clone())
+            .send()
+            .await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "status {}",
+            response.status()
+        );
+        response.bytes().await?;
+        if i >= 200 {
+            e2e.push(started.elapsed());
+        }
+    }
+
+    // The same input straight into the backend, as the component sends it.
+    let backends = backend::available(&BackendSettings {
+        onnxruntime_library: onnxruntime_library(),
+        threads: 1,
+    });
+    let graph = backends
+        .get(BackendKind::Onnxruntime)
+        .ok_or_else(|| anyhow::anyhow!("onnxruntime missing"))?
+        .load(&std::fs::read(&model)?)?;
+    let scaled: Vec<u8> = pixels
+        .iter()
+        .flat_map(|&p| (f32::from(p) / 255.0).to_le_bytes())
+        .collect();
+    let input = vec![(
+        "X".to_string(),
+        Tensor::new(ElementType::F32, vec![1, 64], scaled)?,
+    )];
+    let mut raw = Vec::with_capacity(E2E_CALLS);
+    for i in 0..(E2E_CALLS + 200) {
+        let started = Instant::now();
+        graph.run(input.clone())?;
+        if i >= 200 {
+            raw.push(started.elapsed());
+        }
+    }
+    let (e2e_p50, raw_p50) = (percentile(&mut e2e, 0.5), percentile(&mut raw, 0.5));
+    println!("### One digits request end to end vs the raw backend\n");
+    println!(
+        "{E2E_CALLS} sequential requests over loopback HTTP (JSON, `digits` component → `digits-mlp` on onnxruntime) after 200 warm-up, and the same input run directly on the backend:\n"
+    );
+    println!(
+        "| end-to-end p50 | end-to-end p99 | raw compute p50 | host overhead p50 |\n| --- | --- | --- | --- |"
+    );
+    println!(
+        "| {} | {} | {} | {} |\n",
+        micros(e2e_p50),
+        micros(percentile(&mut e2e, 0.99)),
+        micros(raw_p50),
+        micros(e2e_p50.saturating_sub(raw_p50))
+    );
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! Tenant isolation: a tenant sees only its own apps and models, over HTTP and from
+//! inside its guest; keys are required.
+
+use serde_json::json;
+
+use crate::support::*;
+
+const ACME: &str = "test-key-acme";
+const BETA: &str = "test-key-beta";
+
+fn two_tenants(beta_quotas: &str) -> Tenants {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", ACME, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &acme);
+    let mut beta = tenant_header("beta", BETA, beta_quotas);
+    beta += &model_entry("small", &digits_small_model(), None);
+    beta += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("beta.toml", &beta);
+    tenants
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_see_another_tenants_apps_or_models() {
+    let tenants = two_tenants("");
+    let server = Server::start(tenants.path(), &[]);
+    let (pixels, _) = &heldout_digits()[0];
+
+    for path in [
+        "/v2/models/digits",
+        "/v2/models/digits-mlp",
+        "/v2/models/digits/ready",
+    ] {
+        let (status, body) = server.get(path, Some(BETA)).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    let (status, foreign) = server
+        .infer("digits", BETA, &image_request(pixels, &[1, 64]))
+        .await;
+    let (_, unknown) = server
+        .infer("no-such-model", BETA, &image_request(pixels, &[1, 64]))
+        .await;
+    assert_eq!(status, 404);
+    // A foreign name reads exactly like an unknown one.
+    assert_eq!(
+        error_message(&foreign).replace("'digits'", "'X'"),
+        error_message(&unknown).replace("'no-such-model'", "'X'")
+    );
+    assert!(
+        !error_message(&foreign).contains("digits-mlp"),
+        "no existence leak: {foreign}"
+    );
+
+    let (status, body) = server.get("/v2/models/digits", None).await;
+    assert_eq!(status, 401);
+    assert!(
+        error_message(&body).contains("Authorization: Bearer"),
+        "{body}"
+    );
+    let (status, body) = server.get("/v2/models/digits", Some("not-a-key")).await;
+    assert_eq!((status, error_message(&body)), (401, "invalid API key"));
+    let (status, _) = server
+        .infer("digits", ACME, &image_request(pixels, &[1, 64]))
+        .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn guests_load_models_only_from_their_own_namespace() {
+    let tenants = two_tenants("");
+    let server = Server::start(tenants.path(), &[]);
+    let load = |model: &str| json!({ "inputs": [], "parameters": { "mode": "load-model", "model": model } });
+
+    let (status, body) = server.infer("hostile", BETA, &load("small")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output(&body, "loaded")["data"], json!(["small"]));
+
+    let (status, body) = server.infer("hostile", BETA, &load("digits-mlp")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error_message(&body).contains("model 'digits-mlp' not found"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn raw_model_loading_needs_the_quota() {
+    let tenants = two_tenants("");
+    let server = Server::start(tenants.path(), &[]);
+    let request = json!({ "inputs": [], "parameters": { "mode": "load-bytes" } });
+    let (status, body) = server.infer("hostile", BETA, &request).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        error_message(&body).contains("not allowed for this tenant"),
+        "{body}"
+    );
+
+    let allowed = two_tenants("allow_raw_model_load = true");
+    let server = Server::start(allowed.path(), &[]);
+    let (status, body) = server.infer("hostile", BETA, &request).await;
+    // Allowed, but sixteen zero bytes are no ONNX graph: a model error, not a refusal.
+    assert_eq!(status, 500, "{body}");
+    assert!(!error_message(&body).contains("not allowed"), "{body}");
+    assert!(
+        error_message(&body).contains("could not load the model"),
+        "{body}"
+    );
+}

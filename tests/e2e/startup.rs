@@ -1,0 +1,69 @@
+//! Startup checks: manifests are verified before anything serves; compiled components are
+//! cached across restarts.
+
+use crate::support::*;
+
+#[test]
+fn a_digest_mismatch_refuses_to_start_and_names_the_file() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", "k", "");
+    manifest += &format!(
+        "[models.digits-mlp]\npath = \"{}\"\nsha256 = \"{}\"\n",
+        digits_model().display(),
+        "0".repeat(64)
+    );
+    tenants.write("acme.toml", &manifest);
+    let data = tempfile::tempdir().expect("tmp");
+    let log = Server::start_in(tenants.path(), data.path(), &[])
+        .err()
+        .expect("the server must refuse to start");
+    assert!(
+        log.contains("sha256 mismatch") && log.contains("digits.onnx"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_unknown_manifest_key_is_rejected_naming_file_and_key() {
+    let tenants = Tenants::new();
+    let manifest = tenant_header("acme", "k", "guest_memory_mib = 64\ncolour = \"blue\"");
+    tenants.write("acme.toml", &manifest);
+    let data = tempfile::tempdir().expect("tmp");
+    let log = Server::start_in(tenants.path(), data.path(), &[])
+        .err()
+        .expect("the server must refuse to start");
+    assert!(
+        log.contains("acme.toml") && log.contains("unknown field `colour`"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_restart_does_not_recompile_components() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", "k", "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    manifest += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &manifest);
+
+    let data = tempfile::tempdir().expect("tmp");
+    let first = Server::start_in(tenants.path(), data.path(), &[]).expect("first start");
+    assert!(
+        first.log().contains("component compiled"),
+        "{}",
+        first.log()
+    );
+    drop(first);
+
+    let cached = std::fs::read_dir(data.path().join("compiled"))
+        .expect("cache folder")
+        .count();
+    assert_eq!(cached, 1, "one compiled component is cached");
+    let second = Server::start_in(tenants.path(), data.path(), &[]).expect("second start");
+    assert!(second.log().contains("app serves"), "{}", second.log());
+    assert!(
+        !second.log().contains("component compiled"),
+        "restart recompiled:\n{}",
+        second.log()
+    );
+}

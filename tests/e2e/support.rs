@@ -1,0 +1,344 @@
+//! Test support: start the real `sluice serve` binary on port 0 with a temporary tenants
+//! directory, talk to it over HTTP, and stop it when the test ends.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+pub const ONNXRUNTIME_VERSION: &str = "1.32.0";
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("SLUICE_REPO_ROOT"))
+}
+
+/// A guest component built by the host's build script.
+pub fn guest(name: &str) -> PathBuf {
+    Path::new(env!("SLUICE_GUEST_DIR")).join(format!("{name}.wasm"))
+}
+
+pub fn sha256_file(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    hex::encode(Sha256::digest(&bytes))
+}
+
+pub fn sha256_text(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+/// The ONNX Runtime library from the pinned `onnxruntime` wheel, installed into the
+/// project's `.venv` on first use.
+pub fn onnxruntime_library() -> &'static Path {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let venv = repo_root().join(".venv");
+        let python = venv.join("bin/python3");
+        let run = |command: &mut Command| {
+            let status = command
+                .status()
+                .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+            assert!(
+                status.success(),
+                "{command:?} failed; the tests need python3 with venv and pip, and PyPI"
+            );
+        };
+        if !python.exists() {
+            run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+        }
+        let capi = venv
+            .join("lib")
+            .read_dir()
+            .ok()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|entry| {
+                let capi = entry.path().join("site-packages/onnxruntime/capi");
+                capi.join(format!("libonnxruntime.so.{ONNXRUNTIME_VERSION}"))
+                    .exists()
+                    .then_some(capi)
+            });
+        let capi = match capi {
+            Some(capi) => capi,
+            None => {
+                run(Command::new(&python).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    &format!("onnxruntime=={ONNXRUNTIME_VERSION}"),
+                ]));
+                let output = Command::new(&python)
+                    .args([
+                        "-c",
+                        "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
+                    ])
+                    .output()
+                    .expect("asking the venv's python for onnxruntime");
+                PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join("capi")
+            }
+        };
+        let library = capi.join(format!("libonnxruntime.so.{ONNXRUNTIME_VERSION}"));
+        assert!(
+            library.exists(),
+            "{} is missing after installing onnxruntime",
+            library.display()
+        );
+        library
+    })
+}
+
+/// A temporary tenants directory.
+pub struct Tenants {
+    pub dir: tempfile::TempDir,
+}
+
+impl Tenants {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temporary tenants directory"),
+        }
+    }
+
+    pub fn write(&self, file: &str, toml: &str) -> &Self {
+        std::fs::write(self.dir.path().join(file), toml).expect("writing a manifest");
+        self
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A model entry for a manifest.
+pub fn model_entry(name: &str, path: &Path, backend: Option<&str>) -> String {
+    let backend = backend
+        .map(|b| format!("backend = \"{b}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "[models.{name}]\npath = \"{}\"\nsha256 = \"{}\"\n{backend}\n",
+        path.display(),
+        sha256_file(path)
+    )
+}
+
+/// An app entry with one version "1".
+pub fn app_entry(name: &str, component: &Path) -> String {
+    format!(
+        "[apps.{name}]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\n\n",
+        component.display()
+    )
+}
+
+/// A tenant manifest header: id, one API key, quotas (TOML lines).
+pub fn tenant_header(id: &str, key: &str, quotas: &str) -> String {
+    format!(
+        "version = 1\nid = \"{id}\"\napi_key_sha256 = [\"{}\"]\n\n[quotas]\n{quotas}\n\n",
+        sha256_text(key)
+    )
+}
+
+pub fn digits_model() -> PathBuf {
+    repo_root().join("examples/digits/model/digits.onnx")
+}
+
+pub fn digits_small_model() -> PathBuf {
+    repo_root().join("examples/digits/model/digits_small.onnx")
+}
+
+pub fn magika_model() -> PathBuf {
+    repo_root().join("examples/magika/model/model.onnx")
+}
+
+/// A running `sluice serve`, stopped on drop.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    log: PathBuf,
+    _data: Option<tempfile::TempDir>,
+    client: reqwest::Client,
+}
+
+impl Server {
+    /// Start on port 0 with ONNX Runtime available; panics with the server's log on failure.
+    pub fn start(tenants: &Path, extra: &[&str]) -> Self {
+        let data = tempfile::tempdir().expect("temporary data directory");
+        let mut server = Self::start_in(tenants, data.path(), extra)
+            .unwrap_or_else(|log| panic!("sluice serve did not start:\n{log}"));
+        server._data = Some(data);
+        server
+    }
+
+    /// Start with a data directory the caller keeps; `Err` carries the log of a server
+    /// that exited instead of serving.
+    pub fn start_in(tenants: &Path, data: &Path, extra: &[&str]) -> Result<Self, String> {
+        let log = data.join(format!(
+            "server-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let log_file = std::fs::File::create(&log).expect("creating the server log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .args(["--http", "127.0.0.1:0", "--tenants"])
+            .arg(tenants)
+            .arg("--data-dir")
+            .arg(data)
+            .arg("--onnxruntime-lib")
+            .arg(onnxruntime_library())
+            .args(extra)
+            .env("SLUICE_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawning sluice");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(address) = line.strip_prefix("listening on ") {
+                    let _ = sender.send(address.to_string());
+                }
+            }
+        });
+        let started = Instant::now();
+        let base = loop {
+            if let Ok(address) = receiver.recv_timeout(Duration::from_millis(50)) {
+                break address;
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                return Err(format!(
+                    "timed out\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ));
+            }
+        };
+        Ok(Self {
+            child,
+            base,
+            log,
+            _data: None,
+            client: reqwest::Client::new(),
+        })
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET with an optional key; the status and the JSON body (Null when empty).
+    pub async fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
+        let mut request = self.client.get(format!("{}{path}", self.base));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        read(request.send().await.expect("GET reaches the server")).await
+    }
+
+    /// POST a JSON infer request to a model.
+    pub async fn infer(&self, model: &str, key: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(
+            &format!("/v2/models/{model}/infer"),
+            Some(key),
+            serde_json::to_vec(body).expect("json"),
+        )
+        .await
+    }
+
+    pub async fn post_raw(&self, path: &str, key: Option<&str>, body: Vec<u8>) -> (u16, Value) {
+        let mut request = self.client.post(format!("{}{path}", self.base)).body(body);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        read(request.send().await.expect("POST reaches the server")).await
+    }
+}
+
+async fn read(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.expect("response body");
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+    };
+    (status, body)
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One UINT8 image input for the digits components.
+pub fn image_request(pixels: &[u8], shape: &[usize]) -> Value {
+    serde_json::json!({ "inputs": [{ "name": "image", "shape": shape, "datatype": "UINT8", "data": pixels }] })
+}
+
+/// The error message of an error response.
+pub fn error_message(body: &Value) -> &str {
+    body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("expected an error body, got {body}"))
+}
+
+/// The held-out digits: (64 pixels, label) pairs.
+pub fn heldout_digits() -> Vec<(Vec<u8>, i64)> {
+    let path = repo_root().join("examples/digits/testdata/heldout.json");
+    let data: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("held-out digits"))
+            .expect("json");
+    let images = data["images"].as_array().expect("images");
+    let labels = data["labels"].as_array().expect("labels");
+    images
+        .iter()
+        .zip(labels)
+        .map(|(image, label)| {
+            let pixels = image
+                .as_array()
+                .expect("pixels")
+                .iter()
+                .map(|p| p.as_u64().expect("pixel") as u8)
+                .collect();
+            (pixels, label.as_i64().expect("label"))
+        })
+        .collect()
+}
+
+pub fn f32s(value: &Value) -> Vec<f32> {
+    value
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|v| v.as_f64().expect("number") as f32)
+        .collect()
+}
+
+pub fn i64s(value: &Value) -> Vec<i64> {
+    value
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|v| v.as_i64().expect("integer"))
+        .collect()
+}
+
+/// The output named `name` of an infer response.
+pub fn output<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["outputs"]
+        .as_array()
+        .and_then(|outputs| outputs.iter().find(|o| o["name"] == name))
+        .unwrap_or_else(|| panic!("no output '{name}' in {body}"))
+}
