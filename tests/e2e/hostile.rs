@@ -125,4 +125,11 @@ async fn a_well_behaved_call_of_the_same_component_succeeds() {
     let (status, body) = server.infer("hostile", EVIL, &request).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(output(&body, "x")["data"], json!([7, 8]));
+    // The guest's log line lands in the host's log with the tenant and app.
+    let log = server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("echoing 1 inputs"))
+        .unwrap_or_else(|| panic!("no guest log line in:\n{log}"));
+    assert!(line.contains("evil") && line.contains("hostile"), "{line}");
 }

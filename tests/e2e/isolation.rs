@@ -107,3 +107,17 @@ async fn raw_model_loading_needs_the_quota() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn models_the_platform_shares_are_visible_to_every_tenant() {
+    let tenants = two_tenants("");
+    let shared =
+        model_entry("shared-digits", &digits_model(), None).replace("[models.", "[shared_models.");
+    tenants.write("platform.toml", &format!("version = 1\n\n{shared}"));
+    let server = Server::start(tenants.path(), &[]);
+    let request =
+        json!({ "inputs": [], "parameters": { "mode": "load-model", "model": "shared-digits" } });
+    let (status, body) = server.infer("hostile", BETA, &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output(&body, "loaded")["data"], json!(["shared-digits"]));
+}

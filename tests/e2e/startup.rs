@@ -67,3 +67,28 @@ fn a_restart_does_not_recompile_components() {
         second.log()
     );
 }
+
+#[tokio::test]
+async fn a_wrong_onnxruntime_library_falls_back_to_tract_with_a_clear_message() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", "k", "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("acme.toml", &manifest);
+    let not_a_library = tenants.path().join("libonnxruntime.so.1.32.0");
+    std::fs::write(&not_a_library, "not a shared library").expect("write");
+
+    let data = tempfile::tempdir().expect("tmp");
+    let library = not_a_library.to_str().expect("utf-8 path");
+    let server = Server::start_in(tenants.path(), data.path(), &["--onnxruntime-lib", library])
+        .expect("starts on tract");
+    let log = server.log();
+    assert!(
+        log.contains("onnxruntime is not available") && log.contains("cannot load"),
+        "{log}"
+    );
+    let (status, model) = server.get("/v2/models/digits-mlp", Some("k")).await;
+    assert_eq!(
+        (status, model["platform"].as_str()),
+        (200, Some("tract_onnx"))
+    );
+}

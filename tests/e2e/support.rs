@@ -190,8 +190,14 @@ impl Server {
             .arg(tenants)
             .arg("--data-dir")
             .arg(data)
-            .arg("--onnxruntime-lib")
-            .arg(onnxruntime_library())
+            .args(if extra.contains(&"--onnxruntime-lib") {
+                Vec::new()
+            } else {
+                vec![
+                    "--onnxruntime-lib".as_ref(),
+                    onnxruntime_library().as_os_str(),
+                ]
+            })
             .args(extra)
             .env("SLUICE_LOG", "info")
             .stdout(Stdio::piped())

@@ -94,7 +94,8 @@ pub struct ModelManifest {
 pub struct Batching {
     /// Most rows in one batch.
     pub max_batch_size: usize,
-    /// Longest a request waits for others to join its batch.
+    /// Longest a request waits for others to join its batch (0: run with whatever is
+    /// queued when the model is free; requests arriving during a run form the next batch).
     pub max_queue_delay_us: u64,
     /// Requests waiting before new ones are refused as overload.
     pub max_queue_size: usize,
@@ -104,7 +105,7 @@ impl Default for Batching {
     fn default() -> Self {
         Self {
             max_batch_size: 32,
-            max_queue_delay_us: 500,
+            max_queue_delay_us: 0,
             max_queue_size: 1024,
         }
     }

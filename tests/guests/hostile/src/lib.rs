@@ -1,7 +1,7 @@
 //! A deliberately hostile tenant component for the end-to-end tests.
 //!
 //! The request parameter `mode` picks the behaviour:
-//! - `echo`: answer the inputs unchanged (a well-behaved call);
+//! - `echo`: log a line and answer the inputs unchanged (a well-behaved call);
 //! - `loop`: spin forever (must hit the tenant's deadline);
 //! - `bomb`: allocate memory until the limit stops it;
 //! - `trap`: panic with a message (a trap);
@@ -14,7 +14,7 @@
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sluice_guest::{Error, Handler, Model, Request, Response, Tensor};
+use sluice_guest::{Error, Handler, LogLevel, Model, Request, Response, Tensor};
 
 static MARKER: AtomicU64 = AtomicU64::new(0);
 
@@ -23,10 +23,16 @@ struct Hostile;
 impl Handler for Hostile {
     fn infer(request: Request) -> Result<Response, Error> {
         match request.parameter("mode").unwrap_or("echo") {
-            "echo" => Ok(request
-                .inputs
-                .into_iter()
-                .fold(Response::new(), Response::with_output)),
+            "echo" => {
+                sluice_guest::log(
+                    LogLevel::Info,
+                    &format!("echoing {} inputs", request.inputs.len()),
+                );
+                Ok(request
+                    .inputs
+                    .into_iter()
+                    .fold(Response::new(), Response::with_output))
+            }
             "loop" => {
                 let mut counter = 0u64;
                 loop {
