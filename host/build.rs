@@ -1,6 +1,8 @@
-//! Builds what the demo tenants and the end-to-end tests run: the example and test guest
-//! components (compiled to wasm32-wasip2 components by a nested cargo), after fetching
-//! the Magika model that the magika component embeds a label table of.
+//! Generates the OIP gRPC code from `proto/` (with a vendored `protoc`, so no system
+//! install is needed), and builds what the demo tenants and the end-to-end tests run: the
+//! example and test guest components (compiled to wasm32-wasip2 components by a nested
+//! cargo), after fetching the Magika model that the magika component embeds a label table
+//! of.
 //!
 //! Outputs land in `target/guests/wasm32-wasip2/release/`, which the demo manifests in
 //! `tenants/` reference; `SLUICE_GUEST_DIR` points tests at the same folder.
@@ -12,17 +14,9 @@ const GUESTS: [&str; 4] = ["digits", "magika", "cascade", "hostile-guest"];
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("host/ sits in the workspace")
-        .to_path_buf();
-    for watched in [
-        "guest-sdk",
-        "wit",
-        "examples",
-        "tests/guests",
-        "scripts/fetch_magika.py",
-    ] {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ sits in the workspace").to_path_buf();
+    compile_proto(&root);
+    for watched in ["guest-sdk", "wit", "examples", "tests/guests", "scripts/fetch_magika.py"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 
@@ -30,17 +24,25 @@ fn main() {
     ensure_target();
     let target_dir = root.join("target").join("guests");
     build_guests(&root, &target_dir);
-    println!(
-        "cargo:rustc-env=SLUICE_GUEST_DIR={}",
-        target_dir.join(TARGET).join("release").display()
-    );
+    println!("cargo:rustc-env=SLUICE_GUEST_DIR={}", target_dir.join(TARGET).join("release").display());
     println!("cargo:rustc-env=SLUICE_REPO_ROOT={}", root.display());
 }
 
+fn compile_proto(root: &Path) {
+    let proto = root.join("proto/grpc_predict_v2.proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    let protoc = protoc_bin_vendored::protoc_bin_path().expect("the vendored protoc is available for this platform");
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc);
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_with_config(config, &[proto], &[root.join("proto")])
+        .expect("compiling proto/grpc_predict_v2.proto");
+}
+
 fn fetch_magika(root: &Path) {
-    let status = Command::new("python3")
-        .arg(root.join("scripts/fetch_magika.py"))
-        .status();
+    let status = Command::new("python3").arg(root.join("scripts/fetch_magika.py")).status();
     match status {
         Ok(s) if s.success() => {}
         other => panic!(
@@ -52,27 +54,18 @@ fn fetch_magika(root: &Path) {
 
 /// Install the wasm32-wasip2 target where rustup does not do it from rust-toolchain.toml.
 fn ensure_target() {
-    let installed = Command::new("rustup")
-        .args(["target", "list", "--installed"])
-        .output();
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
     if let Ok(output) = installed
-        && !String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .any(|l| l.trim() == TARGET)
+        && !String::from_utf8_lossy(&output.stdout).lines().any(|l| l.trim() == TARGET)
     {
-        let _ = Command::new("rustup")
-            .args(["target", "add", TARGET])
-            .status();
+        let _ = Command::new("rustup").args(["target", "add", TARGET]).status();
     }
 }
 
 fn build_guests(root: &Path, target_dir: &PathBuf) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let mut command = Command::new(cargo);
-    command
-        .current_dir(root)
-        .args(["build", "--release", "--target", TARGET, "--target-dir"])
-        .arg(target_dir);
+    command.current_dir(root).args(["build", "--release", "--target", TARGET, "--target-dir"]).arg(target_dir);
     for guest in GUESTS {
         command.args(["-p", guest]);
     }
@@ -84,14 +77,7 @@ fn build_guests(root: &Path, target_dir: &PathBuf) {
             command.env_remove(key);
         }
     }
-    command
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
-        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
-    let status = command
-        .status()
-        .expect("running cargo to build the guest components");
-    assert!(
-        status.success(),
-        "building the guest components for {TARGET} failed (see the output above)"
-    );
+    command.env("CARGO_PROFILE_RELEASE_DEBUG", "false").env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
+    let status = command.status().expect("running cargo to build the guest components");
+    assert!(status.success(), "building the guest components for {TARGET} failed (see the output above)");
 }

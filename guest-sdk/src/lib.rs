@@ -103,9 +103,7 @@ macro_rules! export {
         const _: () = {
             struct SluiceExport;
 
-            impl $crate::__private::bindings::exports::sluice::tenant::handler::Guest
-                for SluiceExport
-            {
+            impl $crate::__private::bindings::exports::sluice::tenant::handler::Guest for SluiceExport {
                 fn infer(
                     request: $crate::__private::bindings::sluice::tenant::types::InferRequest,
                 ) -> ::core::result::Result<
@@ -130,13 +128,8 @@ pub mod __private {
     /// Convert the wire request, run the handler, convert the answer back.
     pub fn dispatch<H: crate::Handler>(
         request: bindings::sluice::tenant::types::InferRequest,
-    ) -> Result<
-        bindings::sluice::tenant::types::InferResponse,
-        bindings::sluice::tenant::types::InferError,
-    > {
-        H::infer(crate::Request::from_wire(request))
-            .map(crate::Response::into_wire)
-            .map_err(crate::Error::into_wire)
+    ) -> Result<bindings::sluice::tenant::types::InferResponse, bindings::sluice::tenant::types::InferError> {
+        H::infer(crate::Request::from_wire(request)).map(crate::Response::into_wire).map_err(crate::Error::into_wire)
     }
 }
 

@@ -34,11 +34,7 @@ macro_rules! typed_model_tensor {
     ($from:ident, $to:ident, $ty:ty, $tt:ident) => {
         #[doc = concat!("A model tensor of `", stringify!($ty), "` values.")]
         pub fn $from(dimensions: &[u32], values: &[$ty]) -> Self {
-            Self {
-                dimensions: dimensions.to_vec(),
-                ty: ModelTensorType::$tt,
-                data: encode(values),
-            }
+            Self { dimensions: dimensions.to_vec(), ty: ModelTensorType::$tt, data: encode(values) }
         }
 
         #[doc = concat!("The values, when the element type is `", stringify!($ty), "`.")]
@@ -57,10 +53,7 @@ impl ModelTensor {
 
     fn read<T: Element>(&self, expected: ModelTensorType) -> Result<Vec<T>, Error> {
         if self.ty != expected {
-            return Err(Error::model(format!(
-                "model output is {:?}, not {expected:?}",
-                self.ty
-            )));
+            return Err(Error::model(format!("model output is {:?}, not {expected:?}", self.ty)));
         }
         decode(&self.data).ok_or_else(|| Error::model("model output has a partial element"))
     }
@@ -70,11 +63,7 @@ impl ModelTensor {
     }
 
     fn from_resource(tensor: &nn::Tensor) -> Self {
-        Self {
-            dimensions: tensor.dimensions(),
-            ty: type_from_wire(tensor.ty()),
-            data: tensor.data(),
-        }
+        Self { dimensions: tensor.dimensions(), ty: type_from_wire(tensor.ty()), data: tensor.data() }
     }
 }
 
@@ -85,14 +74,10 @@ pub struct ModelOutputs(pub Vec<(String, ModelTensor)>);
 impl ModelOutputs {
     /// The output with this name.
     pub fn get(&self, name: &str) -> Result<&ModelTensor, Error> {
-        self.0
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-            .ok_or_else(|| {
-                let names: Vec<&str> = self.0.iter().map(|(n, _)| n.as_str()).collect();
-                Error::model(format!("model has no output '{name}'; outputs: {names:?}"))
-            })
+        self.0.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| {
+            let names: Vec<&str> = self.0.iter().map(|(n, _)| n.as_str()).collect();
+            Error::model(format!("model has no output '{name}'; outputs: {names:?}"))
+        })
     }
 }
 
@@ -114,14 +99,8 @@ impl Model {
     /// Load a model by its name in the tenant's manifest.
     pub fn load(name: &str) -> Result<Self, Error> {
         let graph = graph::load_by_name(name).map_err(|e| nn_error(name, &e))?;
-        let context = graph
-            .init_execution_context()
-            .map_err(|e| nn_error(name, &e))?;
-        Ok(Self {
-            name: name.to_string(),
-            context,
-            _graph: graph,
-        })
+        let context = graph.init_execution_context().map_err(|e| nn_error(name, &e))?;
+        Ok(Self { name: name.to_string(), context, _graph: graph })
     }
 
     /// The name the model was loaded by.
@@ -134,29 +113,16 @@ impl Model {
     /// Errors the host marks as the caller's fault (wrong shape or type) come back as
     /// [`Error::InvalidInput`]; others as [`Error::Model`].
     pub fn compute(&self, inputs: Vec<(String, ModelTensor)>) -> Result<ModelOutputs, Error> {
-        let inputs: Vec<(String, nn::Tensor)> = inputs
-            .into_iter()
-            .map(|(name, t)| (name, t.into_resource()))
-            .collect();
-        let outputs = self
-            .context
-            .compute(inputs)
-            .map_err(|e| nn_error(&self.name, &e))?;
-        Ok(ModelOutputs(
-            outputs
-                .iter()
-                .map(|(name, t)| (name.clone(), ModelTensor::from_resource(t)))
-                .collect(),
-        ))
+        let inputs: Vec<(String, nn::Tensor)> = inputs.into_iter().map(|(name, t)| (name, t.into_resource())).collect();
+        let outputs = self.context.compute(inputs).map_err(|e| nn_error(&self.name, &e))?;
+        Ok(ModelOutputs(outputs.iter().map(|(name, t)| (name.clone(), ModelTensor::from_resource(t))).collect()))
     }
 }
 
 fn nn_error(model: &str, error: &errors::Error) -> Error {
     let message = format!("model '{model}': {}", error.data());
     match error.code() {
-        errors::ErrorCode::InvalidArgument | errors::ErrorCode::NotFound => {
-            Error::InvalidInput(message)
-        }
+        errors::ErrorCode::InvalidArgument | errors::ErrorCode::NotFound => Error::InvalidInput(message),
         _ => Error::Model(message),
     }
 }

@@ -61,12 +61,7 @@ macro_rules! typed_tensor {
 
 impl Tensor {
     fn raw(name: &str, datatype: Datatype, shape: &[u64], bytes: Vec<u8>) -> Self {
-        Self {
-            name: name.to_string(),
-            datatype,
-            shape: shape.to_vec(),
-            data: TensorData::Raw(bytes),
-        }
+        Self { name: name.to_string(), datatype, shape: shape.to_vec(), data: TensorData::Raw(bytes) }
     }
 
     typed_tensor!(from_f32, to_f32, f32, Fp32);
@@ -99,9 +94,7 @@ impl Tensor {
     pub fn to_u8(&self) -> Result<Vec<u8>, Error> {
         match (&self.datatype, &self.data) {
             (Datatype::Uint8, TensorData::Raw(bytes)) => Ok(bytes.clone()),
-            (Datatype::Bytes, TensorData::Elements(elements)) if elements.len() == 1 => {
-                Ok(elements[0].clone())
-            }
+            (Datatype::Bytes, TensorData::Elements(elements)) if elements.len() == 1 => Ok(elements[0].clone()),
             _ => Err(self.wrong_type("UINT8 or a single BYTES element")),
         }
     }
@@ -121,18 +114,14 @@ impl Tensor {
 
     fn read<T: Element>(&self, expected: Datatype) -> Result<Vec<T>, Error> {
         match &self.data {
-            TensorData::Raw(bytes) if self.datatype == expected => decode(bytes).ok_or_else(|| {
-                Error::invalid_input(format!("tensor '{}' has a partial element", self.name))
-            }),
+            TensorData::Raw(bytes) if self.datatype == expected => decode(bytes)
+                .ok_or_else(|| Error::invalid_input(format!("tensor '{}' has a partial element", self.name))),
             _ => Err(self.wrong_type(&format!("{expected:?}"))),
         }
     }
 
     fn wrong_type(&self, expected: &str) -> Error {
-        Error::invalid_input(format!(
-            "tensor '{}' has datatype {:?}; expected {expected}",
-            self.name, self.datatype
-        ))
+        Error::invalid_input(format!("tensor '{}' has datatype {:?}; expected {expected}", self.name, self.datatype))
     }
 
     fn from_wire(tensor: wire::Tensor) -> Self {
@@ -176,18 +165,13 @@ impl Request {
     pub fn input(&self, name: &str) -> Result<&Tensor, Error> {
         self.inputs.iter().find(|t| t.name == name).ok_or_else(|| {
             let present: Vec<&str> = self.inputs.iter().map(|t| t.name.as_str()).collect();
-            Error::invalid_input(format!(
-                "missing input '{name}'; inputs present: {present:?}"
-            ))
+            Error::invalid_input(format!("missing input '{name}'; inputs present: {present:?}"))
         })
     }
 
     /// A parameter's value.
     pub fn parameter(&self, name: &str) -> Option<&str> {
-        self.parameters
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.parameters.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     pub(crate) fn from_wire(request: wire::InferRequest) -> Self {

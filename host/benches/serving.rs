@@ -27,14 +27,10 @@ fn root() -> PathBuf {
 }
 
 fn onnxruntime_library() -> Option<PathBuf> {
-    std::env::var_os("ORT_DYLIB_PATH")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let lib = root().join(
-                ".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.32.0",
-            );
-            lib.exists().then_some(lib)
-        })
+    std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from).or_else(|| {
+        let lib = root().join(".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.32.0");
+        lib.exists().then_some(lib)
+    })
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
@@ -47,9 +43,7 @@ fn micros(d: Duration) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     println!("## Serving path (`cargo bench --bench serving`)\n");
     runtime.block_on(sandbox_cost())?;
     backend_throughput()?;
@@ -75,24 +69,13 @@ async fn sandbox_cost() -> anyhow::Result<()> {
         let call = GuestCall {
             nn: NnCtx::new(models.clone(), deadline, None, 64 << 20),
             memory_bytes: 64 << 20,
-            log: GuestLog {
-                tenant: "bench".into(),
-                app: "echo".into(),
-                version: "1".into(),
-            },
+            log: GuestLog { tenant: "bench".into(), app: "echo".into(), version: "1".into() },
             deadline,
             deadline_ms: 1000,
-            request: InferRequest {
-                id: None,
-                inputs: Vec::new(),
-                parameters: vec![("mode".into(), "echo".into())],
-            },
+            request: InferRequest { id: None, inputs: Vec::new(), parameters: vec![("mode".into(), "echo".into())] },
         };
         let started = Instant::now();
-        runtime
-            .invoke(&prepared, call)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        runtime.invoke(&prepared, call).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         if i >= 500 {
             samples.push(started.elapsed());
         }
@@ -103,11 +86,7 @@ async fn sandbox_cost() -> anyhow::Result<()> {
     println!(
         "Fresh store + instantiate + call `infer` of a trivial component (the test guest's `echo`), {SANDBOX_CALLS} calls after 500 warm-up:\n"
     );
-    println!(
-        "| p50 | p99 |\n| --- | --- |\n| {} | {} |\n",
-        micros(p50),
-        micros(p99)
-    );
+    println!("| p50 | p99 |\n| --- | --- |\n| {} | {} |\n", micros(p50), micros(p99));
     Ok(())
 }
 
@@ -148,17 +127,10 @@ fn example_models() -> Vec<BenchModel> {
 fn batch_input(model: &BenchModel, batch: usize) -> Vec<(String, Tensor)> {
     let values = batch * model.width;
     let data: Vec<u8> = match model.ty {
-        ElementType::F32 => (0..values)
-            .flat_map(|i| ((i % 17) as f32 / 16.0).to_le_bytes())
-            .collect(),
-        _ => (0..values)
-            .flat_map(|i| ((i * 31 % 257) as i32).to_le_bytes())
-            .collect(),
+        ElementType::F32 => (0..values).flat_map(|i| ((i % 17) as f32 / 16.0).to_le_bytes()).collect(),
+        _ => (0..values).flat_map(|i| ((i * 31 % 257) as i32).to_le_bytes()).collect(),
     };
-    vec![(
-        model.input.to_string(),
-        Tensor::new(model.ty, vec![batch, model.width], data).expect("consistent input"),
-    )]
+    vec![(model.input.to_string(), Tensor::new(model.ty, vec![batch, model.width], data).expect("consistent input"))]
 }
 
 /// Inferences per second over at least one second of back-to-back runs.
@@ -176,10 +148,7 @@ fn throughput(graph: &dyn Graph, inputs: &[(String, Tensor)], batch: usize) -> a
 }
 
 fn backend_throughput() -> anyhow::Result<()> {
-    let backends = backend::available(&BackendSettings {
-        onnxruntime_library: onnxruntime_library(),
-        threads: 1,
-    });
+    let backends = backend::available(&BackendSettings { onnxruntime_library: onnxruntime_library(), threads: 1 });
     println!("### Raw backend throughput (1 intra-op thread, inferences/s)\n");
     for reason in &backends.unavailable {
         println!("(not measured: {reason})\n");
@@ -202,25 +171,12 @@ fn backend_throughput() -> anyhow::Result<()> {
 }
 
 /// Latencies of sequential POSTs after a warm-up.
-async fn timed_requests(
-    client: &reqwest::Client,
-    url: &str,
-    body: &[u8],
-) -> anyhow::Result<Vec<Duration>> {
+async fn timed_requests(client: &reqwest::Client, url: &str, body: &[u8]) -> anyhow::Result<Vec<Duration>> {
     let mut samples = Vec::with_capacity(E2E_CALLS);
     for i in 0..(E2E_CALLS + 200) {
         let started = Instant::now();
-        let response = client
-            .post(url)
-            .bearer_auth("bench-key")
-            .body(body.to_vec())
-            .send()
-            .await?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "{url}: status {}",
-            response.status()
-        );
+        let response = client.post(url).bearer_auth("bench-key").body(body.to_vec()).send().await?;
+        anyhow::ensure!(response.status().is_success(), "{url}: status {}", response.status());
         response.bytes().await?;
         if i >= 200 {
             samples.push(started.elapsed());
@@ -244,6 +200,8 @@ async fn end_to_end() -> anyhow::Result<()> {
     let data = tempfile::tempdir()?;
     let config = ServeConfig {
         http: "127.0.0.1:0".parse()?,
+        grpc: "127.0.0.1:0".parse()?,
+        grpc_max_message_bytes: 64 << 20,
         tenants_dir: tenants.path().to_path_buf(),
         data_dir: data.path().to_path_buf(),
         onnxruntime_library: onnxruntime_library(),
@@ -261,49 +219,28 @@ async fn end_to_end() -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
-    tokio::spawn(
-        async move { axum::serve(listener, sluice::api::http::router(Arc::new(state))).await },
-    );
+    tokio::spawn(async move { axum::serve(listener, sluice::api::http::router(Arc::new(state))).await });
 
     let pixels: Vec<u8> = (0..64).map(|i| ((i * 37) % 256) as u8).collect();
     let body = serde_json::to_vec(&serde_json::json!({
         "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels }]
     }))?;
     let client = reqwest::Client::new();
-    let e2e = timed_requests(
-        &client,
-        &format!("http://{address}/v2/models/digits/infer"),
-        &body,
-    )
-    .await?;
+    let e2e = timed_requests(&client, &format!("http://{address}/v2/models/digits/infer"), &body).await?;
     let scaled: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
     let plain_body = serde_json::to_vec(&serde_json::json!({
         "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled }]
     }))?;
-    let plain = timed_requests(
-        &client,
-        &format!("http://{address}/v2/models/digits-mlp/infer"),
-        &plain_body,
-    )
-    .await?;
+    let plain = timed_requests(&client, &format!("http://{address}/v2/models/digits-mlp/infer"), &plain_body).await?;
 
     // The same input straight into the backend, as the component sends it.
-    let backends = backend::available(&BackendSettings {
-        onnxruntime_library: onnxruntime_library(),
-        threads: 1,
-    });
+    let backends = backend::available(&BackendSettings { onnxruntime_library: onnxruntime_library(), threads: 1 });
     let graph = backends
         .get(BackendKind::Onnxruntime)
         .ok_or_else(|| anyhow::anyhow!("onnxruntime missing"))?
         .load(&std::fs::read(&model)?)?;
-    let scaled: Vec<u8> = pixels
-        .iter()
-        .flat_map(|&p| (f32::from(p) / 255.0).to_le_bytes())
-        .collect();
-    let input = vec![(
-        "X".to_string(),
-        Tensor::new(ElementType::F32, vec![1, 64], scaled)?,
-    )];
+    let scaled: Vec<u8> = pixels.iter().flat_map(|&p| (f32::from(p) / 255.0).to_le_bytes()).collect();
+    let input = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], scaled)?)];
     let mut raw = Vec::with_capacity(E2E_CALLS);
     for i in 0..(E2E_CALLS + 200) {
         let started = Instant::now();
@@ -319,25 +256,14 @@ async fn end_to_end() -> anyhow::Result<()> {
         "{E2E_CALLS} sequential requests over loopback HTTP (JSON, `digits` component → `digits-mlp` on onnxruntime) after 200 warm-up, and the same input run directly on the backend:\n"
     );
     println!("| path | p50 | p99 |\n| --- | --- | --- |");
-    println!(
-        "| HTTP → `digits` component → model | {} | {} |",
-        micros(e2e_p50),
-        micros(percentile(&mut e2e, 0.99))
-    );
+    println!("| HTTP → `digits` component → model | {} | {} |", micros(e2e_p50), micros(percentile(&mut e2e, 0.99)));
     let plain_p50 = percentile(&mut plain, 0.5);
     println!(
         "| HTTP → plain model `digits-mlp` (no component) | {} | {} |",
         micros(plain_p50),
         micros(percentile(&mut plain, 0.99))
     );
-    println!(
-        "| raw backend compute, same input | {} | {} |",
-        micros(raw_p50),
-        micros(percentile(&mut raw, 0.99))
-    );
-    println!(
-        "\nHost overhead over raw compute at p50: {}.\n",
-        micros(e2e_p50.saturating_sub(raw_p50))
-    );
+    println!("| raw backend compute, same input | {} | {} |", micros(raw_p50), micros(percentile(&mut raw, 0.99)));
+    println!("\nHost overhead over raw compute at p50: {}.\n", micros(e2e_p50.saturating_sub(raw_p50)));
     Ok(())
 }

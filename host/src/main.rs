@@ -19,7 +19,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the tenants in a directory over HTTP.
+    /// Serve the tenants in a directory over HTTP and gRPC.
     Serve(ServeArgs),
 }
 
@@ -28,6 +28,12 @@ struct ServeArgs {
     /// Address for the OIP HTTP API.
     #[arg(long, env = "SLUICE_HTTP", default_value = "127.0.0.1:8000")]
     http: SocketAddr,
+    /// Address for the OIP gRPC API (`inference.GRPCInferenceService`).
+    #[arg(long, env = "SLUICE_GRPC", default_value = "127.0.0.1:8001")]
+    grpc: SocketAddr,
+    /// Largest gRPC message accepted or sent, in MiB.
+    #[arg(long, env = "SLUICE_GRPC_MAX_MESSAGE_MIB", default_value_t = 64)]
+    grpc_max_message_mib: usize,
     /// Directory of tenant manifests (`*.toml`, plus an optional `platform.toml`).
     #[arg(long, env = "SLUICE_TENANTS", default_value = "tenants")]
     tenants: PathBuf,
@@ -69,6 +75,8 @@ fn main() -> anyhow::Result<()> {
             init_logging(args.log_json);
             let config = ServeConfig {
                 http: args.http,
+                grpc: args.grpc,
+                grpc_max_message_bytes: args.grpc_max_message_mib.saturating_mul(1 << 20),
                 tenants_dir: args.tenants,
                 data_dir: args.data_dir,
                 onnxruntime_library: args.onnxruntime_lib,
@@ -80,21 +88,16 @@ fn main() -> anyhow::Result<()> {
                 max_instances: args.max_instances,
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(serve(config))
         }
     }
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn")
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

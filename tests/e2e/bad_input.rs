@@ -17,20 +17,8 @@ struct Case {
     message: &'static str,
 }
 
-fn case(
-    name: &'static str,
-    path: &'static str,
-    body: serde_json::Value,
-    status: u16,
-    message: &'static str,
-) -> Case {
-    Case {
-        name,
-        path,
-        body: serde_json::to_vec(&body).expect("json"),
-        status,
-        message,
-    }
+fn case(name: &'static str, path: &'static str, body: serde_json::Value, status: u16, message: &'static str) -> Case {
+    Case { name, path, body: serde_json::to_vec(&body).expect("json"), status, message }
 }
 
 fn x(shape: &[usize], datatype: &str, data: serde_json::Value) -> serde_json::Value {
@@ -40,8 +28,7 @@ fn x(shape: &[usize], datatype: &str, data: serde_json::Value) -> serde_json::Va
 #[tokio::test]
 async fn each_bad_input_gets_its_status_and_message() {
     let tenants = Tenants::new();
-    let quotas =
-        format!("max_request_bytes = {MAX_REQUEST_BYTES}\nmax_tensor_elements = {MAX_ELEMENTS}");
+    let quotas = format!("max_request_bytes = {MAX_REQUEST_BYTES}\nmax_tensor_elements = {MAX_ELEMENTS}");
     let mut manifest = tenant_header("acme", KEY, &quotas);
     manifest += &model_entry("digits-mlp", &digits_model(), None);
     manifest += &app_entry("digits", &guest("digits"));
@@ -85,13 +72,7 @@ async fn each_bad_input_gets_its_status_and_message() {
             400,
             "input 'X' must have shape [-1, 64]",
         ),
-        case(
-            "missing model input",
-            "/v2/models/digits-mlp/infer",
-            json!({ "inputs": [] }),
-            400,
-            "missing input 'X'",
-        ),
+        case("missing model input", "/v2/models/digits-mlp/infer", json!({ "inputs": [] }), 400, "missing input 'X'"),
         case(
             "element count over quota",
             "/v2/models/digits-mlp/infer",
@@ -152,18 +133,11 @@ async fn each_bad_input_gets_its_status_and_message() {
     for case in cases {
         let (status, body) = server.post_raw(case.path, Some(KEY), case.body).await;
         assert_eq!(status, case.status, "{}: {body}", case.name);
-        assert!(
-            error_message(&body).contains(case.message),
-            "{}: expected '{}' in {body}",
-            case.name,
-            case.message
-        );
+        assert!(error_message(&body).contains(case.message), "{}: expected '{}' in {body}", case.name, case.message);
     }
 
     let (pixels, label) = &heldout_digits()[3];
-    let (status, body) = server
-        .infer("digits", KEY, &image_request(pixels, &[1, 64]))
-        .await;
+    let (status, body) = server.infer("digits", KEY, &image_request(pixels, &[1, 64])).await;
     assert_eq!(status, 200, "still serving after bad inputs: {body}");
     assert_eq!(i64s(&output(&body, "label")["data"]), vec![*label]);
 }

@@ -17,11 +17,7 @@ fn tenants() -> Tenants {
     acme += &model_entry("digits-mlp", &digits_model(), None);
     acme += &app_entry("digits", &guest("digits"));
     tenants.write("acme.toml", &acme);
-    let mut evil = tenant_header(
-        "evil",
-        EVIL,
-        &format!("guest_memory_mib = 32\nguest_deadline_ms = {DEADLINE_MS}"),
-    );
+    let mut evil = tenant_header("evil", EVIL, &format!("guest_memory_mib = 32\nguest_deadline_ms = {DEADLINE_MS}"));
     evil += &app_entry("hostile", &guest("hostile_guest"));
     tenants.write("evil.toml", &evil);
     tenants
@@ -35,9 +31,7 @@ fn mode(name: &str) -> serde_json::Value {
 async fn others_still_served(server: &Server) {
     assert_eq!(server.get("/v2/health/live", None).await.0, 200);
     let (pixels, label) = &heldout_digits()[2];
-    let (status, body) = server
-        .infer("digits", ACME, &image_request(pixels, &[1, 64]))
-        .await;
+    let (status, body) = server.infer("digits", ACME, &image_request(pixels, &[1, 64])).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(i64s(&output(&body, "label")["data"]), vec![*label]);
 }
@@ -50,14 +44,8 @@ async fn an_infinite_loop_hits_the_deadline() {
     let (status, body) = server.infer("hostile", EVIL, &mode("loop")).await;
     let took = started.elapsed();
     assert_eq!(status, 504, "{body}");
-    assert!(
-        error_message(&body).contains(&format!("deadline of {DEADLINE_MS} ms")),
-        "{body}"
-    );
-    assert!(
-        took < Duration::from_millis(DEADLINE_MS + 100),
-        "the loop was stopped after {took:?}"
-    );
+    assert!(error_message(&body).contains(&format!("deadline of {DEADLINE_MS} ms")), "{body}");
+    assert!(took < Duration::from_millis(DEADLINE_MS + 100), "the loop was stopped after {took:?}");
     others_still_served(&server).await;
 }
 
@@ -67,10 +55,7 @@ async fn a_memory_bomb_is_a_resource_error() {
     let server = Server::start(tenants.path(), &[]);
     let (status, body) = server.infer("hostile", EVIL, &mode("bomb")).await;
     assert_eq!(status, 500, "{body}");
-    assert!(
-        error_message(&body).contains("exceeded its memory limit of 32 MiB"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("exceeded its memory limit of 32 MiB"), "{body}");
     others_still_served(&server).await;
 }
 
@@ -81,10 +66,7 @@ async fn a_trap_is_a_server_error_with_the_guests_message() {
     let (status, body) = server.infer("hostile", EVIL, &mode("trap")).await;
     assert_eq!(status, 500, "{body}");
     let message = error_message(&body);
-    assert!(
-        message.contains("trapped") && message.contains("hostile guest panicked on purpose"),
-        "{body}"
-    );
+    assert!(message.contains("trapped") && message.contains("hostile guest panicked on purpose"), "{body}");
     others_still_served(&server).await;
 }
 
@@ -94,10 +76,7 @@ async fn deep_recursion_is_contained() {
     let server = Server::start(tenants.path(), &[]);
     let (status, body) = server.infer("hostile", EVIL, &mode("recurse")).await;
     assert_eq!(status, 500, "{body}");
-    assert!(
-        error_message(&body).contains("overflowed its call stack"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("overflowed its call stack"), "{body}");
     others_still_served(&server).await;
 }
 
@@ -108,11 +87,7 @@ async fn a_reused_instance_slot_never_shows_previous_memory() {
     for _ in 0..5 {
         let (status, body) = server.infer("hostile", EVIL, &mode("marker")).await;
         assert_eq!(status, 200, "{body}");
-        assert_eq!(
-            i64s(&output(&body, "previous")["data"]),
-            vec![0],
-            "a previous request's marker leaked"
-        );
+        assert_eq!(i64s(&output(&body, "previous")["data"]), vec![0], "a previous request's marker leaked");
     }
 }
 
@@ -127,9 +102,7 @@ async fn a_well_behaved_call_of_the_same_component_succeeds() {
     assert_eq!(output(&body, "x")["data"], json!([7, 8]));
     // The guest's log line lands in the host's log with the tenant and app.
     let log = server.log();
-    let line = log
-        .lines()
-        .find(|l| l.contains("echoing 1 inputs"))
-        .unwrap_or_else(|| panic!("no guest log line in:\n{log}"));
+    let line =
+        log.lines().find(|l| l.contains("echoing 1 inputs")).unwrap_or_else(|| panic!("no guest log line in:\n{log}"));
     assert!(line.contains("evil") && line.contains("hostile"), "{line}");
 }

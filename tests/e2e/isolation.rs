@@ -27,42 +27,26 @@ async fn a_tenant_cannot_see_another_tenants_apps_or_models() {
     let server = Server::start(tenants.path(), &[]);
     let (pixels, _) = &heldout_digits()[0];
 
-    for path in [
-        "/v2/models/digits",
-        "/v2/models/digits-mlp",
-        "/v2/models/digits/ready",
-    ] {
+    for path in ["/v2/models/digits", "/v2/models/digits-mlp", "/v2/models/digits/ready"] {
         let (status, body) = server.get(path, Some(BETA)).await;
         assert_eq!(status, 404, "{path}: {body}");
     }
-    let (status, foreign) = server
-        .infer("digits", BETA, &image_request(pixels, &[1, 64]))
-        .await;
-    let (_, unknown) = server
-        .infer("no-such-model", BETA, &image_request(pixels, &[1, 64]))
-        .await;
+    let (status, foreign) = server.infer("digits", BETA, &image_request(pixels, &[1, 64])).await;
+    let (_, unknown) = server.infer("no-such-model", BETA, &image_request(pixels, &[1, 64])).await;
     assert_eq!(status, 404);
     // A foreign name reads exactly like an unknown one.
     assert_eq!(
         error_message(&foreign).replace("'digits'", "'X'"),
         error_message(&unknown).replace("'no-such-model'", "'X'")
     );
-    assert!(
-        !error_message(&foreign).contains("digits-mlp"),
-        "no existence leak: {foreign}"
-    );
+    assert!(!error_message(&foreign).contains("digits-mlp"), "no existence leak: {foreign}");
 
     let (status, body) = server.get("/v2/models/digits", None).await;
     assert_eq!(status, 401);
-    assert!(
-        error_message(&body).contains("Authorization: Bearer"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("Authorization: Bearer"), "{body}");
     let (status, body) = server.get("/v2/models/digits", Some("not-a-key")).await;
     assert_eq!((status, error_message(&body)), (401, "invalid API key"));
-    let (status, _) = server
-        .infer("digits", ACME, &image_request(pixels, &[1, 64]))
-        .await;
+    let (status, _) = server.infer("digits", ACME, &image_request(pixels, &[1, 64])).await;
     assert_eq!(status, 200);
 }
 
@@ -78,10 +62,7 @@ async fn guests_load_models_only_from_their_own_namespace() {
 
     let (status, body) = server.infer("hostile", BETA, &load("digits-mlp")).await;
     assert_eq!(status, 400, "{body}");
-    assert!(
-        error_message(&body).contains("model 'digits-mlp' not found"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("model 'digits-mlp' not found"), "{body}");
 }
 
 #[tokio::test]
@@ -91,10 +72,7 @@ async fn raw_model_loading_needs_the_quota() {
     let request = json!({ "inputs": [], "parameters": { "mode": "load-bytes" } });
     let (status, body) = server.infer("hostile", BETA, &request).await;
     assert_eq!(status, 500, "{body}");
-    assert!(
-        error_message(&body).contains("not allowed for this tenant"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("not allowed for this tenant"), "{body}");
 
     let allowed = two_tenants("allow_raw_model_load = true");
     let server = Server::start(allowed.path(), &[]);
@@ -102,21 +80,16 @@ async fn raw_model_loading_needs_the_quota() {
     // Allowed, but sixteen zero bytes are no ONNX graph: a model error, not a refusal.
     assert_eq!(status, 500, "{body}");
     assert!(!error_message(&body).contains("not allowed"), "{body}");
-    assert!(
-        error_message(&body).contains("could not load the model"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("could not load the model"), "{body}");
 }
 
 #[tokio::test]
 async fn models_the_platform_shares_are_visible_to_every_tenant() {
     let tenants = two_tenants("");
-    let shared =
-        model_entry("shared-digits", &digits_model(), None).replace("[models.", "[shared_models.");
+    let shared = model_entry("shared-digits", &digits_model(), None).replace("[models.", "[shared_models.");
     tenants.write("platform.toml", &format!("version = 1\n\n{shared}"));
     let server = Server::start(tenants.path(), &[]);
-    let request =
-        json!({ "inputs": [], "parameters": { "mode": "load-model", "model": "shared-digits" } });
+    let request = json!({ "inputs": [], "parameters": { "mode": "load-model", "model": "shared-digits" } });
     let (status, body) = server.infer("hostile", BETA, &request).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(output(&body, "loaded")["data"], json!(["shared-digits"]));

@@ -7,20 +7,12 @@ use crate::support::*;
 fn a_digest_mismatch_refuses_to_start_and_names_the_file() {
     let tenants = Tenants::new();
     let mut manifest = tenant_header("acme", "k", "");
-    manifest += &format!(
-        "[models.digits-mlp]\npath = \"{}\"\nsha256 = \"{}\"\n",
-        digits_model().display(),
-        "0".repeat(64)
-    );
+    manifest +=
+        &format!("[models.digits-mlp]\npath = \"{}\"\nsha256 = \"{}\"\n", digits_model().display(), "0".repeat(64));
     tenants.write("acme.toml", &manifest);
     let data = tempfile::tempdir().expect("tmp");
-    let log = Server::start_in(tenants.path(), data.path(), &[])
-        .err()
-        .expect("the server must refuse to start");
-    assert!(
-        log.contains("sha256 mismatch") && log.contains("digits.onnx"),
-        "{log}"
-    );
+    let log = Server::start_in(tenants.path(), data.path(), &[]).err().expect("the server must refuse to start");
+    assert!(log.contains("sha256 mismatch") && log.contains("digits.onnx"), "{log}");
 }
 
 #[test]
@@ -29,13 +21,8 @@ fn an_unknown_manifest_key_is_rejected_naming_file_and_key() {
     let manifest = tenant_header("acme", "k", "guest_memory_mib = 64\ncolour = \"blue\"");
     tenants.write("acme.toml", &manifest);
     let data = tempfile::tempdir().expect("tmp");
-    let log = Server::start_in(tenants.path(), data.path(), &[])
-        .err()
-        .expect("the server must refuse to start");
-    assert!(
-        log.contains("acme.toml") && log.contains("unknown field `colour`"),
-        "{log}"
-    );
+    let log = Server::start_in(tenants.path(), data.path(), &[]).err().expect("the server must refuse to start");
+    assert!(log.contains("acme.toml") && log.contains("unknown field `colour`"), "{log}");
 }
 
 #[test]
@@ -48,24 +35,14 @@ fn a_restart_does_not_recompile_components() {
 
     let data = tempfile::tempdir().expect("tmp");
     let first = Server::start_in(tenants.path(), data.path(), &[]).expect("first start");
-    assert!(
-        first.log().contains("component compiled"),
-        "{}",
-        first.log()
-    );
+    assert!(first.log().contains("component compiled"), "{}", first.log());
     drop(first);
 
-    let cached = std::fs::read_dir(data.path().join("compiled"))
-        .expect("cache folder")
-        .count();
+    let cached = std::fs::read_dir(data.path().join("compiled")).expect("cache folder").count();
     assert_eq!(cached, 1, "one compiled component is cached");
     let second = Server::start_in(tenants.path(), data.path(), &[]).expect("second start");
     assert!(second.log().contains("app serves"), "{}", second.log());
-    assert!(
-        !second.log().contains("component compiled"),
-        "restart recompiled:\n{}",
-        second.log()
-    );
+    assert!(!second.log().contains("component compiled"), "restart recompiled:\n{}", second.log());
 }
 
 #[tokio::test]
@@ -79,16 +56,10 @@ async fn a_wrong_onnxruntime_library_falls_back_to_tract_with_a_clear_message() 
 
     let data = tempfile::tempdir().expect("tmp");
     let library = not_a_library.to_str().expect("utf-8 path");
-    let server = Server::start_in(tenants.path(), data.path(), &["--onnxruntime-lib", library])
-        .expect("starts on tract");
+    let server =
+        Server::start_in(tenants.path(), data.path(), &["--onnxruntime-lib", library]).expect("starts on tract");
     let log = server.log();
-    assert!(
-        log.contains("onnxruntime is not available") && log.contains("cannot load"),
-        "{log}"
-    );
+    assert!(log.contains("onnxruntime is not available") && log.contains("cannot load"), "{log}");
     let (status, model) = server.get("/v2/models/digits-mlp", Some("k")).await;
-    assert_eq!(
-        (status, model["platform"].as_str()),
-        (200, Some("tract_onnx"))
-    );
+    assert_eq!((status, model["platform"].as_str()), (200, Some("tract_onnx")));
 }

@@ -38,30 +38,16 @@ pub fn onnxruntime_library() -> &'static Path {
         let venv = repo_root().join(".venv");
         let python = venv.join("bin/python3");
         let run = |command: &mut Command| {
-            let status = command
-                .status()
-                .unwrap_or_else(|e| panic!("running {command:?}: {e}"));
-            assert!(
-                status.success(),
-                "{command:?} failed; the tests need python3 with venv and pip, and PyPI"
-            );
+            let status = command.status().unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+            assert!(status.success(), "{command:?} failed; the tests need python3 with venv and pip, and PyPI");
         };
         if !python.exists() {
             run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
         }
-        let capi = venv
-            .join("lib")
-            .read_dir()
-            .ok()
-            .into_iter()
-            .flatten()
-            .flatten()
-            .find_map(|entry| {
-                let capi = entry.path().join("site-packages/onnxruntime/capi");
-                capi.join(format!("libonnxruntime.so.{ONNXRUNTIME_VERSION}"))
-                    .exists()
-                    .then_some(capi)
-            });
+        let capi = venv.join("lib").read_dir().ok().into_iter().flatten().flatten().find_map(|entry| {
+            let capi = entry.path().join("site-packages/onnxruntime/capi");
+            capi.join(format!("libonnxruntime.so.{ONNXRUNTIME_VERSION}")).exists().then_some(capi)
+        });
         let capi = match capi {
             Some(capi) => capi,
             None => {
@@ -74,21 +60,14 @@ pub fn onnxruntime_library() -> &'static Path {
                     &format!("onnxruntime=={ONNXRUNTIME_VERSION}"),
                 ]));
                 let output = Command::new(&python)
-                    .args([
-                        "-c",
-                        "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
-                    ])
+                    .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
                     .output()
                     .expect("asking the venv's python for onnxruntime");
                 PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join("capi")
             }
         };
         let library = capi.join(format!("libonnxruntime.so.{ONNXRUNTIME_VERSION}"));
-        assert!(
-            library.exists(),
-            "{} is missing after installing onnxruntime",
-            library.display()
-        );
+        assert!(library.exists(), "{} is missing after installing onnxruntime", library.display());
         library
     })
 }
@@ -100,9 +79,7 @@ pub struct Tenants {
 
 impl Tenants {
     pub fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().expect("temporary tenants directory"),
-        }
+        Self { dir: tempfile::tempdir().expect("temporary tenants directory") }
     }
 
     pub fn write(&self, file: &str, toml: &str) -> &Self {
@@ -117,30 +94,18 @@ impl Tenants {
 
 /// A model entry for a manifest.
 pub fn model_entry(name: &str, path: &Path, backend: Option<&str>) -> String {
-    let backend = backend
-        .map(|b| format!("backend = \"{b}\"\n"))
-        .unwrap_or_default();
-    format!(
-        "[models.{name}]\npath = \"{}\"\nsha256 = \"{}\"\n{backend}\n",
-        path.display(),
-        sha256_file(path)
-    )
+    let backend = backend.map(|b| format!("backend = \"{b}\"\n")).unwrap_or_default();
+    format!("[models.{name}]\npath = \"{}\"\nsha256 = \"{}\"\n{backend}\n", path.display(), sha256_file(path))
 }
 
 /// An app entry with one version "1".
 pub fn app_entry(name: &str, component: &Path) -> String {
-    format!(
-        "[apps.{name}]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\n\n",
-        component.display()
-    )
+    format!("[apps.{name}]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\n\n", component.display())
 }
 
 /// A tenant manifest header: id, one API key, quotas (TOML lines).
 pub fn tenant_header(id: &str, key: &str, quotas: &str) -> String {
-    format!(
-        "version = 1\nid = \"{id}\"\napi_key_sha256 = [\"{}\"]\n\n[quotas]\n{quotas}\n\n",
-        sha256_text(key)
-    )
+    format!("version = 1\nid = \"{id}\"\napi_key_sha256 = [\"{}\"]\n\n[quotas]\n{quotas}\n\n", sha256_text(key))
 }
 
 pub fn digits_model() -> PathBuf {
@@ -159,6 +124,8 @@ pub fn magika_model() -> PathBuf {
 pub struct Server {
     child: Child,
     pub base: String,
+    /// The gRPC address (`host:port`).
+    pub grpc: String,
     log: PathBuf,
     _data: Option<tempfile::TempDir>,
     client: reqwest::Client,
@@ -179,24 +146,19 @@ impl Server {
     pub fn start_in(tenants: &Path, data: &Path, extra: &[&str]) -> Result<Self, String> {
         let log = data.join(format!(
             "server-{}.log",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
         ));
         let log_file = std::fs::File::create(&log).expect("creating the server log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .arg("serve")
-            .args(["--http", "127.0.0.1:0", "--tenants"])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--tenants"])
             .arg(tenants)
             .arg("--data-dir")
             .arg(data)
             .args(if extra.contains(&"--onnxruntime-lib") {
                 Vec::new()
             } else {
-                vec![
-                    "--onnxruntime-lib".as_ref(),
-                    onnxruntime_library().as_os_str(),
-                ]
+                vec!["--onnxruntime-lib".as_ref(), onnxruntime_library().as_os_str()]
             })
             .args(extra)
             .env("SLUICE_LOG", "info")
@@ -207,35 +169,29 @@ impl Server {
         let stdout = child.stdout.take().expect("piped stdout");
         let (sender, receiver) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut http = None;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(address) = line.strip_prefix("listening on ") {
-                    let _ = sender.send(address.to_string());
+                    http = Some(address.to_string());
+                } else if let (Some(address), Some(http)) = (line.strip_prefix("grpc listening on "), http.take()) {
+                    let _ = sender.send((http, address.to_string()));
                 }
             }
         });
         let started = Instant::now();
-        let base = loop {
-            if let Ok(address) = receiver.recv_timeout(Duration::from_millis(50)) {
-                break address;
+        let (base, grpc) = loop {
+            if let Ok(addresses) = receiver.recv_timeout(Duration::from_millis(50)) {
+                break addresses;
             }
             if let Ok(Some(_)) = child.try_wait() {
                 return Err(std::fs::read_to_string(&log).unwrap_or_default());
             }
             if started.elapsed() > Duration::from_secs(120) {
                 let _ = child.kill();
-                return Err(format!(
-                    "timed out\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                ));
+                return Err(format!("timed out\n{}", std::fs::read_to_string(&log).unwrap_or_default()));
             }
         };
-        Ok(Self {
-            child,
-            base,
-            log,
-            _data: None,
-            client: reqwest::Client::new(),
-        })
+        Ok(Self { child, base, grpc, log, _data: None, client: reqwest::Client::new() })
     }
 
     pub fn log(&self) -> String {
@@ -253,12 +209,7 @@ impl Server {
 
     /// POST a JSON infer request to a model.
     pub async fn infer(&self, model: &str, key: &str, body: &Value) -> (u16, Value) {
-        self.post_raw(
-            &format!("/v2/models/{model}/infer"),
-            Some(key),
-            serde_json::to_vec(body).expect("json"),
-        )
-        .await
+        self.post_raw(&format!("/v2/models/{model}/infer"), Some(key), serde_json::to_vec(body).expect("json")).await
     }
 
     pub async fn post_raw(&self, path: &str, key: Option<&str>, body: Vec<u8>) -> (u16, Value) {
@@ -273,11 +224,7 @@ impl Server {
 async fn read(response: reqwest::Response) -> (u16, Value) {
     let status = response.status().as_u16();
     let bytes = response.bytes().await.expect("response body");
-    let body = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null)
-    };
+    let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
     (status, body)
 }
 
@@ -295,50 +242,31 @@ pub fn image_request(pixels: &[u8], shape: &[usize]) -> Value {
 
 /// The error message of an error response.
 pub fn error_message(body: &Value) -> &str {
-    body["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("expected an error body, got {body}"))
+    body["error"].as_str().unwrap_or_else(|| panic!("expected an error body, got {body}"))
 }
 
 /// The held-out digits: (64 pixels, label) pairs.
 pub fn heldout_digits() -> Vec<(Vec<u8>, i64)> {
     let path = repo_root().join("examples/digits/testdata/heldout.json");
-    let data: Value =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("held-out digits"))
-            .expect("json");
+    let data: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("held-out digits")).expect("json");
     let images = data["images"].as_array().expect("images");
     let labels = data["labels"].as_array().expect("labels");
     images
         .iter()
         .zip(labels)
         .map(|(image, label)| {
-            let pixels = image
-                .as_array()
-                .expect("pixels")
-                .iter()
-                .map(|p| p.as_u64().expect("pixel") as u8)
-                .collect();
+            let pixels = image.as_array().expect("pixels").iter().map(|p| p.as_u64().expect("pixel") as u8).collect();
             (pixels, label.as_i64().expect("label"))
         })
         .collect()
 }
 
 pub fn f32s(value: &Value) -> Vec<f32> {
-    value
-        .as_array()
-        .expect("array")
-        .iter()
-        .map(|v| v.as_f64().expect("number") as f32)
-        .collect()
+    value.as_array().expect("array").iter().map(|v| v.as_f64().expect("number") as f32).collect()
 }
 
 pub fn i64s(value: &Value) -> Vec<i64> {
-    value
-        .as_array()
-        .expect("array")
-        .iter()
-        .map(|v| v.as_i64().expect("integer"))
-        .collect()
+    value.as_array().expect("array").iter().map(|v| v.as_i64().expect("integer")).collect()
 }
 
 /// The output named `name` of an infer response.

@@ -23,15 +23,9 @@ impl Handler for Cascade {
         }
         let threshold = match request.parameter("threshold") {
             None => DEFAULT_THRESHOLD,
-            Some(text) => text
-                .parse::<f32>()
-                .ok()
-                .filter(|t| (0.0..=1.0).contains(t))
-                .ok_or_else(|| {
-                    Error::invalid_input(format!(
-                        "parameter 'threshold' must be a number in [0, 1], got '{text}'"
-                    ))
-                })?,
+            Some(text) => text.parse::<f32>().ok().filter(|t| (0.0..=1.0).contains(t)).ok_or_else(|| {
+                Error::invalid_input(format!("parameter 'threshold' must be a number in [0, 1], got '{text}'"))
+            })?,
         };
         let input: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
 
@@ -51,15 +45,8 @@ impl Handler for Cascade {
 /// The label and its probability from one model.
 fn classify(model_name: &str, input: &[f32]) -> Result<(i64, f32), Error> {
     let model = Model::load(model_name)?;
-    let outputs = model.compute(vec![(
-        "X".to_string(),
-        ModelTensor::from_f32(&[1, PIXELS as u32], input),
-    )])?;
-    let label = *outputs
-        .get("label")?
-        .to_i64()?
-        .first()
-        .ok_or_else(|| Error::model("empty label"))?;
+    let outputs = model.compute(vec![("X".to_string(), ModelTensor::from_f32(&[1, PIXELS as u32], input))])?;
+    let label = *outputs.get("label")?.to_i64()?.first().ok_or_else(|| Error::model("empty label"))?;
     let probabilities = outputs.get("probabilities")?.to_f32()?;
     let score = usize::try_from(label)
         .ok()

@@ -21,16 +21,12 @@ impl Handler for Digits {
         let scaled: Vec<f32> = images.iter().map(|&p| f32::from(p) / 255.0).collect();
 
         let model = Model::load("digits-mlp")?;
-        let outputs = model.compute(vec![(
-            "X".to_string(),
-            ModelTensor::from_f32(&[count as u32, PIXELS as u32], &scaled),
-        )])?;
+        let outputs =
+            model.compute(vec![("X".to_string(), ModelTensor::from_f32(&[count as u32, PIXELS as u32], &scaled))])?;
         let labels = outputs.get("label")?.to_i64()?;
         let probabilities = outputs.get("probabilities")?.to_f32()?;
         if labels.len() != count || probabilities.len() != count * CLASSES {
-            return Err(Error::model(
-                "digits model returned an unexpected output size",
-            ));
+            return Err(Error::model("digits model returned an unexpected output size"));
         }
 
         let mut top_labels = Vec::with_capacity(count * TOP);
@@ -46,16 +42,8 @@ impl Handler for Digits {
         let n = count as u64;
         Ok(Response::new()
             .with_output(Tensor::from_i64("label", &[n], &labels))
-            .with_output(Tensor::from_i64(
-                "top3_labels",
-                &[n, TOP as u64],
-                &top_labels,
-            ))
-            .with_output(Tensor::from_f32(
-                "top3_probabilities",
-                &[n, TOP as u64],
-                &top_probabilities,
-            )))
+            .with_output(Tensor::from_i64("top3_labels", &[n, TOP as u64], &top_labels))
+            .with_output(Tensor::from_f32("top3_probabilities", &[n, TOP as u64], &top_probabilities)))
     }
 }
 

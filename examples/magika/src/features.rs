@@ -47,10 +47,7 @@ pub fn extract<'a>(file: &'a [u8], config: &FeatureConfig) -> Features<'a> {
     }
 
     let end_take = &end[end.len() - end.len().min(config.end_size)..];
-    row.extend(std::iter::repeat_n(
-        config.padding_token,
-        config.end_size - end_take.len(),
-    ));
+    row.extend(std::iter::repeat_n(config.padding_token, config.end_size - end_take.len()));
     row.extend(end_take.iter().map(|&b| i32::from(b)));
     Features::Model(row)
 }

@@ -17,10 +17,8 @@ pub struct LabelTable {
 impl LabelTable {
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut lines = text.lines();
-        let header = lines
-            .next()
-            .and_then(|l| l.strip_prefix("# features: "))
-            .ok_or("label table has no features line")?;
+        let header =
+            lines.next().and_then(|l| l.strip_prefix("# features: ")).ok_or("label table has no features line")?;
         let value = |key: &str| -> Result<usize, String> {
             header
                 .split_whitespace()
@@ -42,9 +40,7 @@ impl LabelTable {
                 return Err(format!("bad label table line: {line}"));
             };
             labels.push(Label {
-                threshold: threshold
-                    .parse()
-                    .map_err(|_| format!("bad threshold in: {line}"))?,
+                threshold: threshold.parse().map_err(|_| format!("bad threshold in: {line}"))?,
                 is_text: is_text == "1",
                 output: output.to_string(),
             });
@@ -54,11 +50,7 @@ impl LabelTable {
 
     /// Magika's high-confidence decision for one row of probabilities.
     pub fn decide(&self, probabilities: &[f32]) -> (String, f32) {
-        let (best, &score) = probabilities
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap_or((0, &0.0));
+        let (best, &score) = probabilities.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap_or((0, &0.0));
         let label = &self.labels[best];
         if score >= label.threshold {
             (label.output.clone(), score)

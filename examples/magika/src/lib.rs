@@ -36,11 +36,7 @@ impl Handler for Magika {
             match features::extract(file, &table.features) {
                 Features::Empty => answers.push(Some(("empty".to_string(), 1.0))),
                 Features::TooFew(content) => {
-                    let label = if std::str::from_utf8(content).is_ok() {
-                        "txt"
-                    } else {
-                        "unknown"
-                    };
+                    let label = if std::str::from_utf8(content).is_ok() { "txt" } else { "unknown" };
                     answers.push(Some((label.to_string(), 1.0)));
                 }
                 Features::Model(row) => {
@@ -56,17 +52,17 @@ impl Handler for Magika {
         for answer in answers {
             let (label, score) = match answer {
                 Some(known) => known,
-                None => predictions
-                    .next()
-                    .ok_or_else(|| Error::model("magika returned too few rows"))?,
+                None => predictions.next().ok_or_else(|| Error::model("magika returned too few rows"))?,
             };
             labels.push(label.into_bytes());
             scores.push(score);
         }
         let n = labels.len() as u64;
-        Ok(Response::new()
-            .with_output(Tensor::from_bytes("label", &[n], labels))
-            .with_output(Tensor::from_f32("score", &[n], &scores)))
+        Ok(Response::new().with_output(Tensor::from_bytes("label", &[n], labels)).with_output(Tensor::from_f32(
+            "score",
+            &[n],
+            &scores,
+        )))
     }
 }
 
@@ -78,10 +74,8 @@ fn predict(table: &LabelTable, rows: &[i32]) -> Result<Vec<(String, f32)>, Error
     }
     let count = rows.len() / width;
     let model = Model::load("magika-v3")?;
-    let outputs = model.compute(vec![(
-        "bytes".to_string(),
-        ModelTensor::from_i32(&[count as u32, width as u32], rows),
-    )])?;
+    let outputs =
+        model.compute(vec![("bytes".to_string(), ModelTensor::from_i32(&[count as u32, width as u32], rows))])?;
     let probabilities = outputs.get("target_label")?.to_f32()?;
     let classes = table.labels.len();
     if probabilities.len() != count * classes {
@@ -90,10 +84,7 @@ fn predict(table: &LabelTable, rows: &[i32]) -> Result<Vec<(String, f32)>, Error
             probabilities.len()
         )));
     }
-    Ok(probabilities
-        .chunks_exact(classes)
-        .map(|row| table.decide(row))
-        .collect())
+    Ok(probabilities.chunks_exact(classes).map(|row| table.decide(row)).collect())
 }
 
 sluice_guest::export!(Magika);

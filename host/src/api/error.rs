@@ -79,10 +79,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-        }
+        Self { kind, message: message.into() }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -126,16 +123,10 @@ impl IntoResponse for ApiError {
         if self.kind.status().is_server_error() {
             tracing::warn!(kind = self.kind.label(), error = %self.message, "request failed");
         }
-        let mut response = (
-            self.kind.status(),
-            axum::Json(serde_json::json!({ "error": self.message })),
-        )
-            .into_response();
+        let mut response =
+            (self.kind.status(), axum::Json(serde_json::json!({ "error": self.message }))).into_response();
         if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) {
-            response.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
         response
     }

@@ -13,41 +13,32 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::error::{ApiError, ErrorKind};
-use super::json::{encode_response, parse_infer_request};
+use super::json::{HttpInferRequest, encode_response, parse_infer_request};
 use super::types::TensorLimits;
 use super::{infer, metadata};
 use crate::serve::{ServingState, TenantState};
 
 type Shared = Arc<ServingState>;
 
+/// The binary tensor extension's header: the byte length of the JSON part of a body.
+const INFERENCE_HEADER_CONTENT_LENGTH: header::HeaderName =
+    header::HeaderName::from_static("inference-header-content-length");
+
 pub fn router(state: Shared) -> axum::Router {
     axum::Router::new()
-        .route(
-            "/v2/health/live",
-            get(|| async { Json(serde_json::json!({ "live": true })) }),
-        )
-        .route(
-            "/v2/health/ready",
-            get(|| async { Json(serde_json::json!({ "ready": true })) }),
-        )
+        .route("/v2/health/live", get(|| async { Json(serde_json::json!({ "live": true })) }))
+        .route("/v2/health/ready", get(|| async { Json(serde_json::json!({ "ready": true })) }))
         .route("/v2", get(|| async { Json(metadata::server()) }))
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/versions/{version}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
-        .route(
-            "/v2/models/{model}/versions/{version}/ready",
-            get(model_ready),
-        )
+        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
         .route("/v2/models/{model}/infer", post(model_infer))
-        .route(
-            "/v2/models/{model}/versions/{version}/infer",
-            post(model_infer),
-        )
+        .route("/v2/models/{model}/versions/{version}/infer", post(model_infer))
         .fallback(|| async {
-            ApiError::not_found(
-                "no such endpoint; see the Open Inference Protocol REST paths under /v2",
-            )
+            ApiError::not_found("no such endpoint; see the Open Inference Protocol REST paths under /v2")
         })
+        .layer(tower_http::decompression::RequestDecompressionLayer::new())
         .with_state(state)
 }
 
@@ -57,24 +48,19 @@ struct ModelPath {
     version: Option<String>,
 }
 
-fn authenticate<'a>(
-    state: &'a ServingState,
-    headers: &HeaderMap,
-) -> Result<&'a TenantState, ApiError> {
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
+fn authenticate<'a>(state: &'a ServingState, headers: &HeaderMap) -> Result<&'a TenantState, ApiError> {
+    tenant_for_key(state, headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
+}
+
+/// The tenant owning the key in an `Authorization: Bearer` value (HTTP header or gRPC
+/// metadata).
+pub fn tenant_for_key<'a>(state: &'a ServingState, authorization: Option<&str>) -> Result<&'a TenantState, ApiError> {
     let key = crate::tenancy::bearer_key(authorization)?;
-    let tenant = state
-        .registry
-        .authenticate(key)
-        .ok_or_else(crate::tenancy::unknown_key)?;
-    state.tenants.get(&tenant.id).ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::Internal,
-            format!("tenant '{}' is not loaded", tenant.id),
-        )
-    })
+    let tenant = state.registry.authenticate(key).ok_or_else(crate::tenancy::unknown_key)?;
+    state
+        .tenants
+        .get(&tenant.id)
+        .ok_or_else(|| ApiError::new(ErrorKind::Internal, format!("tenant '{}' is not loaded", tenant.id)))
 }
 
 async fn model_metadata(
@@ -111,27 +97,34 @@ async fn model_infer(
             format!("request body exceeds the tenant's limit of {limit} bytes (max_request_bytes)"),
         )
     };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|length| length > limit) {
         return Err(too_large());
     }
-    let body = axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large())?;
-    let limits = TensorLimits {
-        max_elements: tenant.tenant.quotas.max_tensor_elements,
+    let body = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
+    let limits = TensorLimits { max_elements: tenant.tenant.quotas.max_tensor_elements };
+    let json_length = match headers.get(INFERENCE_HEADER_CONTENT_LENGTH) {
+        None => None,
+        Some(value) => Some(value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(|| {
+            ApiError::invalid("Inference-Header-Content-Length must be the byte length of the JSON header")
+        })?),
     };
-    let request = parse_infer_request(&body, limits)?;
-    let outcome = infer::infer(
-        &state,
-        tenant,
-        &path.model,
-        path.version.as_deref(),
-        request,
+    let HttpInferRequest { request, encoding } = parse_infer_request(&body, json_length, limits)?;
+    let outcome = infer::infer(&state, tenant, &path.model, path.version.as_deref(), request, None).await?;
+    let encoded = encode_response(outcome, &encoding)?;
+    if encoded.binary.is_empty() {
+        return Ok(([(header::CONTENT_TYPE, "application/json")], encoded.json).into_response());
+    }
+    let json_length = encoded.json.len();
+    let mut body = encoded.json;
+    body.extend_from_slice(&encoded.binary);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (INFERENCE_HEADER_CONTENT_LENGTH, json_length.to_string()),
+        ],
+        body,
     )
-    .await?;
-    Ok(Json(encode_response(outcome)).into_response())
+        .into_response())
 }

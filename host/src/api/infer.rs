@@ -19,15 +19,8 @@ pub const PLAIN_MODEL_VERSION: &str = "1";
 
 /// What a name resolves to inside a tenant.
 pub enum Target<'a> {
-    App {
-        app: &'a AppState,
-        version: &'a VersionName,
-        prepared: &'a Prepared,
-    },
-    Model {
-        name: &'a str,
-        model: &'a Arc<LoadedModel>,
-    },
+    App { app: &'a AppState, version: &'a VersionName, prepared: &'a Prepared },
+    Model { name: &'a str, model: &'a Arc<LoadedModel> },
 }
 
 impl Target<'_> {
@@ -41,30 +34,12 @@ impl Target<'_> {
 
 /// Resolve `name` (and an optional pinned version) in the tenant's namespace. Unknown and
 /// foreign names get the same answer.
-pub fn resolve<'a>(
-    tenant: &'a TenantState,
-    name: &str,
-    version: Option<&str>,
-) -> Result<Target<'a>, ApiError> {
-    if let Some((_, app)) = tenant
-        .apps
-        .iter()
-        .find(|(app_name, _)| app_name.as_str() == name)
-    {
-        let (version, prepared) =
-            crate::rollout::select(name, &app.spec.stable, &app.versions, version)?;
-        return Ok(Target::App {
-            app,
-            version,
-            prepared,
-        });
+pub fn resolve<'a>(tenant: &'a TenantState, name: &str, version: Option<&str>) -> Result<Target<'a>, ApiError> {
+    if let Some((_, app)) = tenant.apps.iter().find(|(app_name, _)| app_name.as_str() == name) {
+        let (version, prepared) = crate::rollout::select(name, &app.spec.stable, &app.versions, version)?;
+        return Ok(Target::App { app, version, prepared });
     }
-    if let Some((model_name, model)) = tenant
-        .models
-        .own
-        .iter()
-        .find(|(model_name, _)| model_name.as_str() == name)
-    {
+    if let Some((model_name, model)) = tenant.models.own.iter().find(|(model_name, _)| model_name.as_str() == name) {
         if let Some(pinned) = version
             && pinned != PLAIN_MODEL_VERSION
         {
@@ -72,16 +47,11 @@ pub fn resolve<'a>(
                 "version '{pinned}' of model '{name}' not found; versions: [\"{PLAIN_MODEL_VERSION}\"]"
             )));
         }
-        return Ok(Target::Model {
-            name: model_name.as_str(),
-            model,
-        });
+        return Ok(Target::Model { name: model_name.as_str(), model });
     }
     let mut known: Vec<&str> = tenant.apps.keys().map(|a| a.as_str()).collect();
     known.extend(tenant.models.own.keys().map(|m| m.as_str()));
-    Err(ApiError::not_found(format!(
-        "model '{name}' not found; this tenant's models: {known:?}"
-    )))
+    Err(ApiError::not_found(format!("model '{name}' not found; this tenant's models: {known:?}")))
 }
 
 /// Run one validated request.
@@ -91,45 +61,35 @@ pub async fn infer(
     name: &str,
     version: Option<&str>,
     request: ValidInferRequest,
+    client_timeout: Option<Duration>,
 ) -> Result<InferOutcome, ApiError> {
     let target = resolve(tenant, name, version)?;
     let _permit = state.admission.admit(&tenant.tenant.id)?;
     let quotas = &tenant.tenant.quotas;
-    let deadline = Instant::now() + Duration::from_millis(quotas.guest_deadline_ms);
+    // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`).
+    let budget = Duration::from_millis(quotas.guest_deadline_ms).min(client_timeout.unwrap_or(Duration::MAX));
+    let deadline = Instant::now() + budget;
+    let budget_ms = budget.as_millis() as u64;
     let requested = request.requested_outputs.clone();
     let version = target.version().to_string();
 
     let (outputs, parameters) = match target {
         Target::Model { model, .. } => {
-            let inputs = request
-                .inputs
-                .into_iter()
-                .map(ValidTensor::into_model_tensor)
-                .collect::<Result<Vec<_>, _>>()?;
-            let outputs = tokio::time::timeout_at(deadline, model.compute(inputs, deadline))
-                .await
-                .map_err(|_| {
+            let inputs =
+                request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
+            let outputs =
+                tokio::time::timeout_at(deadline, model.compute(inputs, deadline)).await.map_err(|_| {
                     ApiError::new(
                         super::error::ErrorKind::DeadlineExceeded,
-                        format!(
-                            "the request exceeded its deadline of {} ms",
-                            quotas.guest_deadline_ms
-                        ),
+                        format!("the request exceeded its deadline of {budget_ms} ms"),
                     )
                 })??;
             (
-                outputs
-                    .into_iter()
-                    .map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor))
-                    .collect(),
+                outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect(),
                 Vec::new(),
             )
         }
-        Target::App {
-            app,
-            version,
-            prepared,
-        } => {
+        Target::App { app, version, prepared } => {
             let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
             let raw_load = tenant.raw_backend.clone().map(|backend| RawLoad {
                 backend,
@@ -144,38 +104,26 @@ pub async fn infer(
                     version: version.to_string(),
                 },
                 deadline,
-                deadline_ms: quotas.guest_deadline_ms,
+                deadline_ms: budget_ms,
                 request: InferRequest {
                     id: request.id.clone(),
-                    inputs: request
-                        .inputs
-                        .into_iter()
-                        .map(ValidTensor::into_guest)
-                        .collect(),
+                    inputs: request.inputs.into_iter().map(ValidTensor::into_guest).collect(),
                     parameters: request.parameters,
                 },
             };
             let response = state.runtime.invoke(prepared, call).await?;
-            let outputs = response
-                .outputs
-                .into_iter()
-                .map(ValidTensor::from_guest)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    ApiError::new(
-                        super::error::ErrorKind::GuestFailure,
-                        format!("the component returned an invalid output: {e}"),
-                    )
-                })?;
+            let outputs =
+                response.outputs.into_iter().map(ValidTensor::from_guest).collect::<Result<Vec<_>, _>>().map_err(
+                    |e| {
+                        ApiError::new(
+                            super::error::ErrorKind::GuestFailure,
+                            format!("the component returned an invalid output: {e}"),
+                        )
+                    },
+                )?;
             (outputs, response.parameters)
         }
     };
-    InferOutcome {
-        model_name: name.to_string(),
-        model_version: version,
-        id: request.id,
-        outputs,
-        parameters,
-    }
-    .select(requested.as_deref())
+    InferOutcome { model_name: name.to_string(), model_version: version, id: request.id, outputs, parameters }
+        .select(requested.as_deref())
 }

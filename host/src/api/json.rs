@@ -1,5 +1,11 @@
 //! OIP REST JSON: the wire request becomes a [`ValidInferRequest`]; an [`InferOutcome`]
 //! becomes the wire response. Tensor `data` may be flat or nested row-major arrays.
+//!
+//! The binary tensor extension (as Triton defines it): a request whose
+//! `Inference-Header-Content-Length` header is N carries N bytes of JSON followed by the
+//! raw bytes of each input that declares `binary_data_size`, in input order. Outputs asked
+//! for with `binary_data` (or all outputs, with the request parameter
+//! `binary_data_output`) come back the same way.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -26,7 +32,8 @@ pub struct InputJson {
     pub datatype: String,
     #[serde(default)]
     pub parameters: Option<serde_json::Map<String, Value>>,
-    pub data: Value,
+    #[serde(default)]
+    pub data: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,7 +59,35 @@ pub struct OutputJson {
     pub name: String,
     pub datatype: &'static str,
     pub shape: Vec<u64>,
-    pub data: DataJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Map<String, Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataJson>,
+}
+
+/// Request parameters of the binary extension, which are not passed on to the model.
+const BINARY_DATA_OUTPUT: &str = "binary_data_output";
+const BINARY_DATA: &str = "binary_data";
+const BINARY_DATA_SIZE: &str = "binary_data_size";
+
+/// Which outputs go back as binary data.
+#[derive(Debug, Clone, Default)]
+pub struct OutputEncoding {
+    all_binary: bool,
+    per_output: Vec<(String, bool)>,
+}
+
+impl OutputEncoding {
+    fn binary(&self, output: &str) -> bool {
+        self.per_output.iter().find(|(name, _)| name == output).map_or(self.all_binary, |(_, binary)| *binary)
+    }
+}
+
+/// A parsed HTTP infer request.
+#[derive(Debug)]
+pub struct HttpInferRequest {
+    pub request: ValidInferRequest,
+    pub encoding: OutputEncoding,
 }
 
 /// Output values, typed so floats print in their own precision.
@@ -67,37 +102,63 @@ pub enum DataJson {
     Text(Vec<String>),
 }
 
-/// Parse and validate a JSON infer request.
+/// Parse and validate an infer request: JSON, or JSON followed by binary tensor data when
+/// `json_length` (the `Inference-Header-Content-Length` header) is given.
 pub fn parse_infer_request(
     body: &[u8],
+    json_length: Option<usize>,
     limits: TensorLimits,
-) -> Result<ValidInferRequest, ApiError> {
-    let wire: InferRequestJson = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("malformed JSON request: {e}")))?;
+) -> Result<HttpInferRequest, ApiError> {
+    let (json, mut binary) = match json_length {
+        None => (body, &[][..]),
+        Some(length) if length <= body.len() => body.split_at(length),
+        Some(length) => {
+            return Err(ApiError::invalid(format!(
+                "Inference-Header-Content-Length is {length} but the body has only {} bytes",
+                body.len()
+            )));
+        }
+    };
+    let wire: InferRequestJson =
+        serde_json::from_slice(json).map_err(|e| ApiError::invalid(format!("malformed JSON request: {e}")))?;
     let mut inputs = Vec::with_capacity(wire.inputs.len());
     for input in wire.inputs {
         if inputs.iter().any(|i: &ValidTensor| i.name == input.name) {
-            return Err(ApiError::invalid(format!(
-                "input '{}' is given twice",
-                input.name
-            )));
+            return Err(ApiError::invalid(format!("input '{}' is given twice", input.name)));
         }
-        inputs.push(parse_input(input, limits)?);
+        inputs.push(parse_input(input, &mut binary, limits)?);
     }
-    Ok(ValidInferRequest {
-        id: wire.id,
-        inputs,
-        parameters: parameters(wire.parameters),
-        requested_outputs: wire
-            .outputs
-            .map(|outputs| outputs.into_iter().map(|o| o.name).collect()),
+    if !binary.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "{} bytes of binary data follow the JSON but no input claims them (binary_data_size)",
+            binary.len()
+        )));
+    }
+    let mut parameters = wire.parameters.unwrap_or_default();
+    let all_binary = parameters.remove(BINARY_DATA_OUTPUT).and_then(|v| v.as_bool()).unwrap_or(false);
+    let outputs = wire.outputs.unwrap_or_default();
+    let per_output = outputs
+        .iter()
+        .filter_map(|o| {
+            let binary = o.parameters.as_ref()?.get(BINARY_DATA)?.as_bool()?;
+            Some((o.name.clone(), binary))
+        })
+        .collect();
+    let requested_outputs = (!outputs.is_empty()).then(|| outputs.into_iter().map(|o| o.name).collect());
+    Ok(HttpInferRequest {
+        request: ValidInferRequest {
+            id: wire.id,
+            inputs,
+            parameters: string_parameters(parameters),
+            requested_outputs,
+        },
+        encoding: OutputEncoding { all_binary, per_output },
     })
 }
 
 /// Request parameters as strings (numbers and booleans in their JSON spelling).
-pub fn parameters(map: Option<serde_json::Map<String, Value>>) -> Vec<(String, String)> {
+fn string_parameters(map: serde_json::Map<String, Value>) -> Vec<(String, String)> {
     map.into_iter()
-        .flatten()
         .map(|(k, v)| {
             let text = match v {
                 Value::String(s) => s,
@@ -108,7 +169,7 @@ pub fn parameters(map: Option<serde_json::Map<String, Value>>) -> Vec<(String, S
         .collect()
 }
 
-fn parse_input(input: InputJson, limits: TensorLimits) -> Result<ValidTensor, ApiError> {
+fn parse_input(input: InputJson, binary: &mut &[u8], limits: TensorLimits) -> Result<ValidTensor, ApiError> {
     let name = input.name;
     let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
         ApiError::invalid(format!(
@@ -117,53 +178,64 @@ fn parse_input(input: InputJson, limits: TensorLimits) -> Result<ValidTensor, Ap
             input.datatype
         ))
     })?;
-    let shape = input
-        .shape
-        .iter()
-        .map(|&d| u64::try_from(d))
-        .collect::<Result<Vec<u64>, _>>()
-        .map_err(|_| {
-            ApiError::invalid(format!(
-                "input '{name}': shape {:?} has a negative dimension",
-                input.shape
-            ))
+    let shape =
+        input.shape.iter().map(|&d| u64::try_from(d)).collect::<Result<Vec<u64>, _>>().map_err(|_| {
+            ApiError::invalid(format!("input '{name}': shape {:?} has a negative dimension", input.shape))
         })?;
     // Refuse oversized tensors before touching their data.
-    let elements = shape
-        .iter()
-        .try_fold(1u64, |a, &d| a.checked_mul(d))
-        .unwrap_or(u64::MAX);
+    let elements = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX);
     if elements > limits.max_elements {
         return Err(ApiError::invalid(format!(
             "tensor '{name}' has {elements} elements; the tenant's limit is {} (max_tensor_elements)",
             limits.max_elements
         )));
     }
+    let binary_size = input.parameters.as_ref().and_then(|p| p.get(BINARY_DATA_SIZE)).map(|size| {
+        size.as_u64().and_then(|s| usize::try_from(s).ok()).ok_or_else(|| {
+            ApiError::invalid(format!("input '{name}': binary_data_size must be a non-negative integer"))
+        })
+    });
+    let payload = match (binary_size.transpose()?, input.data) {
+        (Some(size), _) => {
+            if size > binary.len() {
+                return Err(ApiError::invalid(format!(
+                    "input '{name}' declares {size} bytes of binary data but only {} remain",
+                    binary.len()
+                )));
+            }
+            let (bytes, rest) = binary.split_at(size);
+            *binary = rest;
+            super::raw::decode(datatype, elements, bytes, &name).map_err(ApiError::invalid)?
+        }
+        (None, Some(data)) => json_payload(&name, datatype, data)?,
+        (None, None) => return Err(ApiError::invalid(format!("input '{name}' has neither data nor binary_data_size"))),
+    };
+    ValidTensor::new(name, datatype, shape, payload, limits).map_err(ApiError::invalid)
+}
+
+/// The payload of JSON `data`.
+fn json_payload(name: &str, datatype: Datatype, data: Value) -> Result<Payload, ApiError> {
     let mut values = Vec::new();
-    flatten(input.data, &mut values);
-    let payload = match datatype {
+    flatten(data, &mut values);
+    Ok(match datatype {
         Datatype::Bytes => Payload::Bytes(
             values
                 .into_iter()
                 .map(|v| match v {
                     Value::String(s) => Ok(s.into_bytes()),
-                    other => Err(ApiError::invalid(format!(
-                        "input '{name}': BYTES data must be strings, got {other}"
-                    ))),
+                    other => Err(ApiError::invalid(format!("input '{name}': BYTES data must be strings, got {other}"))),
                 })
                 .collect::<Result<_, _>>()?,
         ),
         Datatype::Fixed(ty) => {
             let mut bytes = Vec::with_capacity(values.len() * ty.size());
             for value in &values {
-                encode_value(ty, value, &mut bytes).ok_or_else(|| {
-                    ApiError::invalid(format!("input '{name}': {value} is not a valid {ty} value"))
-                })?;
+                encode_value(ty, value, &mut bytes)
+                    .ok_or_else(|| ApiError::invalid(format!("input '{name}': {value} is not a valid {ty} value")))?;
             }
             Payload::Fixed(bytes)
         }
-    };
-    ValidTensor::new(name, datatype, shape, payload, limits).map_err(ApiError::invalid)
+    })
 }
 
 fn flatten(value: Value, out: &mut Vec<Value>) {
@@ -176,10 +248,7 @@ fn flatten(value: Value, out: &mut Vec<Value>) {
 fn encode_value(ty: ElementType, value: &Value, out: &mut Vec<u8>) -> Option<()> {
     macro_rules! int {
         ($t:ty) => {{
-            let v = value
-                .as_i64()
-                .map(i128::from)
-                .or_else(|| value.as_u64().map(i128::from))?;
+            let v = value.as_i64().map(i128::from).or_else(|| value.as_u64().map(i128::from))?;
             out.extend_from_slice(&<$t>::try_from(v).ok()?.to_le_bytes());
         }};
     }
@@ -193,41 +262,62 @@ fn encode_value(ty: ElementType, value: &Value, out: &mut Vec<u8>) -> Option<()>
         ElementType::I32 => int!(i32),
         ElementType::U64 => int!(u64),
         ElementType::I64 => int!(i64),
-        ElementType::F16 => {
-            out.extend_from_slice(&half::f16::from_f64(value.as_f64()?).to_le_bytes())
-        }
-        ElementType::BF16 => {
-            out.extend_from_slice(&half::bf16::from_f64(value.as_f64()?).to_le_bytes())
-        }
+        ElementType::F16 => out.extend_from_slice(&half::f16::from_f64(value.as_f64()?).to_le_bytes()),
+        ElementType::BF16 => out.extend_from_slice(&half::bf16::from_f64(value.as_f64()?).to_le_bytes()),
         ElementType::F32 => out.extend_from_slice(&(value.as_f64()? as f32).to_le_bytes()),
         ElementType::F64 => out.extend_from_slice(&value.as_f64()?.to_le_bytes()),
     }
     Some(())
 }
 
-/// Encode a successful inference as the OIP JSON response.
-pub fn encode_response(outcome: InferOutcome) -> InferResponseJson {
-    InferResponseJson {
+/// An encoded response: the JSON header and the binary output data that follows it.
+#[derive(Debug)]
+pub struct EncodedResponse {
+    pub json: Vec<u8>,
+    pub binary: Vec<u8>,
+}
+
+/// Encode a successful inference: JSON, with the outputs the client asked for as binary
+/// data after it.
+pub fn encode_response(outcome: InferOutcome, encoding: &OutputEncoding) -> Result<EncodedResponse, ApiError> {
+    let mut binary = Vec::new();
+    let outputs = outcome
+        .outputs
+        .into_iter()
+        .map(|tensor| {
+            if encoding.binary(&tensor.name) {
+                let bytes = super::raw::encode(&tensor.payload);
+                let parameters = serde_json::Map::from_iter([(BINARY_DATA_SIZE.to_string(), Value::from(bytes.len()))]);
+                binary.extend_from_slice(&bytes);
+                OutputJson {
+                    name: tensor.name,
+                    datatype: tensor.datatype.name(),
+                    shape: tensor.shape,
+                    parameters: Some(parameters),
+                    data: None,
+                }
+            } else {
+                encode_output(tensor)
+            }
+        })
+        .collect();
+    let response = InferResponseJson {
         model_name: outcome.model_name,
         model_version: outcome.model_version,
         id: outcome.id,
-        parameters: outcome
-            .parameters
-            .into_iter()
-            .map(|(k, v)| (k, Value::String(v)))
-            .collect(),
-        outputs: outcome.outputs.into_iter().map(encode_output).collect(),
-    }
+        parameters: outcome.parameters.into_iter().map(|(k, v)| (k, Value::String(v))).collect(),
+        outputs,
+    };
+    let json = serde_json::to_vec(&response)
+        .map_err(|e| ApiError::new(super::error::ErrorKind::Internal, format!("cannot encode the response: {e}")))?;
+    Ok(EncodedResponse { json, binary })
 }
 
 fn encode_output(tensor: ValidTensor) -> OutputJson {
     let data = match (&tensor.datatype, tensor.payload) {
-        (Datatype::Bytes, Payload::Bytes(items)) => DataJson::Text(
-            items
-                .into_iter()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .collect(),
-        ),
+        (Datatype::Bytes, Payload::Bytes(items)) => {
+            DataJson::Text(items.into_iter().map(|b| String::from_utf8_lossy(&b).into_owned()).collect())
+        }
         (Datatype::Fixed(ty), Payload::Fixed(bytes)) => decode_values(*ty, &bytes),
         _ => DataJson::Text(Vec::new()),
     };
@@ -235,7 +325,8 @@ fn encode_output(tensor: ValidTensor) -> OutputJson {
         name: tensor.name,
         datatype: tensor.datatype.name(),
         shape: tensor.shape,
-        data,
+        parameters: None,
+        data: Some(data),
     }
 }
 
@@ -273,18 +364,14 @@ mod tests {
     const LIMITS: TensorLimits = TensorLimits { max_elements: 1000 };
 
     fn parse(json: &str) -> Result<ValidInferRequest, ApiError> {
-        parse_infer_request(json.as_bytes(), LIMITS)
+        parse_infer_request(json.as_bytes(), None, LIMITS).map(|parsed| parsed.request)
     }
 
     #[test]
     fn nested_data_flattens_row_major() {
-        let request = parse(
-            r#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,4]]}]}"#,
-        )
-        .expect("valid request");
-        let Payload::Fixed(bytes) = &request.inputs[0].payload else {
-            panic!("fixed payload")
-        };
+        let request = parse(r#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"INT32","data":[[1,2],[3,4]]}]}"#)
+            .expect("valid request");
+        let Payload::Fixed(bytes) = &request.inputs[0].payload else { panic!("fixed payload") };
         assert_eq!(bytes.len(), 16);
         assert_eq!(&bytes[12..16], &4i32.to_le_bytes());
     }
@@ -293,39 +380,39 @@ mod tests {
     fn each_bad_input_names_what_is_wrong() {
         let cases = [
             (r#"{"inputs": ["#, "malformed JSON"),
-            (
-                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FLOAT","data":[1]}]}"#,
-                "unknown datatype 'FLOAT'",
-            ),
-            (
-                r#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#,
-                "needs 3 values",
-            ),
-            (
-                r#"{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[1]}]}"#,
-                "negative dimension",
-            ),
-            (
-                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[300]}]}"#,
-                "300 is not a valid UINT8",
-            ),
-            (
-                r#"{"inputs":[{"name":"x","shape":[2000],"datatype":"FP32","data":[]}]}"#,
-                "max_tensor_elements",
-            ),
-            (
-                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":[1]}]}"#,
-                "BYTES data must be strings",
-            ),
+            (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FLOAT","data":[1]}]}"#, "unknown datatype 'FLOAT'"),
+            (r#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#, "needs 3 values"),
+            (r#"{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[1]}]}"#, "negative dimension"),
+            (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[300]}]}"#, "300 is not a valid UINT8"),
+            (r#"{"inputs":[{"name":"x","shape":[2000],"datatype":"FP32","data":[]}]}"#, "max_tensor_elements"),
+            (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":[1]}]}"#, "BYTES data must be strings"),
         ];
         for (json, expected) in cases {
             let error = parse(json).expect_err(json);
-            assert!(
-                error.message.contains(expected),
-                "{json}: {}",
-                error.message
-            );
+            assert!(error.message.contains(expected), "{json}: {}", error.message);
         }
+    }
+
+    #[test]
+    fn binary_inputs_follow_the_json_header() {
+        let json = br#"{"inputs":[{"name":"a","shape":[2],"datatype":"INT32","parameters":{"binary_data_size":8}},
+            {"name":"b","shape":[1],"datatype":"BYTES","parameters":{"binary_data_size":6}}],
+            "parameters":{"binary_data_output":true,"keep":1}}"#;
+        let mut body = json.to_vec();
+        body.extend_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
+        body.extend_from_slice(&[2, 0, 0, 0, b'h', b'i']);
+        let parsed = parse_infer_request(&body, Some(json.len()), LIMITS).expect("valid binary request");
+        assert_eq!(parsed.request.inputs[0].payload, Payload::Fixed(vec![1, 0, 0, 0, 2, 0, 0, 0]));
+        assert_eq!(parsed.request.inputs[1].payload, Payload::Bytes(vec![b"hi".to_vec()]));
+        assert!(parsed.encoding.binary("any output"));
+        assert_eq!(parsed.request.parameters, vec![("keep".to_string(), "1".to_string())]);
+
+        let short = parse_infer_request(&body[..body.len() - 1], Some(json.len()), LIMITS).expect_err("short");
+        assert!(short.message.contains("declares 6 bytes"), "{}", short.message);
+        let mut extra = body.clone();
+        extra.push(0);
+        let leftover = parse_infer_request(&extra, Some(json.len()), LIMITS).expect_err("leftover");
+        assert!(leftover.message.contains("no input claims them"), "{}", leftover.message);
     }
 
     #[test]

@@ -15,11 +15,7 @@ pub struct ServerMetadata {
 }
 
 pub fn server() -> ServerMetadata {
-    ServerMetadata {
-        name: "sluice",
-        version: env!("CARGO_PKG_VERSION"),
-        extensions: Vec::new(),
-    }
+    ServerMetadata { name: "sluice", version: env!("CARGO_PKG_VERSION"), extensions: Vec::new() }
 }
 
 #[derive(Debug, Serialize)]
@@ -56,9 +52,5 @@ pub fn model(name: &str, target: &Target<'_>) -> ModelMetadata {
 }
 
 fn tensor(spec: &TensorSpec) -> TensorMetadata {
-    TensorMetadata {
-        name: spec.name.clone(),
-        datatype: spec.ty.oip_name().to_string(),
-        shape: spec.oip_shape(),
-    }
+    TensorMetadata { name: spec.name.clone(), datatype: spec.ty.oip_name().to_string(), shape: spec.oip_shape() }
 }

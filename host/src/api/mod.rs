@@ -1,10 +1,13 @@
-//! The client-facing API: OIP over HTTP ([`http`]) with JSON tensors ([`json`]), the
+//! The client-facing API: OIP over HTTP ([`http`]) with JSON tensors and the binary
+//! extension ([`json`], [`raw`]) and over gRPC ([`grpc`]), the
 //! validated request types every protocol shares ([`types`]), protocol-neutral inference
 //! ([`infer`]), model metadata ([`metadata`]) and the one error table ([`error`]).
 
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod infer;
 pub mod json;
 pub mod metadata;
+pub mod raw;
 pub mod types;

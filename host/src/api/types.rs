@@ -92,31 +92,20 @@ impl ValidTensor {
                 }
             }
             _ => {
-                return Err(format!(
-                    "tensor '{name}': contents do not match datatype {}",
-                    datatype.name()
-                ));
+                return Err(format!("tensor '{name}': contents do not match datatype {}", datatype.name()));
             }
         }
-        Ok(Self {
-            name,
-            datatype,
-            shape,
-            payload,
-        })
+        Ok(Self { name, datatype, shape, payload })
     }
 
     /// As a model input (BYTES cannot feed a model directly).
     pub fn into_model_tensor(self) -> Result<(String, Tensor), ApiError> {
         let (Datatype::Fixed(ty), Payload::Fixed(bytes)) = (self.datatype, self.payload) else {
-            return Err(ApiError::invalid(format!(
-                "input '{}' is BYTES; this model takes numeric tensors",
-                self.name
-            )));
+            return Err(ApiError::invalid(format!("input '{}' is BYTES; this model takes numeric tensors", self.name)));
         };
         let dims = self.shape.iter().map(|&d| d as usize).collect();
-        let tensor = Tensor::new(ty, dims, bytes)
-            .map_err(|e| ApiError::invalid(format!("input '{}': {e}", self.name)))?;
+        let tensor =
+            Tensor::new(ty, dims, bytes).map_err(|e| ApiError::invalid(format!("input '{}': {e}", self.name)))?;
         Ok((self.name, tensor))
     }
 
@@ -124,12 +113,7 @@ impl ValidTensor {
     pub fn from_model_tensor(name: String, tensor: Tensor) -> Self {
         let shape = tensor.dims().iter().map(|&d| d as u64).collect();
         let datatype = Datatype::Fixed(tensor.ty());
-        Self {
-            name,
-            datatype,
-            shape,
-            payload: Payload::Fixed(tensor.into_data()),
-        }
+        Self { name, datatype, shape, payload: Payload::Fixed(tensor.into_data()) }
     }
 
     /// As the guest's request tensor.
@@ -163,15 +147,7 @@ impl ValidTensor {
                 ));
             }
         }
-        Self::new(
-            tensor.name,
-            datatype,
-            tensor.shape,
-            payload,
-            TensorLimits {
-                max_elements: u64::MAX,
-            },
-        )
+        Self::new(tensor.name, datatype, tensor.shape, payload, TensorLimits { max_elements: u64::MAX })
     }
 }
 
@@ -241,16 +217,10 @@ impl InferOutcome {
         };
         let mut selected = Vec::with_capacity(requested.len());
         for name in requested {
-            let index = self
-                .outputs
-                .iter()
-                .position(|o| &o.name == name)
-                .ok_or_else(|| {
-                    let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
-                    ApiError::invalid(format!(
-                        "unknown requested output '{name}'; outputs: {known:?}"
-                    ))
-                })?;
+            let index = self.outputs.iter().position(|o| &o.name == name).ok_or_else(|| {
+                let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
+                ApiError::invalid(format!("unknown requested output '{name}'; outputs: {known:?}"))
+            })?;
             selected.push(self.outputs.swap_remove(index));
         }
         self.outputs = selected;

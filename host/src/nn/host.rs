@@ -71,14 +71,7 @@ impl NnCtx {
         raw_load: Option<RawLoad>,
         tensor_bytes_limit: usize,
     ) -> Self {
-        Self {
-            models,
-            deadline,
-            raw_load,
-            tensor_bytes_limit,
-            tensor_bytes_live: 0,
-            queue_failure: None,
-        }
+        Self { models, deadline, raw_load, tensor_bytes_limit, tensor_bytes_live: 0, queue_failure: None }
     }
 }
 
@@ -163,11 +156,7 @@ impl tensor::HostTensor for NnView<'_> {
         data: Vec<u8>,
     ) -> wasmtime::Result<Resource<HostTensor>> {
         self.track(data.len())?;
-        Ok(self.table.push(HostTensor {
-            dimensions,
-            ty,
-            data,
-        })?)
+        Ok(self.table.push(HostTensor { dimensions, ty, data })?)
     }
 
     fn dimensions(&mut self, tensor: Resource<HostTensor>) -> wasmtime::Result<Vec<u32>> {
@@ -221,69 +210,42 @@ impl graph::Host for NnView<'_> {
                     .to_string(),
             );
         };
-        if !matches!(
-            encoding,
-            graph::GraphEncoding::Onnx | graph::GraphEncoding::Autodetect
-        ) {
-            return self.error(
-                errors::ErrorCode::InvalidEncoding,
-                "only ONNX graphs are supported".to_string(),
-            );
+        if !matches!(encoding, graph::GraphEncoding::Onnx | graph::GraphEncoding::Autodetect) {
+            return self.error(errors::ErrorCode::InvalidEncoding, "only ONNX graphs are supported".to_string());
         }
         let [bytes] = &builder[..] else {
-            return self.error(
-                errors::ErrorCode::InvalidArgument,
-                "an ONNX graph is one byte buffer".to_string(),
-            );
+            return self.error(errors::ErrorCode::InvalidArgument, "an ONNX graph is one byte buffer".to_string());
         };
         if bytes.len() > raw.max_bytes {
-            let message = format!(
-                "graph of {} bytes exceeds the tenant's limit of {} bytes",
-                bytes.len(),
-                raw.max_bytes
-            );
+            let message =
+                format!("graph of {} bytes exceeds the tenant's limit of {} bytes", bytes.len(), raw.max_bytes);
             return self.error(errors::ErrorCode::TooLarge, message);
         }
         let backend = raw.backend.clone();
         let bytes = bytes.clone();
-        let loaded =
-            tokio::task::spawn_blocking(move || backend.load(&bytes).map(|g| (backend.kind(), g)))
-                .await?;
+        let loaded = tokio::task::spawn_blocking(move || backend.load(&bytes).map(|g| (backend.kind(), g))).await?;
         let (kind, graph) = match loaded {
             Ok(loaded) => loaded,
             Err(err) => return self.error(errors::ErrorCode::InvalidEncoding, err.to_string()),
         };
         let graph: Arc<dyn super::backend::Graph> = Arc::from(graph);
-        let settings = QueueSettings {
-            max_batch_rows: 1,
-            max_delay: std::time::Duration::ZERO,
-            capacity: 4,
-        };
+        let settings = QueueSettings { max_batch_rows: 1, max_delay: std::time::Duration::ZERO, capacity: 4 };
         let model = Arc::new(LoadedModel {
             sha256: String::new(),
             backend: kind,
             signature: graph.signature().clone(),
             queue: ModelQueue::start("raw", graph, settings),
         });
-        Ok(Ok(self.table.push(HostGraph {
-            name: "raw".to_string(),
-            model,
-        })?))
+        Ok(Ok(self.table.push(HostGraph { name: "raw".to_string(), model })?))
     }
 
-    fn load_by_name(
-        &mut self,
-        name: String,
-    ) -> wasmtime::Result<Result<Resource<HostGraph>, Resource<HostError>>> {
+    fn load_by_name(&mut self, name: String) -> wasmtime::Result<Result<Resource<HostGraph>, Resource<HostError>>> {
         match self.ctx.models.resolve(&name) {
             Some(model) => {
                 let model = model.clone();
                 Ok(Ok(self.table.push(HostGraph { name, model })?))
             }
-            None => self.error(
-                errors::ErrorCode::NotFound,
-                format!("model '{name}' not found"),
-            ),
+            None => self.error(errors::ErrorCode::NotFound, format!("model '{name}' not found")),
         }
     }
 }
@@ -294,10 +256,7 @@ impl graph::HostGraph for NnView<'_> {
         graph: Resource<HostGraph>,
     ) -> wasmtime::Result<Result<Resource<HostExecutionContext>, Resource<HostError>>> {
         let graph = self.table.get(&graph)?;
-        let context = HostExecutionContext {
-            name: graph.name.clone(),
-            model: graph.model.clone(),
-        };
+        let context = HostExecutionContext { name: graph.name.clone(), model: graph.model.clone() };
         Ok(Ok(self.table.push(context)?))
     }
 
@@ -326,28 +285,23 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             match Tensor::new(element_type(guest.ty), dims, guest.data.clone()) {
                 Ok(tensor) => named.push((input, tensor)),
                 Err(err) => {
-                    return self.error(
-                        errors::ErrorCode::InvalidArgument,
-                        format!("model '{name}', input '{input}': {err}"),
-                    );
+                    return self
+                        .error(errors::ErrorCode::InvalidArgument, format!("model '{name}', input '{input}': {err}"));
                 }
             }
         }
         let outputs = match model.compute(named, self.ctx.deadline).await {
             Ok(outputs) => outputs,
             Err(err) => {
-                if matches!(
-                    err,
-                    ComputeError::Overloaded { .. } | ComputeError::DeadlineExceeded { .. }
-                ) {
+                if matches!(err, ComputeError::Overloaded { .. } | ComputeError::DeadlineExceeded { .. }) {
                     self.ctx.queue_failure = Some(err.clone());
                 }
                 let code = match &err {
                     ComputeError::InvalidInput(_) => errors::ErrorCode::InvalidArgument,
                     ComputeError::DeadlineExceeded { .. } => errors::ErrorCode::Timeout,
-                    ComputeError::Overloaded { .. }
-                    | ComputeError::Backend { .. }
-                    | ComputeError::Stopped { .. } => errors::ErrorCode::RuntimeError,
+                    ComputeError::Overloaded { .. } | ComputeError::Backend { .. } | ComputeError::Stopped { .. } => {
+                        errors::ErrorCode::RuntimeError
+                    }
                 };
                 let message = match err {
                     ComputeError::InvalidInput(message) => format!("model '{name}': {message}"),
@@ -359,23 +313,14 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         let mut handles = Vec::with_capacity(outputs.len());
         for (output, tensor) in outputs {
             let Some(ty) = tensor_type(tensor.ty()) else {
-                let message = format!(
-                    "model '{name}' output '{output}' is {}, which wasi:nn cannot carry",
-                    tensor.ty()
-                );
+                let message =
+                    format!("model '{name}' output '{output}' is {}, which wasi:nn cannot carry", tensor.ty());
                 return self.error(errors::ErrorCode::UnsupportedOperation, message);
             };
             let dimensions = tensor.dims().iter().map(|&d| d as u32).collect();
             let data = tensor.into_data();
             self.track(data.len())?;
-            handles.push((
-                output,
-                self.table.push(HostTensor {
-                    dimensions,
-                    ty,
-                    data,
-                })?,
-            ));
+            handles.push((output, self.table.push(HostTensor { dimensions, ty, data })?));
         }
         Ok(Ok(handles))
     }

@@ -25,22 +25,13 @@ impl LoadedModel {
     pub fn check_inputs(&self, inputs: &NamedTensors) -> Result<(), String> {
         for (name, _) in inputs {
             if !self.signature.inputs.iter().any(|spec| &spec.name == name) {
-                let expected: Vec<&str> = self
-                    .signature
-                    .inputs
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect();
-                return Err(format!(
-                    "unexpected input '{name}'; the model takes {expected:?}"
-                ));
+                let expected: Vec<&str> = self.signature.inputs.iter().map(|s| s.name.as_str()).collect();
+                return Err(format!("unexpected input '{name}'; the model takes {expected:?}"));
             }
         }
         for spec in &self.signature.inputs {
             let mut matching = inputs.iter().filter(|(name, _)| name == &spec.name);
-            let (_, tensor) = matching
-                .next()
-                .ok_or_else(|| format!("missing input '{}'", spec.name))?;
+            let (_, tensor) = matching.next().ok_or_else(|| format!("missing input '{}'", spec.name))?;
             if matching.next().is_some() {
                 return Err(format!("input '{}' is given twice", spec.name));
             }
@@ -61,8 +52,7 @@ impl LoadedModel {
         inputs: NamedTensors,
         deadline: tokio::time::Instant,
     ) -> Result<NamedTensors, ComputeError> {
-        self.check_inputs(&inputs)
-            .map_err(ComputeError::InvalidInput)?;
+        self.check_inputs(&inputs).map_err(ComputeError::InvalidInput)?;
         self.queue.compute(inputs, deadline).await
     }
 }
@@ -73,11 +63,7 @@ pub enum ModelLoadError {
     #[error("model '{model}' pins backend {backend}, which is not available here")]
     BackendMissing { model: String, backend: BackendKind },
     #[error("model '{model}' ({path}) could not be loaded: {reasons}")]
-    Failed {
-        model: String,
-        path: String,
-        reasons: String,
-    },
+    Failed { model: String, path: String, reasons: String },
 }
 
 /// Every resident model, keyed by weights digest and backend.
@@ -95,19 +81,16 @@ impl ModelStore {
         backends: &Backends,
         default_backend: Option<BackendKind>,
     ) -> Result<Arc<LoadedModel>, ModelLoadError> {
-        let candidates: Vec<Arc<dyn Backend>> = match spec.backend.or(default_backend) {
-            Some(kind) => {
-                vec![
-                    backends
-                        .get(kind)
-                        .ok_or_else(|| ModelLoadError::BackendMissing {
-                            model: spec.name.to_string(),
-                            backend: kind,
-                        })?,
-                ]
-            }
-            None => backends.available.clone(),
-        };
+        let candidates: Vec<Arc<dyn Backend>> =
+            match spec.backend.or(default_backend) {
+                Some(kind) => {
+                    vec![backends.get(kind).ok_or_else(|| ModelLoadError::BackendMissing {
+                        model: spec.name.to_string(),
+                        backend: kind,
+                    })?]
+                }
+                None => backends.available.clone(),
+            };
         let mut reasons = Vec::new();
         for backend in candidates {
             let key = (spec.sha256.clone(), backend.kind());

@@ -88,12 +88,7 @@ impl fmt::Display for ElementType {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TensorError {
     #[error("shape {shape:?} of {ty} needs {expected} bytes but {actual} were given")]
-    LengthMismatch {
-        shape: Vec<usize>,
-        ty: ElementType,
-        expected: usize,
-        actual: usize,
-    },
+    LengthMismatch { shape: Vec<usize>, ty: ElementType, expected: usize, actual: usize },
     #[error("shape {shape:?} is too large")]
     TooLarge { shape: Vec<usize> },
 }
@@ -109,16 +104,9 @@ pub struct Tensor {
 impl Tensor {
     /// Build a tensor, checking that the bytes match the shape exactly.
     pub fn new(ty: ElementType, dims: Vec<usize>, data: Vec<u8>) -> Result<Self, TensorError> {
-        let expected = byte_len(ty, &dims).ok_or_else(|| TensorError::TooLarge {
-            shape: dims.clone(),
-        })?;
+        let expected = byte_len(ty, &dims).ok_or_else(|| TensorError::TooLarge { shape: dims.clone() })?;
         if expected != data.len() {
-            return Err(TensorError::LengthMismatch {
-                shape: dims,
-                ty,
-                expected,
-                actual: data.len(),
-            });
+            return Err(TensorError::LengthMismatch { shape: dims, ty, expected, actual: data.len() });
         }
         Ok(Self { ty, dims, data })
     }
@@ -153,11 +141,9 @@ impl Tensor {
     pub fn concat_rows(parts: &[&Tensor]) -> Option<Tensor> {
         let first = parts.first()?;
         if first.dims.is_empty()
-            || parts.iter().any(|p| {
-                p.ty != first.ty
-                    || p.dims.len() != first.dims.len()
-                    || p.dims[1..] != first.dims[1..]
-            })
+            || parts
+                .iter()
+                .any(|p| p.ty != first.ty || p.dims.len() != first.dims.len() || p.dims[1..] != first.dims[1..])
         {
             return None;
         }
@@ -167,11 +153,7 @@ impl Tensor {
         for part in parts {
             data.extend_from_slice(&part.data);
         }
-        Some(Tensor {
-            ty: first.ty,
-            dims,
-            data,
-        })
+        Some(Tensor { ty: first.ty, dims, data })
     }
 
     /// Split along dimension 0 into pieces of the given row counts.
@@ -187,11 +169,7 @@ impl Tensor {
             let mut dims = self.dims.clone();
             dims[0] = n;
             let end = offset + n * row_bytes;
-            pieces.push(Tensor {
-                ty: self.ty,
-                dims,
-                data: self.data[offset..end].to_vec(),
-            });
+            pieces.push(Tensor { ty: self.ty, dims, data: self.data[offset..end].to_vec() });
             offset = end;
         }
         Some(pieces)
@@ -200,8 +178,7 @@ impl Tensor {
 
 /// Bytes a tensor of this type and shape occupies, or `None` on overflow.
 pub fn byte_len(ty: ElementType, dims: &[usize]) -> Option<usize> {
-    dims.iter()
-        .try_fold(ty.size(), |acc, &d| acc.checked_mul(d))
+    dims.iter().try_fold(ty.size(), |acc, &d| acc.checked_mul(d))
 }
 
 #[cfg(test)]
@@ -215,16 +192,10 @@ mod tests {
 
     #[test]
     fn rejects_bytes_that_do_not_match_the_shape() {
-        let err = Tensor::new(ElementType::F32, vec![2, 2], vec![0; 12])
-            .expect_err("12 bytes cannot hold 2x2 f32");
+        let err = Tensor::new(ElementType::F32, vec![2, 2], vec![0; 12]).expect_err("12 bytes cannot hold 2x2 f32");
         assert_eq!(
             err,
-            TensorError::LengthMismatch {
-                shape: vec![2, 2],
-                ty: ElementType::F32,
-                expected: 16,
-                actual: 12
-            }
+            TensorError::LengthMismatch { shape: vec![2, 2], ty: ElementType::F32, expected: 16, actual: 12 }
         );
         assert!(matches!(
             Tensor::new(ElementType::F64, vec![usize::MAX, 2], vec![]),

@@ -9,13 +9,9 @@ use serde::{Deserialize, Deserializer};
 const MAX_LEN: usize = 64;
 
 fn check(kind: &str, value: &str) -> Result<(), String> {
-    let valid_chars = value
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
-    let valid_start = value
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphanumeric());
+    let valid_chars =
+        value.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
+    let valid_start = value.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
     if value.is_empty() || value.len() > MAX_LEN || !valid_chars || !valid_start {
         return Err(format!(
             "invalid {kind} '{value}': use 1 to {MAX_LEN} lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
@@ -87,15 +83,7 @@ mod tests {
     fn accepts_safe_names_and_rejects_the_rest() {
         assert!(TenantId::new("acme-2").is_ok());
         assert!(ModelName::new("digits_v1.0").is_ok());
-        for bad in [
-            "",
-            "Acme",
-            "a/b",
-            "../x",
-            "-lead",
-            "sp ace",
-            &"x".repeat(65),
-        ] {
+        for bad in ["", "Acme", "a/b", "../x", "-lead", "sp ace", &"x".repeat(65)] {
             assert!(TenantId::new(bad).is_err(), "{bad:?} should be rejected");
         }
     }

@@ -103,11 +103,7 @@ pub struct Batching {
 
 impl Default for Batching {
     fn default() -> Self {
-        Self {
-            max_batch_size: 32,
-            max_queue_delay_us: 0,
-            max_queue_size: 1024,
-        }
+        Self { max_batch_size: 32, max_queue_delay_us: 0, max_queue_size: 1024 }
     }
 }
 

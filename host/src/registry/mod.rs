@@ -16,8 +16,7 @@ use sha2::{Digest, Sha256};
 
 use ids::{AppName, ModelName, TenantId, VersionName};
 use manifest::{
-    AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, TenantManifest,
-    TensorMetadata,
+    AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, TenantManifest, TensorMetadata,
 };
 
 use crate::nn::backend::BackendKind;
@@ -28,21 +27,11 @@ const PLATFORM_MANIFEST: &str = "platform.toml";
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
-    #[error(
-        "{path}: sha256 mismatch: the manifest {manifest} says {expected} but the file has {actual}"
-    )]
-    DigestMismatch {
-        path: PathBuf,
-        manifest: PathBuf,
-        expected: String,
-        actual: String,
-    },
+    #[error("{path}: sha256 mismatch: the manifest {manifest} says {expected} but the file has {actual}")]
+    DigestMismatch { path: PathBuf, manifest: PathBuf, expected: String, actual: String },
 }
 
 /// A model's verified weights and settings.
@@ -125,40 +114,24 @@ impl Registry {
     }
 
     fn add_tenant(&mut self, path: &Path, manifest: TenantManifest) -> Result<(), RegistryError> {
-        let invalid = |message: String| RegistryError::Invalid {
-            path: path.to_path_buf(),
-            message,
-        };
+        let invalid = |message: String| RegistryError::Invalid { path: path.to_path_buf(), message };
         check_version(path, manifest.version)?;
         if self.tenants.contains_key(&manifest.id) {
-            return Err(invalid(format!(
-                "tenant '{}' is declared twice",
-                manifest.id
-            )));
+            return Err(invalid(format!("tenant '{}' is declared twice", manifest.id)));
         }
         for digest in &manifest.api_key_sha256 {
             let digest = digest.to_ascii_lowercase();
             if digest.len() != 64 || !digest.chars().all(|c| c.is_ascii_hexdigit()) {
-                return Err(invalid(format!(
-                    "api_key_sha256 entry '{digest}' is not a 64-digit hex SHA-256"
-                )));
+                return Err(invalid(format!("api_key_sha256 entry '{digest}' is not a 64-digit hex SHA-256")));
             }
             if let Some(other) = self.key_digests.insert(digest, manifest.id.clone()) {
-                return Err(invalid(format!(
-                    "an API key of tenant '{}' is also a key of '{other}'",
-                    manifest.id
-                )));
+                return Err(invalid(format!("an API key of tenant '{}' is also a key of '{other}'", manifest.id)));
             }
         }
         let mut models = BTreeMap::new();
         for (name, model) in manifest.models {
-            if manifest
-                .apps
-                .contains_key(&AppName::new(name.as_str()).map_err(invalid)?)
-            {
-                return Err(invalid(format!(
-                    "'{name}' names both a model and an app; OIP names must be unique"
-                )));
+            if manifest.apps.contains_key(&AppName::new(name.as_str()).map_err(invalid)?) {
+                return Err(invalid(format!("'{name}' names both a model and an app; OIP names must be unique")));
             }
             models.insert(name.clone(), load_model(path, name, model)?);
         }
@@ -166,12 +139,7 @@ impl Registry {
         for (name, app) in manifest.apps {
             apps.insert(name.clone(), load_app(path, name, app)?);
         }
-        let tenant = Tenant {
-            id: manifest.id.clone(),
-            quotas: manifest.quotas,
-            models,
-            apps,
-        };
+        let tenant = Tenant { id: manifest.id.clone(), quotas: manifest.quotas, models, apps };
         self.tenants.insert(manifest.id, Arc::new(tenant));
         Ok(())
     }
@@ -193,85 +161,48 @@ impl Registry {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, RegistryError> {
-    toml::from_str(text).map_err(|e| RegistryError::Invalid {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+    toml::from_str(text).map_err(|e| RegistryError::Invalid { path: path.to_path_buf(), message: e.to_string() })
 }
 
 fn check_version(path: &Path, version: u32) -> Result<(), RegistryError> {
     if version != SCHEMA_VERSION {
         return Err(RegistryError::Invalid {
             path: path.to_path_buf(),
-            message: format!(
-                "schema version {version} is not supported; this build reads version {SCHEMA_VERSION}"
-            ),
+            message: format!("schema version {version} is not supported; this build reads version {SCHEMA_VERSION}"),
         });
     }
     Ok(())
 }
 
-fn read_beside(
-    manifest: &Path,
-    relative: &Path,
-) -> Result<(PathBuf, Arc<[u8]>, String), RegistryError> {
+fn read_beside(manifest: &Path, relative: &Path) -> Result<(PathBuf, Arc<[u8]>, String), RegistryError> {
     let path = manifest.parent().unwrap_or(Path::new(".")).join(relative);
-    let bytes = std::fs::read(&path).map_err(|source| RegistryError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let bytes = std::fs::read(&path).map_err(|source| RegistryError::Io { path: path.clone(), source })?;
     let digest = hex::encode(Sha256::digest(&bytes));
     Ok((path, bytes.into(), digest))
 }
 
-fn load_model(
-    manifest: &Path,
-    name: ModelName,
-    model: ModelManifest,
-) -> Result<ModelSpec, RegistryError> {
+fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<ModelSpec, RegistryError> {
     let (path, bytes, actual) = read_beside(manifest, &model.path)?;
     let expected = model.sha256.to_ascii_lowercase();
     if actual != expected {
-        return Err(RegistryError::DigestMismatch {
-            path,
-            manifest: manifest.to_path_buf(),
-            expected,
-            actual,
-        });
+        return Err(RegistryError::DigestMismatch { path, manifest: manifest.to_path_buf(), expected, actual });
     }
     if model.batching.max_batch_size == 0 || model.batching.max_queue_size == 0 {
         return Err(RegistryError::Invalid {
             path: manifest.to_path_buf(),
-            message: format!(
-                "model '{name}': max_batch_size and max_queue_size must be at least 1"
-            ),
+            message: format!("model '{name}': max_batch_size and max_queue_size must be at least 1"),
         });
     }
-    Ok(ModelSpec {
-        name,
-        path,
-        sha256: actual,
-        bytes,
-        backend: model.backend,
-        batching: model.batching,
-    })
+    Ok(ModelSpec { name, path, sha256: actual, bytes, backend: model.backend, batching: model.batching })
 }
 
 fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec, RegistryError> {
-    let invalid = |message: String| RegistryError::Invalid {
-        path: manifest.to_path_buf(),
-        message,
-    };
+    let invalid = |message: String| RegistryError::Invalid { path: manifest.to_path_buf(), message };
     if !app.versions.contains_key(&app.stable) {
-        return Err(invalid(format!(
-            "app '{name}': stable version '{}' is not among its versions",
-            app.stable
-        )));
+        return Err(invalid(format!("app '{name}': stable version '{}' is not among its versions", app.stable)));
     }
     for tensor in app.inputs.iter().chain(&app.outputs) {
-        if tensor.datatype != "BYTES"
-            && crate::nn::tensor::ElementType::from_oip_name(&tensor.datatype).is_none()
-        {
+        if tensor.datatype != "BYTES" && crate::nn::tensor::ElementType::from_oip_name(&tensor.datatype).is_none() {
             return Err(invalid(format!(
                 "app '{name}': tensor '{}' has unknown datatype '{}'",
                 tensor.name, tensor.datatype
@@ -281,20 +212,7 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
     let mut versions = BTreeMap::new();
     for (version, spec) in app.versions {
         let (path, bytes, sha256) = read_beside(manifest, &spec.component)?;
-        versions.insert(
-            version,
-            ComponentSpec {
-                path,
-                sha256,
-                bytes,
-            },
-        );
+        versions.insert(version, ComponentSpec { path, sha256, bytes });
     }
-    Ok(AppSpec {
-        name,
-        stable: app.stable,
-        versions,
-        inputs: app.inputs,
-        outputs: app.outputs,
-    })
+    Ok(AppSpec { name, stable: app.stable, versions, inputs: app.inputs, outputs: app.outputs })
 }

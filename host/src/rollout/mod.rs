@@ -34,21 +34,9 @@ mod tests {
         let v1 = VersionName::new("1").expect("valid");
         let v2 = VersionName::new("2").expect("valid");
         let versions = BTreeMap::from([(v1.clone(), "one"), (v2, "two")]);
-        assert_eq!(
-            select("app", &v1, &versions, None).expect("stable").1,
-            &"one"
-        );
-        assert_eq!(
-            select("app", &v1, &versions, Some("2")).expect("pinned").1,
-            &"two"
-        );
+        assert_eq!(select("app", &v1, &versions, None).expect("stable").1, &"one");
+        assert_eq!(select("app", &v1, &versions, Some("2")).expect("pinned").1, &"two");
         let error = select("app", &v1, &versions, Some("9")).expect_err("unknown");
-        assert!(
-            error
-                .message
-                .contains("version '9' of model 'app' not found"),
-            "{}",
-            error.message
-        );
+        assert!(error.message.contains("version '9' of model 'app' not found"), "{}", error.message);
     }
 }

@@ -8,12 +8,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 /// Load the compiled form of `wasm` from `cache_dir`, or compile and store it.
-pub fn load_or_compile(
-    engine: &Engine,
-    cache_dir: &Path,
-    sha256: &str,
-    wasm: &[u8],
-) -> wasmtime::Result<Component> {
+pub fn load_or_compile(engine: &Engine, cache_dir: &Path, sha256: &str, wasm: &[u8]) -> wasmtime::Result<Component> {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
     let file = cache_dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish()));
@@ -30,11 +25,7 @@ pub fn load_or_compile(
     }
     let started = std::time::Instant::now();
     let component = Component::new(engine, wasm)?;
-    tracing::info!(
-        sha256,
-        compile_ms = started.elapsed().as_millis() as u64,
-        "component compiled"
-    );
+    tracing::info!(sha256, compile_ms = started.elapsed().as_millis() as u64, "component compiled");
     if let Err(err) = store(&component, cache_dir, &file) {
         tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot cache the compiled component");
     }
@@ -59,10 +50,6 @@ fn store(component: &Component, cache_dir: &Path, file: &Path) -> wasmtime::Resu
 }
 
 fn tempfile_in(dir: &Path) -> std::io::Result<std::path::PathBuf> {
-    let name = format!(
-        ".tmp-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    );
+    let name = format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id());
     Ok(dir.join(name.replace(['(', ')'], "")))
 }

@@ -46,23 +46,9 @@ pub enum GuestError {
 
 impl Runtime {
     /// Run one request through a component.
-    pub async fn invoke(
-        &self,
-        prepared: &Prepared,
-        call: GuestCall,
-    ) -> Result<InferResponse, GuestError> {
-        let GuestCall {
-            nn,
-            memory_bytes,
-            log,
-            deadline,
-            deadline_ms,
-            request,
-        } = call;
-        let mut store = Store::new(
-            self.engine(),
-            StoreState::new(nn, GuestLimiter::new(memory_bytes), log),
-        );
+    pub async fn invoke(&self, prepared: &Prepared, call: GuestCall) -> Result<InferResponse, GuestError> {
+        let GuestCall { nn, memory_bytes, log, deadline, deadline_ms, request } = call;
+        let mut store = Store::new(self.engine(), StoreState::new(nn, GuestLimiter::new(memory_bytes), log));
         store.limiter(|state| &mut state.limiter);
         let remaining = deadline.saturating_duration_since(Instant::now());
         store.set_epoch_deadline(ticks(remaining, self.epoch_tick()));
@@ -71,10 +57,7 @@ impl Runtime {
         let outcome = {
             let call = async {
                 let instance = prepared.instantiate_async(&mut store).await?;
-                instance
-                    .sluice_tenant_handler()
-                    .call_infer(&mut store, &request)
-                    .await
+                instance.sluice_tenant_handler().call_infer(&mut store, &request).await
             };
             // The epoch stops guest code; this stops waits in host calls (the model queue).
             tokio::time::timeout_at(deadline, call).await
@@ -85,9 +68,7 @@ impl Runtime {
             Ok(Ok(Ok(response))) => Ok(response),
             Ok(Ok(Err(guest_error))) => Err(match state.nn.queue_failure.clone() {
                 // The guest failed because a model call was shed or timed out: report that.
-                Some(ComputeError::DeadlineExceeded { .. }) => {
-                    GuestError::Deadline { ms: deadline_ms }
-                }
+                Some(ComputeError::DeadlineExceeded { .. }) => GuestError::Deadline { ms: deadline_ms },
                 Some(failure) => GuestError::Queue(failure),
                 None => match guest_error {
                     InferError::InvalidInput(message) => GuestError::InvalidInput(message),
@@ -102,9 +83,7 @@ impl Runtime {
 
 fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) -> GuestError {
     if state.limiter.memory_refused {
-        return GuestError::OutOfMemory {
-            mib: state.limiter.memory_bytes >> 20,
-        };
+        return GuestError::OutOfMemory { mib: state.limiter.memory_bytes >> 20 };
     }
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => GuestError::Deadline { ms: deadline_ms },
@@ -134,14 +113,8 @@ mod tests {
 
     #[test]
     fn deadline_ticks_round_up() {
-        assert_eq!(
-            ticks(Duration::from_millis(100), Duration::from_millis(5)),
-            20
-        );
-        assert_eq!(
-            ticks(Duration::from_millis(101), Duration::from_millis(5)),
-            21
-        );
+        assert_eq!(ticks(Duration::from_millis(100), Duration::from_millis(5)), 20);
+        assert_eq!(ticks(Duration::from_millis(101), Duration::from_millis(5)), 21);
         assert_eq!(ticks(Duration::ZERO, Duration::from_millis(5)), 1);
     }
 }

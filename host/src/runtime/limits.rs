@@ -17,24 +17,12 @@ pub struct GuestLimiter {
 
 impl GuestLimiter {
     pub fn new(memory_bytes: usize) -> Self {
-        Self {
-            memory_bytes,
-            table_elements: 100_000,
-            instances: 32,
-            tables: 32,
-            memories: 4,
-            memory_refused: false,
-        }
+        Self { memory_bytes, table_elements: 100_000, instances: 32, tables: 32, memories: 4, memory_refused: false }
     }
 }
 
 impl ResourceLimiter for GuestLimiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.memory_bytes {
             self.memory_refused = true;
             wasmtime::bail!(
@@ -45,17 +33,9 @@ impl ResourceLimiter for GuestLimiter {
         Ok(true)
     }
 
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.table_elements {
-            wasmtime::bail!(
-                "guest table limit of {} elements reached",
-                self.table_elements
-            );
+            wasmtime::bail!("guest table limit of {} elements reached", self.table_elements);
         }
         Ok(true)
     }

@@ -18,9 +18,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-pub use bindings::sluice::tenant::types::{
-    Datatype, InferRequest, InferResponse, Tensor as GuestTensor, TensorData,
-};
+pub use bindings::sluice::tenant::types::{Datatype, InferRequest, InferResponse, Tensor as GuestTensor, TensorData};
 pub use invoke::{GuestCall, GuestError};
 pub use store::{GuestLog, StoreState};
 
@@ -74,43 +72,29 @@ impl Runtime {
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_error)?;
-        crate::nn::host::add_to_linker(&mut linker, |state: &mut StoreState| {
-            crate::nn::host::NnView {
-                ctx: &mut state.nn,
-                table: &mut state.table,
-            }
+        crate::nn::host::add_to_linker(&mut linker, |state: &mut StoreState| crate::nn::host::NnView {
+            ctx: &mut state.nn,
+            table: &mut state.table,
         })
         .map_err(engine_error)?;
-        bindings::sluice::tenant::log::add_to_linker::<StoreState, HasSelf<GuestLog>>(
-            &mut linker,
-            |state| &mut state.log,
-        )
+        bindings::sluice::tenant::log::add_to_linker::<StoreState, HasSelf<GuestLog>>(&mut linker, |state| {
+            &mut state.log
+        })
         .map_err(engine_error)?;
 
         start_epoch_ticker(&engine, settings.epoch_tick);
-        Ok(Self {
-            engine,
-            linker,
-            settings,
-        })
+        Ok(Self { engine, linker, settings })
     }
 
     /// Compile (or load from the cache) and link a component.
-    pub fn prepare(
-        &self,
-        path: &std::path::Path,
-        sha256: &str,
-        wasm: &[u8],
-    ) -> Result<Prepared, RuntimeError> {
-        let component_error = |message: String| RuntimeError::Component {
-            path: path.display().to_string(),
-            message,
-        };
-        let component =
-            compile::load_or_compile(&self.engine, &self.settings.cache_dir, sha256, wasm)
-                .map_err(|e| component_error(format!("{e:#}")))?;
+    pub fn prepare(&self, path: &std::path::Path, sha256: &str, wasm: &[u8]) -> Result<Prepared, RuntimeError> {
+        let component_error = |message: String| RuntimeError::Component { path: path.display().to_string(), message };
+        let component = compile::load_or_compile(&self.engine, &self.settings.cache_dir, sha256, wasm)
+            .map_err(|e| component_error(format!("{e:#}")))?;
         let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            component_error(format!("{e:#}; it must target the sluice:tenant/component world (build it with sluice-guest)"))
+            component_error(format!(
+                "{e:#}; it must target the sluice:tenant/component world (build it with sluice-guest)"
+            ))
         })?;
         Prepared::new(instance_pre).map_err(|e| component_error(format!("{e:#}")))
     }

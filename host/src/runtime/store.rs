@@ -38,14 +38,7 @@ impl StoreState {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
-        Self {
-            wasi,
-            table: ResourceTable::new(),
-            nn,
-            limiter,
-            log,
-            stderr,
-        }
+        Self { wasi, table: ResourceTable::new(), nn, limiter, log, stderr }
     }
 
     /// The last lines the guest wrote to stderr (a panic message, usually).
@@ -59,10 +52,7 @@ impl StoreState {
 
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 

@@ -21,6 +21,9 @@ use crate::runtime::{Runtime, RuntimeSettings};
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    /// Largest gRPC message accepted or sent.
+    pub grpc_max_message_bytes: usize,
     pub tenants_dir: PathBuf,
     pub data_dir: PathBuf,
     pub onnxruntime_library: Option<PathBuf>,
@@ -31,20 +34,36 @@ pub struct ServeConfig {
     pub epoch_tick: Duration,
 }
 
-/// Build everything, bind the listener and serve until Ctrl-C / SIGTERM.
+/// Build everything, bind the listeners and serve HTTP and gRPC until Ctrl-C / SIGTERM.
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let state = build_state(&config).await?;
-    let listener = TcpListener::bind(config.http)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.http))?;
-    let address = listener.local_addr()?;
-    // Tests and scripts read this line to find the port.
-    tracing::info!(http = %address, "sluice is serving the Open Inference Protocol over HTTP");
-    println!("listening on http://{address}");
-    axum::serve(listener, crate::api::http::router(Arc::new(state)))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("HTTP server failed")
+    let state = Arc::new(build_state(&config).await?);
+    let http = TcpListener::bind(config.http).await.with_context(|| format!("cannot listen on {}", config.http))?;
+    let grpc = TcpListener::bind(config.grpc).await.with_context(|| format!("cannot listen on {}", config.grpc))?;
+    let (http_address, grpc_address) = (http.local_addr()?, grpc.local_addr()?);
+    tracing::info!(http = %http_address, grpc = %grpc_address, "sluice is serving the Open Inference Protocol");
+    // Tests and scripts read these lines to find the ports.
+    println!("listening on http://{http_address}");
+    println!("grpc listening on {grpc_address}");
+
+    let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut http_stop = stop.subscribe();
+    let mut grpc_stop = stop.subscribe();
+    let http_server = axum::serve(http, crate::api::http::router(state.clone())).with_graceful_shutdown(async move {
+        let _ = http_stop.recv().await;
+    });
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes))
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), async move {
+            let _ = grpc_stop.recv().await;
+        });
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(());
+    });
+    let (http_result, grpc_result) = tokio::join!(http_server, grpc_server);
+    http_result.context("HTTP server failed")?;
+    grpc_result.context("gRPC server failed")?;
+    Ok(())
 }
 
 /// Load the registry and build the serving state.
@@ -68,15 +87,10 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         anyhow::bail!("--backend {kind} was requested but is not available here");
     }
 
-    let max_memory_mib = registry
-        .tenants()
-        .map(|t| t.quotas.guest_memory_mib)
-        .max()
-        .unwrap_or(64);
+    let max_memory_mib = registry.tenants().map(|t| t.quotas.guest_memory_mib).max().unwrap_or(64);
     let runtime = Runtime::new(RuntimeSettings {
         max_instances: config.max_instances,
-        max_memory_bytes: usize::try_from(max_memory_mib << 20)
-            .context("guest memory quota too large")?,
+        max_memory_bytes: usize::try_from(max_memory_mib << 20).context("guest memory quota too large")?,
         epoch_tick: config.epoch_tick,
         cache_dir: config.data_dir.join("compiled"),
     })?;

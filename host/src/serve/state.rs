@@ -47,10 +47,7 @@ impl ServingState {
         let mut store = ModelStore::default();
         let mut shared = BTreeMap::new();
         for (name, spec) in registry.shared_models() {
-            shared.insert(
-                name.clone(),
-                store.load(spec, backends, default_backend).await?,
-            );
+            shared.insert(name.clone(), store.load(spec, backends, default_backend).await?);
         }
         let shared = Arc::new(shared);
 
@@ -68,51 +65,21 @@ impl ServingState {
                 for (version, component) in &spec.versions {
                     let prepared = runtime
                         .prepare(&component.path, &component.sha256, &component.bytes)
-                        .with_context(|| {
-                            format!("tenant '{}', app '{name}', version '{version}'", tenant.id)
-                        })?;
+                        .with_context(|| format!("tenant '{}', app '{name}', version '{version}'", tenant.id))?;
                     versions.insert(version.clone(), prepared);
                 }
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.stable, versions = spec.versions.len(), "app serves");
-                apps.insert(
-                    name.clone(),
-                    AppState {
-                        spec: spec.clone(),
-                        versions,
-                    },
-                );
+                apps.insert(name.clone(), AppState { spec: spec.clone(), versions });
             }
             let raw_backend = if tenant.quotas.allow_raw_model_load {
-                default_backend
-                    .and_then(|kind| backends.get(kind))
-                    .or_else(|| backends.preferred())
+                default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred())
             } else {
                 None
             };
-            let models = Arc::new(TenantModels {
-                own,
-                shared: shared.clone(),
-            });
-            tenants.insert(
-                tenant.id.clone(),
-                TenantState {
-                    tenant: tenant.clone(),
-                    models,
-                    apps,
-                    raw_backend,
-                },
-            );
+            let models = Arc::new(TenantModels { own, shared: shared.clone() });
+            tenants.insert(tenant.id.clone(), TenantState { tenant: tenant.clone(), models, apps, raw_backend });
         }
-        let admission = Admission::new(
-            registry
-                .tenants()
-                .map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)),
-        );
-        Ok(Self {
-            registry,
-            runtime,
-            tenants,
-            admission,
-        })
+        let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
+        Ok(Self { registry, runtime, tenants, admission })
     }
 }

@@ -12,10 +12,7 @@ use crate::registry::ids::TenantId;
 /// The key from an `Authorization: Bearer <key>` header value.
 pub fn bearer_key(authorization: Option<&str>) -> Result<&str, ApiError> {
     let value = authorization.ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::Unauthenticated,
-            "missing API key: send 'Authorization: Bearer <tenant key>'",
-        )
+        ApiError::new(ErrorKind::Unauthenticated, "missing API key: send 'Authorization: Bearer <tenant key>'")
     })?;
     let (scheme, key) = value.trim().split_once(' ').unwrap_or((value, ""));
     if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
@@ -40,25 +37,23 @@ pub struct Admission {
 
 impl Admission {
     pub fn new(limits: impl IntoIterator<Item = (TenantId, u32)>) -> Self {
-        let in_flight = limits
-            .into_iter()
-            .map(|(tenant, max)| (tenant, (Arc::new(Semaphore::new(max as usize)), max)))
-            .collect();
+        let in_flight =
+            limits.into_iter().map(|(tenant, max)| (tenant, (Arc::new(Semaphore::new(max as usize)), max))).collect();
         Self { in_flight }
     }
 
     /// A permit for one request; dropping it frees the slot.
     pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, ApiError> {
-        let (semaphore, max) = self.in_flight.get(tenant).ok_or_else(|| {
-            ApiError::new(
-                ErrorKind::Internal,
-                format!("tenant '{tenant}' has no admission state"),
-            )
-        })?;
+        let (semaphore, max) = self
+            .in_flight
+            .get(tenant)
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, format!("tenant '{tenant}' has no admission state")))?;
         semaphore.clone().try_acquire_owned().map_err(|_| {
             ApiError::new(
                 ErrorKind::QuotaExceeded,
-                format!("tenant '{tenant}' already has {max} requests in flight (max_concurrent_requests); retry later"),
+                format!(
+                    "tenant '{tenant}' already has {max} requests in flight (max_concurrent_requests); retry later"
+                ),
             )
         })
     }
@@ -72,18 +67,9 @@ mod tests {
     fn parses_bearer_keys() {
         assert_eq!(bearer_key(Some("Bearer abc")).expect("valid"), "abc");
         assert_eq!(bearer_key(Some("bearer  abc ")).expect("valid"), "abc");
-        assert_eq!(
-            bearer_key(None).expect_err("missing").kind,
-            ErrorKind::Unauthenticated
-        );
-        assert_eq!(
-            bearer_key(Some("Basic abc")).expect_err("scheme").kind,
-            ErrorKind::Unauthenticated
-        );
-        assert_eq!(
-            bearer_key(Some("Bearer")).expect_err("empty").kind,
-            ErrorKind::Unauthenticated
-        );
+        assert_eq!(bearer_key(None).expect_err("missing").kind, ErrorKind::Unauthenticated);
+        assert_eq!(bearer_key(Some("Basic abc")).expect_err("scheme").kind, ErrorKind::Unauthenticated);
+        assert_eq!(bearer_key(Some("Bearer")).expect_err("empty").kind, ErrorKind::Unauthenticated);
     }
 
     #[test]
@@ -92,18 +78,9 @@ mod tests {
         let globex = TenantId::new("globex").expect("valid id");
         let admission = Admission::new([(acme.clone(), 1), (globex.clone(), 1)]);
         let held = admission.admit(&acme).expect("first is admitted");
-        assert_eq!(
-            admission.admit(&acme).expect_err("second waits").kind,
-            ErrorKind::QuotaExceeded
-        );
-        assert!(
-            admission.admit(&globex).is_ok(),
-            "another tenant is unaffected"
-        );
+        assert_eq!(admission.admit(&acme).expect_err("second waits").kind, ErrorKind::QuotaExceeded);
+        assert!(admission.admit(&globex).is_ok(), "another tenant is unaffected");
         drop(held);
-        assert!(
-            admission.admit(&acme).is_ok(),
-            "a finished request frees its slot"
-        );
+        assert!(admission.admit(&acme).is_ok(), "a finished request frees its slot");
     }
 }

@@ -52,35 +52,20 @@ impl TensorSpec {
     /// Check a tensor against this spec; the message names what differs.
     pub fn check(&self, tensor: &Tensor) -> Result<(), String> {
         if tensor.ty() != self.ty {
-            return Err(format!(
-                "input '{}' must be {}, got {}",
-                self.name,
-                self.ty,
-                tensor.ty()
-            ));
+            return Err(format!("input '{}' must be {}, got {}", self.name, self.ty, tensor.ty()));
         }
         let dims = tensor.dims();
-        let fits = dims.len() == self.dims.len()
-            && dims
-                .iter()
-                .zip(&self.dims)
-                .all(|(&d, spec)| spec.is_none_or(|s| s == d));
+        let fits =
+            dims.len() == self.dims.len() && dims.iter().zip(&self.dims).all(|(&d, spec)| spec.is_none_or(|s| s == d));
         if !fits {
-            return Err(format!(
-                "input '{}' must have shape {}, got {dims:?}",
-                self.name,
-                self.shape_text()
-            ));
+            return Err(format!("input '{}' must have shape {}, got {dims:?}", self.name, self.shape_text()));
         }
         Ok(())
     }
 
     /// Shape with -1 for dynamic dimensions, as OIP metadata reports it.
     pub fn oip_shape(&self) -> Vec<i64> {
-        self.dims
-            .iter()
-            .map(|d| d.map_or(-1, |d| d as i64))
-            .collect()
+        self.dims.iter().map(|d| d.map_or(-1, |d| d as i64)).collect()
     }
 
     fn shape_text(&self) -> String {
@@ -108,22 +93,13 @@ impl Signature {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("{backend} is not available: {reason}")]
-    Unavailable {
-        backend: BackendKind,
-        reason: String,
-    },
+    Unavailable { backend: BackendKind, reason: String },
     #[error("{backend} could not load the model: {reason}")]
-    Load {
-        backend: BackendKind,
-        reason: String,
-    },
+    Load { backend: BackendKind, reason: String },
     #[error("{0}")]
     InvalidInput(String),
     #[error("{backend} failed to run the model: {reason}")]
-    Run {
-        backend: BackendKind,
-        reason: String,
-    },
+    Run { backend: BackendKind, reason: String },
 }
 
 /// A loaded, runnable graph.
@@ -169,19 +145,14 @@ impl Backends {
 
 /// Every backend compiled into this build, in order of preference.
 pub fn available(settings: &BackendSettings) -> Backends {
-    let mut backends = Backends {
-        available: Vec::new(),
-        unavailable: Vec::new(),
-    };
+    let mut backends = Backends { available: Vec::new(), unavailable: Vec::new() };
     #[cfg(feature = "onnxruntime")]
     match onnxruntime::OnnxRuntime::new(settings) {
         Ok(backend) => backends.available.push(Arc::new(backend)),
         Err(err) => backends.unavailable.push(err),
     }
     #[cfg(feature = "tract")]
-    backends
-        .available
-        .push(Arc::new(tract::Tract::new(settings)));
+    backends.available.push(Arc::new(tract::Tract::new(settings)));
     let _ = settings;
     backends
 }

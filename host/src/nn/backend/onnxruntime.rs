@@ -25,10 +25,7 @@ pub struct OnnxRuntime {
 
 impl OnnxRuntime {
     pub fn new(settings: &BackendSettings) -> Result<Self, BackendError> {
-        let unavailable = |reason: String| BackendError::Unavailable {
-            backend: KIND,
-            reason,
-        };
+        let unavailable = |reason: String| BackendError::Unavailable { backend: KIND, reason };
         let library = match &settings.onnxruntime_library {
             Some(path) => path.clone(),
             None => locate_library().ok_or_else(|| {
@@ -40,10 +37,7 @@ impl OnnxRuntime {
             })?,
         };
         if !library.is_file() {
-            return Err(unavailable(format!(
-                "ONNX Runtime library {} does not exist",
-                library.display()
-            )));
+            return Err(unavailable(format!("ONNX Runtime library {} does not exist", library.display())));
         }
         let environment = ENVIRONMENT.get_or_init(|| {
             ort::init_from(&library)
@@ -54,9 +48,7 @@ impl OnnxRuntime {
         });
         environment.as_ref().map_err(|e| unavailable(e.clone()))?;
         tracing::info!(library = %library.display(), "ONNX Runtime loaded");
-        Ok(Self {
-            threads: settings.threads,
-        })
+        Ok(Self { threads: settings.threads })
     }
 }
 
@@ -66,28 +58,18 @@ impl Backend for OnnxRuntime {
     }
 
     fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
-        let load_error = |reason: String| BackendError::Load {
-            backend: KIND,
-            reason,
-        };
+        let load_error = |reason: String| BackendError::Load { backend: KIND, reason };
         let environment = ENVIRONMENT
             .get()
             .and_then(|e| e.as_ref().ok())
             .ok_or_else(|| load_error("ONNX Runtime is not initialised".to_string()))?;
         let mut builder = Session::builder(environment)
-            .and_then(|b| {
-                b.with_optimization_level(GraphOptimizationLevel::Level3)
-                    .map_err(Into::into)
-            })
+            .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::Level3).map_err(Into::into))
             .map_err(|e| load_error(e.to_string()))?;
         if self.threads > 0 {
-            builder = builder
-                .with_intra_threads(self.threads)
-                .map_err(|e| load_error(e.to_string()))?;
+            builder = builder.with_intra_threads(self.threads).map_err(|e| load_error(e.to_string()))?;
         }
-        let session = builder
-            .commit_from_memory(onnx)
-            .map_err(|e| load_error(e.to_string()))?;
+        let session = builder.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
         let signature = Signature {
             inputs: session
                 .inputs()
@@ -102,10 +84,7 @@ impl Backend for OnnxRuntime {
                 .collect::<Result<_, _>>()
                 .map_err(load_error)?,
         };
-        Ok(Box::new(OrtGraph {
-            session: Mutex::new(session),
-            signature,
-        }))
+        Ok(Box::new(OrtGraph { session: Mutex::new(session), signature }))
     }
 }
 
@@ -122,27 +101,19 @@ impl Graph for OrtGraph {
     }
 
     fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
-        let run_error = |reason: String| BackendError::Run {
-            backend: KIND,
-            reason,
-        };
+        let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
         let values = inputs
             .into_iter()
             .map(|(name, tensor)| to_value(tensor).map(|v| (name, v)))
             .collect::<Result<Vec<(String, DynValue)>, _>>()
             .map_err(run_error)?;
-        let mut session = self
-            .session
-            .lock()
-            .map_err(|_| run_error("session lock poisoned".to_string()))?;
+        let mut session = self.session.lock().map_err(|_| run_error("session lock poisoned".to_string()))?;
         let outputs = session.run(values).map_err(|e| run_error(e.to_string()))?;
         self.signature
             .outputs
             .iter()
             .map(|spec| {
-                let value = outputs
-                    .get(&spec.name)
-                    .ok_or_else(|| format!("missing output '{}'", spec.name))?;
+                let value = outputs.get(&spec.name).ok_or_else(|| format!("missing output '{}'", spec.name))?;
                 Ok((spec.name.clone(), from_value(value)?))
             })
             .collect::<Result<_, String>>()
@@ -171,18 +142,11 @@ fn element_type(ty: TensorElementType) -> Option<ElementType> {
 
 fn spec(name: &str, dtype: &ValueType) -> Result<TensorSpec, String> {
     let ValueType::Tensor { ty, shape, .. } = dtype else {
-        return Err(format!(
-            "'{name}' is not a tensor ({dtype:?}); only tensor inputs and outputs are served"
-        ));
+        return Err(format!("'{name}' is not a tensor ({dtype:?}); only tensor inputs and outputs are served"));
     };
-    let ty =
-        element_type(*ty).ok_or_else(|| format!("'{name}' has unsupported element type {ty:?}"))?;
+    let ty = element_type(*ty).ok_or_else(|| format!("'{name}' has unsupported element type {ty:?}"))?;
     let dims = shape.iter().map(|&d| usize::try_from(d).ok()).collect();
-    Ok(TensorSpec {
-        name: name.to_string(),
-        ty,
-        dims,
-    })
+    Ok(TensorSpec { name: name.to_string(), ty, dims })
 }
 
 macro_rules! typed_value {
@@ -215,9 +179,7 @@ fn to_value(tensor: Tensor) -> Result<DynValue, String> {
             ort::value::Tensor::from_array((dims, values)).map(|t| t.into_dyn())
         }
         other => {
-            return Err(format!(
-                "{other} tensors are not supported by the onnxruntime backend"
-            ));
+            return Err(format!("{other} tensors are not supported by the onnxruntime backend"));
         }
     };
     value.map_err(|e| e.to_string())
@@ -225,9 +187,7 @@ fn to_value(tensor: Tensor) -> Result<DynValue, String> {
 
 macro_rules! typed_bytes {
     ($value:expr, $ty:ty) => {{
-        let (shape, values) = $value
-            .try_extract_tensor::<$ty>()
-            .map_err(|e| e.to_string())?;
+        let (shape, values) = $value.try_extract_tensor::<$ty>().map_err(|e| e.to_string())?;
         let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
         let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         (dims, data)
@@ -251,18 +211,11 @@ fn from_value(value: &DynValue) -> Result<Tensor, String> {
         ElementType::U64 => typed_bytes!(value, u64),
         ElementType::I64 => typed_bytes!(value, i64),
         ElementType::Bool => {
-            let (shape, values) = value
-                .try_extract_tensor::<bool>()
-                .map_err(|e| e.to_string())?;
-            (
-                shape.iter().map(|&d| d as usize).collect(),
-                values.iter().map(|&b| u8::from(b)).collect(),
-            )
+            let (shape, values) = value.try_extract_tensor::<bool>().map_err(|e| e.to_string())?;
+            (shape.iter().map(|&d| d as usize).collect(), values.iter().map(|&b| u8::from(b)).collect())
         }
         other => {
-            return Err(format!(
-                "{other} outputs are not supported by the onnxruntime backend"
-            ));
+            return Err(format!("{other} outputs are not supported by the onnxruntime backend"));
         }
     };
     Tensor::new(element, dims, data).map_err(|e| e.to_string())
@@ -279,10 +232,7 @@ fn locate_library() -> Option<PathBuf> {
         .find_map(|python| library_in(&python.path().join("site-packages/onnxruntime/capi")));
     from_venv.or_else(|| {
         let output = Command::new("python3")
-            .args([
-                "-c",
-                "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
-            ])
+            .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
             .output()
             .ok()?;
         let package = String::from_utf8(output.stdout).ok()?;
@@ -295,11 +245,7 @@ fn library_in(capi: &Path) -> Option<PathBuf> {
         .ok()?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libonnxruntime.so"))
-        })
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libonnxruntime.so")))
         .collect();
     found.sort();
     found.pop()

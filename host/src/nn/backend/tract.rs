@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tract_onnx::prelude::{
-    DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt, IntoRunnable, TDim,
-    TValue, TVec, Tensor as TractTensor, TractResult, TypedFact, TypedModel, TypedSimplePlan,
+    DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt, IntoRunnable, TDim, TValue, TVec,
+    Tensor as TractTensor, TractResult, TypedFact, TypedModel, TypedSimplePlan,
 };
 use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
@@ -32,18 +32,12 @@ impl Backend for Tract {
     }
 
     fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
-        let load_error = |reason: String| BackendError::Load {
-            backend: KIND,
-            reason,
-        };
+        let load_error = |reason: String| BackendError::Load { backend: KIND, reason };
         match typed_model(onnx, None) {
             Ok(typed) => {
                 let signature = signature(&typed).map_err(load_error)?;
                 let plan = runnable(typed).map_err(|e| load_error(format!("{e:#}")))?;
-                Ok(Box::new(TractGraph {
-                    plans: Plans::Symbolic(plan),
-                    signature,
-                }))
+                Ok(Box::new(TractGraph { plans: Plans::Symbolic(plan), signature }))
             }
             Err(symbolic) => {
                 // Some graphs compute shapes tract cannot keep symbolic (magika's one-hot):
@@ -52,19 +46,12 @@ impl Backend for Tract {
                     .map_err(|e| load_error(format!("{symbolic:#}; with a fixed batch: {e:#}")))?;
                 tracing::info!(reason = %format!("{symbolic:#}"), "tract compiles this model per batch size");
                 let mut signature = signature(&typed).map_err(load_error)?;
-                for spec in signature
-                    .inputs
-                    .iter_mut()
-                    .chain(signature.outputs.iter_mut())
-                {
+                for spec in signature.inputs.iter_mut().chain(signature.outputs.iter_mut()) {
                     if let Some(first) = spec.dims.first_mut() {
                         *first = None;
                     }
                 }
-                let plans = Plans::PerBatch {
-                    onnx: onnx.into(),
-                    cache: Mutex::new(HashMap::new()),
-                };
+                let plans = Plans::PerBatch { onnx: onnx.into(), cache: Mutex::new(HashMap::new()) };
                 Ok(Box::new(TractGraph { plans, signature }))
             }
         }
@@ -87,11 +74,7 @@ fn typed_model(onnx: &[u8], batch: Option<usize>) -> TractResult<TypedModel> {
 
 /// The optimized plan, or the unoptimized one (with a log line) when optimizing fails.
 fn runnable(typed: TypedModel) -> TractResult<Arc<TypedSimplePlan>> {
-    match typed
-        .clone()
-        .into_optimized()
-        .and_then(|m| m.into_runnable())
-    {
+    match typed.clone().into_optimized().and_then(|m| m.into_runnable()) {
         Ok(plan) => Ok(plan),
         Err(err) => {
             tracing::warn!(error = %format!("{err:#}"), "tract cannot optimize this graph; running it unoptimized");
@@ -104,10 +87,7 @@ fn runnable(typed: TypedModel) -> TractResult<Arc<TypedSimplePlan>> {
 /// parameter, as skl2onnx writes for the batch) a symbol, so tract can type the graph with
 /// one plan for every size: `N` for the first dimension (or `batch` when given), a fresh
 /// symbol for others.
-fn name_unknown_dims(
-    mut model: InferenceModel,
-    batch: Option<usize>,
-) -> TractResult<InferenceModel> {
+fn name_unknown_dims(mut model: InferenceModel, batch: Option<usize>) -> TractResult<InferenceModel> {
     for ix in 0..model.inputs.len() {
         let fact = model.input_fact(ix)?.clone();
         if fact.shape.is_open() {
@@ -118,21 +98,13 @@ fn name_unknown_dims(
             .dims()
             .enumerate()
             .map(|(axis, dim)| match (axis, batch, dim.concretize()) {
-                (0, Some(rows), known) if known.as_ref().is_none_or(|d| d.to_usize().is_err()) => {
-                    TDim::from(rows)
-                }
+                (0, Some(rows), known) if known.as_ref().is_none_or(|d| d.to_usize().is_err()) => TDim::from(rows),
                 (_, _, Some(known)) => known,
                 (0, _, None) => model.sym("N").into(),
                 (_, _, None) => model.sym(&format!("input{ix}_axis{axis}")).into(),
             })
             .collect();
-        model.set_input_fact(
-            ix,
-            InferenceFact {
-                shape: dims,
-                ..fact
-            },
-        )?;
+        model.set_input_fact(ix, InferenceFact { shape: dims, ..fact })?;
     }
     Ok(model)
 }
@@ -140,10 +112,7 @@ fn name_unknown_dims(
 /// One plan for every batch size, or one per size compiled on first use.
 enum Plans {
     Symbolic(Arc<TypedSimplePlan>),
-    PerBatch {
-        onnx: Arc<[u8]>,
-        cache: Mutex<HashMap<usize, Arc<TypedSimplePlan>>>,
-    },
+    PerBatch { onnx: Arc<[u8]>, cache: Mutex<HashMap<usize, Arc<TypedSimplePlan>>> },
 }
 
 impl Plans {
@@ -154,13 +123,8 @@ impl Plans {
                 if let Some(plan) = cache.lock().map_err(|_| "plan cache poisoned")?.get(&batch) {
                     return Ok(plan.clone());
                 }
-                let plan = typed_model(onnx, Some(batch))
-                    .and_then(runnable)
-                    .map_err(|e| format!("{e:#}"))?;
-                cache
-                    .lock()
-                    .map_err(|_| "plan cache poisoned")?
-                    .insert(batch, plan.clone());
+                let plan = typed_model(onnx, Some(batch)).and_then(runnable).map_err(|e| format!("{e:#}"))?;
+                cache.lock().map_err(|_| "plan cache poisoned")?.insert(batch, plan.clone());
                 Ok(plan)
             }
         }
@@ -178,10 +142,7 @@ impl Graph for TractGraph {
     }
 
     fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
-        let run_error = |reason: String| BackendError::Run {
-            backend: KIND,
-            reason,
-        };
+        let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
         // tract takes inputs by position: order them as the signature declares.
         let mut ordered: TVec<TValue> = TVec::new();
         for spec in &self.signature.inputs {
@@ -209,11 +170,7 @@ fn signature(model: &TypedModel) -> Result<Signature, String> {
     let spec = |name: String, fact: &TypedFact| -> Result<TensorSpec, String> {
         let ty = element_type(fact.datum_type)
             .ok_or_else(|| format!("'{name}' has unsupported type {:?}", fact.datum_type))?;
-        let dims = fact
-            .shape
-            .iter()
-            .map(|d: &TDim| d.to_usize().ok())
-            .collect();
+        let dims = fact.shape.iter().map(|d: &TDim| d.to_usize().ok()).collect();
         Ok(TensorSpec { name, ty, dims })
     };
     let inputs = model
@@ -221,10 +178,7 @@ fn signature(model: &TypedModel) -> Result<Signature, String> {
         .map_err(|e| e.to_string())?
         .iter()
         .map(|outlet| {
-            spec(
-                model.node(outlet.node).name.clone(),
-                model.outlet_fact(*outlet).map_err(|e| e.to_string())?,
-            )
+            spec(model.node(outlet.node).name.clone(), model.outlet_fact(*outlet).map_err(|e| e.to_string())?)
         })
         .collect::<Result<_, _>>()?;
     let outputs = model
@@ -232,9 +186,7 @@ fn signature(model: &TypedModel) -> Result<Signature, String> {
         .map_err(|e| e.to_string())?
         .iter()
         .map(|outlet| {
-            let name = model
-                .outlet_label(*outlet)
-                .map_or_else(|| model.node(outlet.node).name.clone(), str::to_string);
+            let name = model.outlet_label(*outlet).map_or_else(|| model.node(outlet.node).name.clone(), str::to_string);
             spec(name, model.outlet_fact(*outlet).map_err(|e| e.to_string())?)
         })
         .collect::<Result<_, _>>()?;
@@ -288,9 +240,7 @@ fn to_tract(tensor: &Tensor) -> Result<TractTensor, String> {
             TractTensor::from_shape::<bool>(tensor.dims(), &values)
         }
         other => {
-            return Err(format!(
-                "{other} tensors are not supported by the tract backend"
-            ));
+            return Err(format!("{other} tensors are not supported by the tract backend"));
         }
     };
     converted.map_err(|e| format!("{e:#}"))
@@ -301,8 +251,8 @@ fn from_tract(value: &TractTensor) -> Result<Tensor, String> {
         let as_i64 = value.cast_to::<i64>().map_err(|e| format!("{e:#}"))?;
         return from_tract(&as_i64);
     }
-    let ty = element_type(value.datum_type())
-        .ok_or_else(|| format!("unsupported output type {:?}", value.datum_type()))?;
+    let ty =
+        element_type(value.datum_type()).ok_or_else(|| format!("unsupported output type {:?}", value.datum_type()))?;
     // tract stores elements in native order; every platform Sluice runs on is little-endian.
     Tensor::new(ty, value.shape().to_vec(), value.as_bytes().to_vec()).map_err(|e| e.to_string())
 }

@@ -67,19 +67,11 @@ impl ModelQueue {
         let (sender, receiver) = mpsc::channel(settings.capacity);
         let model: Arc<str> = model.into();
         tokio::spawn(run_queue(model.clone(), graph, policy, receiver));
-        Self {
-            model,
-            sender,
-            capacity: settings.capacity,
-        }
+        Self { model, sender, capacity: settings.capacity }
     }
 
     /// Queue inputs (already checked against the model's signature) and wait for outputs.
-    pub async fn compute(
-        &self,
-        inputs: NamedTensors,
-        deadline: Instant,
-    ) -> Result<NamedTensors, ComputeError> {
+    pub async fn compute(&self, inputs: NamedTensors, deadline: Instant) -> Result<NamedTensors, ComputeError> {
         let model = self.model.to_string();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
         let (reply, answer) = oneshot::channel();
@@ -91,13 +83,10 @@ impl ModelQueue {
             deadline: deadline.into_std(),
         };
         self.sender.try_send(job).map_err(|err| match err {
-            mpsc::error::TrySendError::Full(_) => ComputeError::Overloaded {
-                model: model.clone(),
-                capacity: self.capacity,
-            },
-            mpsc::error::TrySendError::Closed(_) => ComputeError::Stopped {
-                model: model.clone(),
-            },
+            mpsc::error::TrySendError::Full(_) => {
+                ComputeError::Overloaded { model: model.clone(), capacity: self.capacity }
+            }
+            mpsc::error::TrySendError::Closed(_) => ComputeError::Stopped { model: model.clone() },
         })?;
         answer.await.map_err(|_| ComputeError::Stopped { model })?
     }
@@ -131,9 +120,7 @@ async fn run_queue(
         let now = std::time::Instant::now();
         let dropped = state.drop_stale(now, |job| job.reply.is_closed());
         for job in dropped.expired {
-            let _ = job.reply.send(Err(ComputeError::DeadlineExceeded {
-                model: model.to_string(),
-            }));
+            let _ = job.reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string() }));
         }
         if closed {
             // Every handle is gone: run what is left without waiting for company, then stop.
@@ -152,34 +139,24 @@ async fn run_queue(
 /// Run one batch and answer each of its jobs.
 async fn execute(model: &Arc<str>, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
-    let (inputs, replies): (Vec<NamedTensors>, Vec<_>) = batch
-        .into_iter()
-        .map(|j| (j.payload.inputs, j.payload.reply))
-        .unzip();
-    let backend_error = |message: String| ComputeError::Backend {
-        model: model.to_string(),
-        message,
-    };
+    let (inputs, replies): (Vec<NamedTensors>, Vec<_>) =
+        batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
+    let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
 
     let result = match stack(inputs) {
         Some(stacked) => {
             let graph = graph.clone();
             match tokio::task::spawn_blocking(move || graph.run(stacked)).await {
                 Ok(Ok(outputs)) => Ok(outputs),
-                Ok(Err(BackendError::InvalidInput(message))) => {
-                    Err(ComputeError::InvalidInput(message))
-                }
+                Ok(Err(BackendError::InvalidInput(message))) => Err(ComputeError::InvalidInput(message)),
                 Ok(Err(err)) => Err(backend_error(err.to_string())),
                 Err(join) => Err(backend_error(format!("compute thread failed: {join}"))),
             }
         }
-        None => Err(backend_error(
-            "batched inputs could not be stacked".to_string(),
-        )),
+        None => Err(backend_error("batched inputs could not be stacked".to_string())),
     };
     match result.and_then(|outputs| {
-        unstack(outputs, &rows)
-            .ok_or_else(|| backend_error("outputs do not split by rows".to_string()))
+        unstack(outputs, &rows).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))
     }) {
         Ok(per_job) => {
             for (reply, outputs) in replies.into_iter().zip(per_job) {
@@ -199,18 +176,12 @@ fn stack(mut inputs: Vec<NamedTensors>) -> Option<NamedTensors> {
     if inputs.len() == 1 {
         return inputs.pop();
     }
-    let names: Vec<String> = inputs
-        .first()?
-        .iter()
-        .map(|(name, _)| name.clone())
-        .collect();
+    let names: Vec<String> = inputs.first()?.iter().map(|(name, _)| name.clone()).collect();
     names
         .into_iter()
         .map(|name| {
-            let parts: Vec<&Tensor> = inputs
-                .iter()
-                .map(|job| job.iter().find(|(n, _)| *n == name).map(|(_, t)| t))
-                .collect::<Option<_>>()?;
+            let parts: Vec<&Tensor> =
+                inputs.iter().map(|job| job.iter().find(|(n, _)| *n == name).map(|(_, t)| t)).collect::<Option<_>>()?;
             Some((name, Tensor::concat_rows(&parts)?))
         })
         .collect()

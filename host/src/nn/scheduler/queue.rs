@@ -16,16 +16,8 @@ pub type ShapeKey = Vec<(String, ElementType, Vec<usize>)>;
 
 /// The shape key of a job's inputs.
 pub fn shape_key(inputs: &[(String, Tensor)]) -> ShapeKey {
-    let mut key: ShapeKey = inputs
-        .iter()
-        .map(|(name, t)| {
-            (
-                name.clone(),
-                t.ty(),
-                t.dims().get(1..).unwrap_or_default().to_vec(),
-            )
-        })
-        .collect();
+    let mut key: ShapeKey =
+        inputs.iter().map(|(name, t)| (name.clone(), t.ty(), t.dims().get(1..).unwrap_or_default().to_vec())).collect();
     key.sort();
     key
 }
@@ -65,10 +57,7 @@ pub struct BatchQueue<P> {
 
 impl<P> BatchQueue<P> {
     pub fn new(policy: QueuePolicy) -> Self {
-        Self {
-            policy,
-            jobs: VecDeque::new(),
-        }
+        Self { policy, jobs: VecDeque::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -85,10 +74,7 @@ impl<P> BatchQueue<P> {
 
     /// Remove jobs past their deadline and jobs whose caller has gone.
     pub fn drop_stale(&mut self, now: Instant, caller_gone: impl Fn(&P) -> bool) -> Dropped<P> {
-        let mut dropped = Dropped {
-            expired: Vec::new(),
-            abandoned: 0,
-        };
+        let mut dropped = Dropped { expired: Vec::new(), abandoned: 0 };
         let mut kept = VecDeque::with_capacity(self.jobs.len());
         for job in self.jobs.drain(..) {
             if caller_gone(&job.payload) {
@@ -105,9 +91,7 @@ impl<P> BatchQueue<P> {
 
     /// When the oldest job's delay runs out (the actor's next wake-up).
     pub fn next_due(&self) -> Option<Instant> {
-        self.jobs
-            .front()
-            .map(|job| job.enqueued + self.policy.max_delay)
+        self.jobs.front().map(|job| job.enqueued + self.policy.max_delay)
     }
 
     /// The next batch, if one is due: the oldest job plus later jobs with the same shape
@@ -119,14 +103,8 @@ impl<P> BatchQueue<P> {
             return self.jobs.pop_front().map(|job| vec![job]);
         }
         let key = oldest.key.clone();
-        let waiting_rows: usize = self
-            .jobs
-            .iter()
-            .filter(|j| j.key == key)
-            .map(|j| j.rows)
-            .sum();
-        let due = waiting_rows >= self.policy.max_batch_rows
-            || now >= oldest.enqueued + self.policy.max_delay;
+        let waiting_rows: usize = self.jobs.iter().filter(|j| j.key == key).map(|j| j.rows).sum();
+        let due = waiting_rows >= self.policy.max_batch_rows || now >= oldest.enqueued + self.policy.max_delay;
         if !due {
             return None;
         }
@@ -153,11 +131,7 @@ mod tests {
     use super::*;
 
     fn policy(max_batch_rows: usize, batchable: bool) -> QueuePolicy {
-        QueuePolicy {
-            max_batch_rows,
-            max_delay: Duration::from_millis(10),
-            batchable,
-        }
+        QueuePolicy { max_batch_rows, max_delay: Duration::from_millis(10), batchable }
     }
 
     fn job(id: u32, rows: usize, key: &str, at: Instant) -> Queued<u32> {
@@ -179,10 +153,7 @@ mod tests {
         let t0 = Instant::now();
         let mut queue = BatchQueue::new(policy(4, true));
         queue.push(job(1, 2, "x", t0));
-        assert!(
-            queue.pop_batch(t0).is_none(),
-            "half a batch waits for its delay"
-        );
+        assert!(queue.pop_batch(t0).is_none(), "half a batch waits for its delay");
         queue.push(job(2, 2, "x", t0));
         queue.push(job(3, 1, "x", t0));
         let batch = queue.pop_batch(t0).expect("four rows fill the batch");
@@ -198,9 +169,7 @@ mod tests {
         queue.push(job(2, 1, "x", t0 + Duration::from_millis(3)));
         assert_eq!(queue.next_due(), Some(t0 + Duration::from_millis(10)));
         assert!(queue.pop_batch(t0 + Duration::from_millis(9)).is_none());
-        let batch = queue
-            .pop_batch(t0 + Duration::from_millis(10))
-            .expect("delay ran out");
+        let batch = queue.pop_batch(t0 + Duration::from_millis(10)).expect("delay ran out");
         assert_eq!(ids(&batch), vec![1, 2]);
     }
 
@@ -248,9 +217,7 @@ mod tests {
         let dropped = queue.drop_stale(t0 + Duration::from_millis(6), |&id| id == 3);
         assert_eq!(dropped.expired, vec![2]);
         assert_eq!(dropped.abandoned, 1);
-        let batch = queue
-            .pop_batch(t0 + Duration::from_millis(20))
-            .expect("due");
+        let batch = queue.pop_batch(t0 + Duration::from_millis(20)).expect("due");
         assert_eq!(ids(&batch), vec![1]);
     }
 }

@@ -24,14 +24,8 @@ impl Handler for Hostile {
     fn infer(request: Request) -> Result<Response, Error> {
         match request.parameter("mode").unwrap_or("echo") {
             "echo" => {
-                sluice_guest::log(
-                    LogLevel::Info,
-                    &format!("echoing {} inputs", request.inputs.len()),
-                );
-                Ok(request
-                    .inputs
-                    .into_iter()
-                    .fold(Response::new(), Response::with_output))
+                sluice_guest::log(LogLevel::Info, &format!("echoing {} inputs", request.inputs.len()));
+                Ok(request.inputs.into_iter().fold(Response::new(), Response::with_output))
             }
             "loop" => {
                 let mut counter = 0u64;
@@ -47,16 +41,10 @@ impl Handler for Hostile {
                 }
             }
             "trap" => panic!("hostile guest panicked on purpose"),
-            "recurse" => {
-                Ok(Response::new().with_output(Tensor::from_i64("depth", &[1], &[recurse(1)])))
-            }
+            "recurse" => Ok(Response::new().with_output(Tensor::from_i64("depth", &[1], &[recurse(1)]))),
             "marker" => {
                 let previous = MARKER.swap(0xfeed_f00d, Ordering::SeqCst);
-                Ok(Response::new().with_output(Tensor::from_i64(
-                    "previous",
-                    &[1],
-                    &[previous as i64],
-                )))
+                Ok(Response::new().with_output(Tensor::from_i64("previous", &[1], &[previous as i64])))
             }
             "load-model" => {
                 let name = request.parameter("model").unwrap_or("");
@@ -65,12 +53,8 @@ impl Handler for Hostile {
             }
             "load-bytes" => {
                 use sluice_guest::__private::bindings::wasi::nn::graph;
-                graph::load(
-                    &[vec![0u8; 16]],
-                    graph::GraphEncoding::Onnx,
-                    graph::ExecutionTarget::Cpu,
-                )
-                .map_err(|e| Error::model(e.data()))?;
+                graph::load(&[vec![0u8; 16]], graph::GraphEncoding::Onnx, graph::ExecutionTarget::Cpu)
+                    .map_err(|e| Error::model(e.data()))?;
                 Ok(Response::new())
             }
             other => Err(Error::invalid_input(format!("unknown mode '{other}'"))),

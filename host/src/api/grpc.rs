@@ -1,0 +1,296 @@
+//! OIP over gRPC (`inference.GRPCInferenceService`, tonic): the same resolution, limits,
+//! inference and error table as HTTP. Inputs arrive as typed `contents` or as
+//! `raw_input_contents`; outputs always go back as `raw_output_contents`, as Triton does
+//! (its client reads only those). `authorization: Bearer` metadata names the tenant; the
+//! `grpc-timeout` deadline bounds the guest and the model queue.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use super::error::{ApiError, ErrorKind};
+use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
+use super::{infer, metadata, raw};
+use crate::nn::tensor::ElementType;
+use crate::serve::{ServingState, TenantState};
+
+/// Code generated from `proto/grpc_predict_v2.proto`.
+#[allow(missing_docs, clippy::all, unused_qualifications)] // generated code
+pub mod proto {
+    tonic::include_proto!("inference");
+}
+
+use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::*;
+
+/// The gRPC service, with message limits raised for tensors.
+pub fn service(state: Arc<ServingState>, max_message_bytes: usize) -> GrpcInferenceServiceServer<GrpcApi> {
+    GrpcInferenceServiceServer::new(GrpcApi { state })
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
+}
+
+pub struct GrpcApi {
+    state: Arc<ServingState>,
+}
+
+impl From<ApiError> for Status {
+    fn from(error: ApiError) -> Self {
+        let code = match error.kind {
+            ErrorKind::NotFound => tonic::Code::NotFound,
+            ErrorKind::InvalidInput => tonic::Code::InvalidArgument,
+            ErrorKind::PayloadTooLarge | ErrorKind::QuotaExceeded => tonic::Code::ResourceExhausted,
+            ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
+            ErrorKind::Overloaded => tonic::Code::Unavailable,
+            ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            ErrorKind::GuestResource => tonic::Code::ResourceExhausted,
+            ErrorKind::GuestFailure | ErrorKind::ModelFailure | ErrorKind::Internal => tonic::Code::Internal,
+        };
+        Status::new(code, error.message)
+    }
+}
+
+impl GrpcApi {
+    fn tenant<T>(&self, request: &Request<T>) -> Result<&TenantState, ApiError> {
+        let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        super::http::tenant_for_key(&self.state, authorization)
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for GrpcApi {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse { ready: true }))
+    }
+
+    async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let message = request.get_ref();
+        infer::resolve(tenant, &message.name, version(&message.version))?;
+        Ok(Response::new(ModelReadyResponse { ready: true }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        let server = metadata::server();
+        Ok(Response::new(ServerMetadataResponse {
+            name: server.name.to_string(),
+            version: server.version.to_string(),
+            extensions: server.extensions.iter().map(|e| e.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let message = request.get_ref();
+        let target = infer::resolve(tenant, &message.name, version(&message.version))?;
+        let meta = metadata::model(&message.name, &target);
+        let tensor = |t: crate::registry::manifest::TensorMetadata| model_metadata_response::TensorMetadata {
+            name: t.name,
+            datatype: t.datatype,
+            shape: t.shape,
+        };
+        Ok(Response::new(ModelMetadataResponse {
+            name: meta.name,
+            versions: meta.versions,
+            platform: meta.platform,
+            inputs: meta.inputs.into_iter().map(tensor).collect(),
+            outputs: meta.outputs.into_iter().map(tensor).collect(),
+        }))
+    }
+
+    async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
+        let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
+        let message = request.into_inner();
+        let limits = TensorLimits { max_elements: tenant.tenant.quotas.max_tensor_elements };
+        let name = message.model_name.clone();
+        let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());
+        let valid = parse_infer_request(message, limits)?;
+        let outcome = infer::infer(&self.state, tenant, &name, pinned.as_deref(), valid, client_timeout).await?;
+        Ok(Response::new(encode_response(outcome)))
+    }
+}
+
+/// How much earlier than the client's deadline Sluice gives up, so its own
+/// DEADLINE_EXCEEDED (with a message) reaches the client rather than a bare cancellation.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(10);
+
+fn version(version: &str) -> Option<&str> {
+    (!version.is_empty()).then_some(version)
+}
+
+/// The `grpc-timeout` header (`<digits><unit>`, units H M S m u n).
+fn grpc_timeout<T>(request: &Request<T>) -> Option<Duration> {
+    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+fn parameter_text(parameter: &InferParameter) -> Option<String> {
+    use infer_parameter::ParameterChoice;
+    Some(match parameter.parameter_choice.as_ref()? {
+        ParameterChoice::BoolParam(v) => v.to_string(),
+        ParameterChoice::Int64Param(v) => v.to_string(),
+        ParameterChoice::StringParam(v) => v.clone(),
+        ParameterChoice::DoubleParam(v) => v.to_string(),
+        ParameterChoice::Uint64Param(v) => v.to_string(),
+    })
+}
+
+fn parameters(map: &HashMap<String, InferParameter>) -> Vec<(String, String)> {
+    let mut parameters: Vec<(String, String)> =
+        map.iter().filter_map(|(k, v)| parameter_text(v).map(|text| (k.clone(), text))).collect();
+    parameters.sort();
+    parameters
+}
+
+/// Turn a wire request into a validated one.
+pub fn parse_infer_request(message: ModelInferRequest, limits: TensorLimits) -> Result<ValidInferRequest, ApiError> {
+    let use_raw = !message.raw_input_contents.is_empty();
+    if use_raw && message.raw_input_contents.len() != message.inputs.len() {
+        return Err(ApiError::invalid(format!(
+            "raw_input_contents has {} entries for {} inputs; send one per input or none",
+            message.raw_input_contents.len(),
+            message.inputs.len()
+        )));
+    }
+    let mut raw_contents = message.raw_input_contents.into_iter();
+    let mut inputs = Vec::with_capacity(message.inputs.len());
+    for input in message.inputs {
+        let name = input.name;
+        let datatype = Datatype::parse(&input.datatype)
+            .ok_or_else(|| ApiError::invalid(format!("input '{name}': unknown datatype '{}'", input.datatype)))?;
+        let shape = input.shape.iter().map(|&d| u64::try_from(d)).collect::<Result<Vec<u64>, _>>().map_err(|_| {
+            ApiError::invalid(format!("input '{name}': shape {:?} has a negative dimension", input.shape))
+        })?;
+        let elements = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX);
+        let payload = match raw_contents.next() {
+            Some(bytes) => raw::decode(datatype, elements, &bytes, &name).map_err(ApiError::invalid)?,
+            None => typed_contents(datatype, input.contents.unwrap_or_default(), &name)?,
+        };
+        if inputs.iter().any(|i: &ValidTensor| i.name == name) {
+            return Err(ApiError::invalid(format!("input '{name}' is given twice")));
+        }
+        inputs.push(ValidTensor::new(name, datatype, shape, payload, limits).map_err(ApiError::invalid)?);
+    }
+    let requested_outputs =
+        (!message.outputs.is_empty()).then(|| message.outputs.into_iter().map(|o| o.name).collect());
+    Ok(ValidInferRequest {
+        id: (!message.id.is_empty()).then_some(message.id),
+        inputs,
+        parameters: parameters(&message.parameters),
+        requested_outputs,
+    })
+}
+
+fn typed_contents(datatype: Datatype, contents: InferTensorContents, name: &str) -> Result<Payload, ApiError> {
+    fn le<T: Copy, const N: usize>(values: &[T], to_bytes: impl Fn(T) -> [u8; N]) -> Payload {
+        Payload::Fixed(values.iter().flat_map(|&v| to_bytes(v)).collect())
+    }
+    let out_of_range = || ApiError::invalid(format!("input '{name}': a value is out of range for its datatype"));
+    let ty = match datatype {
+        Datatype::Bytes => return Ok(Payload::Bytes(contents.bytes_contents)),
+        Datatype::Fixed(ty) => ty,
+    };
+    Ok(match ty {
+        ElementType::Bool => Payload::Fixed(contents.bool_contents.iter().map(|&b| u8::from(b)).collect()),
+        ElementType::I32 => le(&contents.int_contents, i32::to_le_bytes),
+        ElementType::I16 => Payload::Fixed(
+            contents
+                .int_contents
+                .iter()
+                .map(|&v| i16::try_from(v).map(i16::to_le_bytes))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| out_of_range())?
+                .concat(),
+        ),
+        ElementType::I8 => Payload::Fixed(
+            contents
+                .int_contents
+                .iter()
+                .map(|&v| i8::try_from(v).map(|b| b as u8))
+                .collect::<Result<_, _>>()
+                .map_err(|_| out_of_range())?,
+        ),
+        ElementType::I64 => le(&contents.int64_contents, i64::to_le_bytes),
+        ElementType::U32 => le(&contents.uint_contents, u32::to_le_bytes),
+        ElementType::U16 => Payload::Fixed(
+            contents
+                .uint_contents
+                .iter()
+                .map(|&v| u16::try_from(v).map(u16::to_le_bytes))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| out_of_range())?
+                .concat(),
+        ),
+        ElementType::U8 => Payload::Fixed(
+            contents
+                .uint_contents
+                .iter()
+                .map(|&v| u8::try_from(v))
+                .collect::<Result<_, _>>()
+                .map_err(|_| out_of_range())?,
+        ),
+        ElementType::U64 => le(&contents.uint64_contents, u64::to_le_bytes),
+        ElementType::F32 => le(&contents.fp32_contents, f32::to_le_bytes),
+        ElementType::F64 => le(&contents.fp64_contents, f64::to_le_bytes),
+        ElementType::F16 | ElementType::BF16 => {
+            return Err(ApiError::invalid(format!("input '{name}': {ty} data must be sent in raw_input_contents")));
+        }
+    })
+}
+
+/// Encode a result with `raw_output_contents`, one entry per output.
+pub fn encode_response(outcome: InferOutcome) -> ModelInferResponse {
+    let mut raw_output_contents = Vec::with_capacity(outcome.outputs.len());
+    let outputs = outcome
+        .outputs
+        .into_iter()
+        .map(|output| {
+            raw_output_contents.push(raw::encode(&output.payload));
+            model_infer_response::InferOutputTensor {
+                name: output.name,
+                datatype: output.datatype.name().to_string(),
+                shape: output.shape.iter().map(|&d| d as i64).collect(),
+                parameters: HashMap::new(),
+                contents: None,
+            }
+        })
+        .collect();
+    ModelInferResponse {
+        model_name: outcome.model_name,
+        model_version: outcome.model_version,
+        id: outcome.id.unwrap_or_default(),
+        parameters: outcome
+            .parameters
+            .into_iter()
+            .map(|(k, v)| {
+                (k, InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(v)) })
+            })
+            .collect(),
+        outputs,
+        raw_output_contents,
+    }
+}

@@ -1,0 +1,65 @@
+//! Raw tensor bytes as the binary protocols carry them (gRPC `raw_*_contents`, the HTTP
+//! binary tensor extension): little-endian elements, and for BYTES a 4-byte little-endian
+//! length before each element, as Triton encodes them.
+
+use super::types::{Datatype, Payload};
+
+/// Split raw bytes into the payload of a tensor with `elements` elements.
+pub fn decode(datatype: Datatype, elements: u64, bytes: &[u8], name: &str) -> Result<Payload, String> {
+    match datatype {
+        Datatype::Fixed(_) => Ok(Payload::Fixed(bytes.to_vec())),
+        Datatype::Bytes => {
+            let mut items = Vec::with_capacity(elements.min(1 << 20) as usize);
+            let mut rest = bytes;
+            while !rest.is_empty() {
+                let Some((length, tail)) = rest.split_first_chunk::<4>() else {
+                    return Err(format!("input '{name}': BYTES data ends inside a 4-byte length prefix"));
+                };
+                let length = u32::from_le_bytes(*length) as usize;
+                if tail.len() < length {
+                    return Err(format!(
+                        "input '{name}': a BYTES element declares {length} bytes but only {} remain",
+                        tail.len()
+                    ));
+                }
+                items.push(tail[..length].to_vec());
+                rest = &tail[length..];
+            }
+            Ok(Payload::Bytes(items))
+        }
+    }
+}
+
+/// Encode a payload as raw bytes.
+pub fn encode(payload: &Payload) -> Vec<u8> {
+    match payload {
+        Payload::Fixed(bytes) => bytes.clone(),
+        Payload::Bytes(items) => {
+            let mut out = Vec::with_capacity(items.iter().map(|i| i.len() + 4).sum());
+            for item in items {
+                out.extend_from_slice(&(item.len() as u32).to_le_bytes());
+                out.extend_from_slice(item);
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_elements_round_trip_with_length_prefixes() {
+        let payload = Payload::Bytes(vec![b"ab".to_vec(), Vec::new(), b"xyz".to_vec()]);
+        let raw = encode(&payload);
+        assert_eq!(&raw[..6], &[2, 0, 0, 0, b'a', b'b']);
+        assert_eq!(decode(Datatype::Bytes, 3, &raw, "t"), Ok(payload));
+    }
+
+    #[test]
+    fn truncated_bytes_are_refused_with_a_reason() {
+        assert!(decode(Datatype::Bytes, 1, &[5, 0, 0, 0, b'a'], "t").expect_err("short").contains("declares 5 bytes"));
+        assert!(decode(Datatype::Bytes, 1, &[5, 0], "t").expect_err("cut").contains("length prefix"));
+    }
+}

@@ -1,0 +1,203 @@
+//! OIP over gRPC with tonic's client: every method, typed and raw tensors, and the error
+//! codes, which carry the same messages as HTTP.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use sluice::api::grpc::proto::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use sluice::api::grpc::proto::*;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::support::*;
+
+const KEY: &str = "test-key-acme";
+const OTHER: &str = "test-key-beta";
+
+fn tenants() -> Tenants {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += &model_entry("magika-v3", &magika_model(), None);
+    acme += &app_entry("digits", &guest("digits"));
+    acme += &app_entry("magika", &guest("magika"));
+    acme += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("acme.toml", &acme);
+    tenants.write("beta.toml", &tenant_header("beta", OTHER, ""));
+    tenants
+}
+
+async fn client(server: &Server) -> GrpcInferenceServiceClient<Channel> {
+    GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects")
+}
+
+fn authed<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().expect("ascii"));
+    request
+}
+
+fn input(name: &str, datatype: &str, shape: &[i64], contents: Option<InferTensorContents>) -> InferInputTensor {
+    InferInputTensor {
+        name: name.into(),
+        datatype: datatype.into(),
+        shape: shape.to_vec(),
+        parameters: Default::default(),
+        contents,
+    }
+}
+
+fn infer(model: &str, inputs: Vec<InferInputTensor>, raw: Vec<Vec<u8>>) -> ModelInferRequest {
+    ModelInferRequest { model_name: model.into(), inputs, raw_input_contents: raw, ..Default::default() }
+}
+
+fn raw_i64(bytes: &[u8]) -> Vec<i64> {
+    bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+}
+
+fn output_index(response: &ModelInferResponse, name: &str) -> usize {
+    response.outputs.iter().position(|o| o.name == name).unwrap_or_else(|| panic!("no output {name}"))
+}
+
+#[tokio::test]
+async fn health_and_metadata_over_grpc() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = client(&server).await;
+
+    assert!(grpc.server_live(ServerLiveRequest {}).await.expect("live").into_inner().live);
+    assert!(grpc.server_ready(ServerReadyRequest {}).await.expect("ready").into_inner().ready);
+    assert_eq!(grpc.server_metadata(ServerMetadataRequest {}).await.expect("meta").into_inner().name, "sluice");
+
+    let ready = ModelReadyRequest { name: "digits".into(), version: String::new() };
+    assert!(grpc.model_ready(authed(ready.clone(), KEY)).await.expect("ready").into_inner().ready);
+    assert_eq!(
+        grpc.model_ready(tonic::Request::new(ready.clone())).await.expect_err("no key").code(),
+        Code::Unauthenticated
+    );
+    assert_eq!(grpc.model_ready(authed(ready, OTHER)).await.expect_err("foreign").code(), Code::NotFound);
+
+    let meta = grpc
+        .model_metadata(authed(ModelMetadataRequest { name: "digits-mlp".into(), version: "1".into() }, KEY))
+        .await
+        .expect("metadata")
+        .into_inner();
+    assert_eq!((meta.platform.as_str(), meta.versions.clone()), ("onnxruntime_onnx", vec!["1".to_string()]));
+    assert_eq!((meta.inputs[0].name.as_str(), meta.inputs[0].datatype.as_str()), ("X", "FP32"));
+    assert_eq!(meta.inputs[0].shape, vec![-1, 64]);
+}
+
+#[tokio::test]
+async fn infer_with_raw_and_typed_tensors() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = client(&server).await;
+    let digits = heldout_digits();
+    let pixels: Vec<u8> = digits[..4].iter().flat_map(|(p, _)| p.clone()).collect();
+    let labels: Vec<i64> = digits[..4].iter().map(|(_, l)| *l).collect();
+
+    // Raw input bytes, as tritonclient sends them; outputs come back raw.
+    let request = infer("digits", vec![input("image", "UINT8", &[4, 64], None)], vec![pixels.clone()]);
+    let response = grpc.model_infer(authed(request, KEY)).await.expect("raw infer").into_inner();
+    let label = output_index(&response, "label");
+    assert_eq!(response.outputs[label].shape, vec![4]);
+    assert_eq!(raw_i64(&response.raw_output_contents[label]), labels);
+
+    // Typed contents give the same answer.
+    let contents =
+        InferTensorContents { uint_contents: pixels.iter().map(|&p| u32::from(p)).collect(), ..Default::default() };
+    let mut request = infer("digits", vec![input("image", "UINT8", &[4, 64], Some(contents))], Vec::new());
+    request.outputs = vec![InferRequestedOutputTensor { name: "label".into(), parameters: Default::default() }];
+    request.id = "grpc-1".into();
+    let response = grpc.model_infer(authed(request, KEY)).await.expect("typed infer").into_inner();
+    assert_eq!((response.id.as_str(), response.outputs.len()), ("grpc-1", 1));
+    assert_eq!(raw_i64(&response.raw_output_contents[0]), labels);
+
+    // A plain model with FP32 contents.
+    let scaled: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+    let contents = InferTensorContents { fp32_contents: scaled, ..Default::default() };
+    let request = infer("digits-mlp", vec![input("X", "FP32", &[4, 64], Some(contents))], Vec::new());
+    let response = grpc.model_infer(authed(request, KEY)).await.expect("plain infer").into_inner();
+    assert_eq!(raw_i64(&response.raw_output_contents[output_index(&response, "label")]), labels);
+
+    // BYTES in raw form: a 4-byte little-endian length before each element.
+    let document = json!({ "name": "sluice", "values": [1, 2, 3], "nested": { "ok": true, "list": ["a", "b"] } });
+    let text = serde_json::to_string_pretty(&document).expect("json").into_bytes();
+    let mut raw = (text.len() as u32).to_le_bytes().to_vec();
+    raw.extend_from_slice(&text);
+    let request = infer("magika", vec![input("file", "BYTES", &[1], None)], vec![raw]);
+    let response = grpc.model_infer(authed(request, KEY)).await.expect("bytes infer").into_inner();
+    let label_bytes = &response.raw_output_contents[output_index(&response, "label")];
+    assert_eq!(&label_bytes[4..], b"json");
+}
+
+#[tokio::test]
+async fn errors_carry_the_same_codes_and_messages_as_http() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = client(&server).await;
+
+    let wrong_type = InferTensorContents { int_contents: vec![1; 64], ..Default::default() };
+    let request = infer("digits-mlp", vec![input("X", "INT32", &[1, 64], Some(wrong_type))], Vec::new());
+    let status = grpc.model_infer(authed(request, KEY)).await.expect_err("wrong datatype");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let (http_status, body) = server
+        .infer(
+            "digits-mlp",
+            KEY,
+            &json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "INT32", "data": vec![1; 64] }] }),
+        )
+        .await;
+    assert_eq!(http_status, 400);
+    assert_eq!(status.message(), error_message(&body), "one message for one failure");
+
+    let request = infer("nope", Vec::new(), Vec::new());
+    assert_eq!(grpc.model_infer(authed(request, KEY)).await.expect_err("unknown").code(), Code::NotFound);
+
+    let request = infer("digits", vec![input("image", "UINT8", &[64], None)], vec![vec![0; 64], vec![0; 64]]);
+    let status = grpc.model_infer(authed(request, KEY)).await.expect_err("two raw entries for one input");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("raw_input_contents has 2 entries for 1 inputs"), "{}", status.message());
+
+    let trap = ModelInferRequest {
+        model_name: "hostile".into(),
+        parameters: [(
+            "mode".to_string(),
+            InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("trap".into())) },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let status = grpc.model_infer(authed(trap, KEY)).await.expect_err("trap");
+    assert_eq!(status.code(), Code::Internal);
+    assert!(status.message().contains("hostile guest panicked on purpose"), "{}", status.message());
+}
+
+#[tokio::test]
+async fn the_grpc_timeout_bounds_the_guest() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = client(&server).await;
+    let looping = ModelInferRequest {
+        model_name: "hostile".into(),
+        parameters: [(
+            "mode".to_string(),
+            InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("loop".into())) },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let mut request = authed(looping, KEY);
+    request.set_timeout(Duration::from_millis(300));
+    let started = Instant::now();
+    let status = grpc.model_infer(request).await.expect_err("deadline");
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?}; the tenant deadline is 2 s",
+        started.elapsed()
+    );
+    // The server keeps serving.
+    assert!(grpc.server_live(ServerLiveRequest {}).await.expect("live").into_inner().live);
+}
