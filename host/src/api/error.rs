@@ -125,6 +125,12 @@ impl IntoResponse for ApiError {
         }
         let mut response =
             (self.kind.status(), axum::Json(serde_json::json!({ "error": self.message }))).into_response();
+        if self.kind == ErrorKind::PayloadTooLarge {
+            // The unread rest of the body makes the connection unusable: tell the client.
+            response
+                .headers_mut()
+                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
         if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }

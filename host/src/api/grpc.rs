@@ -124,9 +124,9 @@ impl GrpcInferenceService for GrpcApi {
     }
 }
 
-/// How much earlier than the client's deadline Sluice gives up, so its own
+/// At most how much earlier than the client's deadline (a tenth of it) Sluice gives up, so its own
 /// DEADLINE_EXCEEDED (with a message) reaches the client rather than a bare cancellation.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(10);
+const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
 
 fn version(version: &str) -> Option<&str> {
     (!version.is_empty()).then_some(version)
