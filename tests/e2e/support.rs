@@ -30,20 +30,41 @@ pub fn sha256_text(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
+fn run(command: &mut Command) {
+    let status = command.status().unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    assert!(status.success(), "{command:?} failed; the tests need python3 with venv and pip, and PyPI");
+}
+
+/// The project's `.venv` (created on first use); one creation at a time across tests.
+fn venv_python() -> PathBuf {
+    static CREATED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = CREATED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let venv = repo_root().join(".venv");
+    let python = venv.join("bin/python3");
+    if !python.exists() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
+    }
+    python
+}
+
+/// The `.venv` python with these pip requirements installed (pip is quick when they are).
+pub fn python_with(requirements: &[&str]) -> PathBuf {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let python = venv_python();
+    let _guard = INSTALL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(requirements));
+    python
+}
+
 /// The ONNX Runtime library from the pinned `onnxruntime` wheel, installed into the
 /// project's `.venv` on first use.
 pub fn onnxruntime_library() -> &'static Path {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
     LIBRARY.get_or_init(|| {
         let venv = repo_root().join(".venv");
-        let python = venv.join("bin/python3");
-        let run = |command: &mut Command| {
-            let status = command.status().unwrap_or_else(|e| panic!("running {command:?}: {e}"));
-            assert!(status.success(), "{command:?} failed; the tests need python3 with venv and pip, and PyPI");
-        };
-        if !python.exists() {
-            run(Command::new("python3").args(["-m", "venv"]).arg(&venv));
-        }
+        let python = venv_python();
         let capi = venv.join("lib").read_dir().ok().into_iter().flatten().flatten().find_map(|entry| {
             let capi = entry.path().join("site-packages/onnxruntime/capi");
             capi.join(format!("libonnxruntime.so.{ONNXRUNTIME_VERSION}")).exists().then_some(capi)
@@ -51,14 +72,7 @@ pub fn onnxruntime_library() -> &'static Path {
         let capi = match capi {
             Some(capi) => capi,
             None => {
-                run(Command::new(&python).args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    &format!("onnxruntime=={ONNXRUNTIME_VERSION}"),
-                ]));
+                python_with(&[&format!("onnxruntime=={ONNXRUNTIME_VERSION}")]);
                 let output = Command::new(&python)
                     .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
                     .output()

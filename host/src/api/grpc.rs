@@ -27,7 +27,12 @@ use proto::*;
 
 /// The gRPC service, with message limits raised for tensors.
 pub fn service(state: Arc<ServingState>, max_message_bytes: usize) -> GrpcInferenceServiceServer<GrpcApi> {
+    use tonic::codec::CompressionEncoding::{Deflate, Gzip};
     GrpcInferenceServiceServer::new(GrpcApi { state })
+        .accept_compressed(Gzip)
+        .accept_compressed(Deflate)
+        .send_compressed(Gzip)
+        .send_compressed(Deflate)
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes)
 }

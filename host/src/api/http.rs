@@ -38,7 +38,9 @@ pub fn router(state: Shared) -> axum::Router {
         .fallback(|| async {
             ApiError::not_found("no such endpoint; see the Open Inference Protocol REST paths under /v2")
         })
+        // tritonclient may compress requests and ask for compressed responses.
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
+        .layer(tower_http::compression::CompressionLayer::new())
         .with_state(state)
 }
 
