@@ -7,6 +7,7 @@
 //! - [`runtime`]: wasmtime engine, compiled-component cache, per-request stores and limits.
 //! - [`nn`]: the host's `wasi:nn`, the per-model batch queues and the backends.
 //! - [`registry`]: tenant manifests, verified models and components.
+//! - [`telemetry`]: per-model statistics.
 //! - [`serve`]: wires the pieces into a running server.
 
 pub mod api;
@@ -15,4 +16,5 @@ pub mod registry;
 pub mod rollout;
 pub mod runtime;
 pub mod serve;
+pub mod telemetry;
 pub mod tenancy;

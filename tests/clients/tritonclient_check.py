@@ -67,6 +67,15 @@ def run(client, module, headers, images, labels, flavour):
     label = result.as_numpy("label")[0]
     check(label in (b"json", "json"), f"{flavour}: magika said {label!r}")
 
+    # Triton's configuration and statistics extensions.
+    config = client.get_model_config("digits-mlp", headers=headers)
+    config = config if isinstance(config, dict) else {"max_batch_size": config.config.max_batch_size}
+    config = config.get("config", config)
+    check(config["max_batch_size"] > 0, f"{flavour}: model config {config}")
+    stats = client.get_inference_statistics("digits-mlp", headers=headers)
+    stats = stats if isinstance(stats, dict) else {"model_stats": [{"inference_count": stats.model_stats[0].inference_count}]}
+    check(int(stats["model_stats"][0]["inference_count"]) >= len(labels), f"{flavour}: statistics {stats}")
+
     # An error surfaces as the client's exception with Sluice's message.
     return expect_error(lambda: client.infer("no-such-model", [image], headers=headers), "model 'no-such-model' not found")
 

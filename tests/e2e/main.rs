@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod clients;
+mod extensions;
 mod grpc;
 mod hostile;
 mod isolation;

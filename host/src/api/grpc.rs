@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::error::{ApiError, ErrorKind};
 use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
-use super::{infer, metadata, raw};
+use super::{infer, metadata, raw, triton};
 use crate::nn::tensor::ElementType;
 use crate::serve::{ServingState, TenantState};
 
@@ -115,6 +115,79 @@ impl GrpcInferenceService for GrpcApi {
         }))
     }
 
+    async fn model_config(
+        &self,
+        request: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let message = request.get_ref();
+        let target = infer::resolve(tenant, &message.name, version(&message.version))?;
+        let config = triton::config(&message.name, &target);
+        let input = config
+            .input
+            .into_iter()
+            .map(|t| ModelInput { name: t.name, data_type: triton_type_number(&t.data_type), dims: t.dims })
+            .collect();
+        let output = config
+            .output
+            .into_iter()
+            .map(|t| ModelOutput { name: t.name, data_type: triton_type_number(&t.data_type), dims: t.dims })
+            .collect();
+        let instance_group = config
+            .instance_group
+            .into_iter()
+            .map(|g| ModelInstanceGroup { name: g.name, count: g.count, kind: model_instance_group::Kind::Cpu as i32 })
+            .collect();
+        Ok(Response::new(ModelConfigResponse {
+            config: Some(ModelConfig {
+                name: config.name,
+                platform: config.platform,
+                backend: config.backend,
+                max_batch_size: config.max_batch_size,
+                input,
+                output,
+                instance_group,
+                dynamic_batching: config.dynamic_batching.map(|d| ModelDynamicBatching {
+                    preferred_batch_size: d.preferred_batch_size,
+                    max_queue_delay_microseconds: d.max_queue_delay_microseconds,
+                }),
+            }),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let message = request.get_ref();
+        let target = infer::resolve(tenant, &message.name, version(&message.version))?;
+        let duration = |d: triton::Duration| Some(StatisticDuration { count: d.count, ns: d.ns });
+        let model_stats = triton::statistics(&message.name, &target)
+            .model_stats
+            .into_iter()
+            .map(|m| ModelStatistics {
+                name: m.name,
+                version: m.version,
+                last_inference: m.last_inference,
+                inference_count: m.inference_count,
+                execution_count: m.execution_count,
+                inference_stats: Some(InferStatistics {
+                    success: duration(m.inference_stats.success),
+                    fail: duration(m.inference_stats.fail),
+                    queue: duration(m.inference_stats.queue),
+                    compute_input: duration(m.inference_stats.compute_input),
+                    compute_infer: duration(m.inference_stats.compute_infer),
+                    compute_output: duration(m.inference_stats.compute_output),
+                    cache_hit: duration(m.inference_stats.cache_hit),
+                    cache_miss: duration(m.inference_stats.cache_miss),
+                }),
+                batch_stats: Vec::new(),
+            })
+            .collect();
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
+    }
+
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let tenant = self.tenant(&request)?;
         // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
@@ -132,6 +205,10 @@ impl GrpcInferenceService for GrpcApi {
 /// At most how much earlier than the client's deadline (a tenth of it) Sluice gives up, so its own
 /// DEADLINE_EXCEEDED (with a message) reaches the client rather than a bare cancellation.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
+
+fn triton_type_number(name: &str) -> i32 {
+    DataType::from_str_name(name).map_or(DataType::TypeInvalid as i32, |t| t as i32)
+}
 
 fn version(version: &str) -> Option<&str> {
     (!version.is_empty()).then_some(version)

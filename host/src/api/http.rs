@@ -32,6 +32,10 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/versions/{version}", get(model_metadata))
         .route("/v2/models/{model}/ready", get(model_ready))
+        .route("/v2/models/{model}/config", get(model_config))
+        .route("/v2/models/{model}/versions/{version}/config", get(model_config))
+        .route("/v2/models/{model}/stats", get(model_stats))
+        .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
         .route("/v2/models/{model}/infer", post(model_infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(model_infer))
@@ -83,6 +87,26 @@ async fn model_ready(
     let tenant = authenticate(&state, &headers)?;
     infer::resolve(tenant, &path.model, path.version.as_deref())?;
     Ok(Json(serde_json::json!({ "name": path.model, "ready": true })).into_response())
+}
+
+async fn model_config(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
+    Ok(Json(super::triton::config(&path.model, &target)).into_response())
+}
+
+async fn model_stats(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
+    Ok(Json(super::triton::statistics(&path.model, &target)).into_response())
 }
 
 async fn model_infer(

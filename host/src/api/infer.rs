@@ -111,7 +111,11 @@ pub async fn infer(
                     parameters: request.parameters,
                 },
             };
-            let response = state.runtime.invoke(prepared, call).await?;
+            let started = std::time::Instant::now();
+            let response = state.runtime.invoke(prepared, call).await;
+            let rows = response.as_ref().ok().and_then(|r| r.outputs.first()).and_then(|t| t.shape.first().copied());
+            app.stats.request(response.is_ok(), started.elapsed(), rows.unwrap_or(1));
+            let response = response?;
             let outputs =
                 response.outputs.into_iter().map(ValidTensor::from_guest).collect::<Result<Vec<_>, _>>().map_err(
                     |e| {

@@ -1,7 +1,8 @@
 //! The client-facing API: OIP over HTTP ([`http`]) with JSON tensors and the binary
 //! extension ([`json`], [`raw`]) and over gRPC ([`grpc`]), the
 //! validated request types every protocol shares ([`types`]), protocol-neutral inference
-//! ([`infer`]), model metadata ([`metadata`]) and the one error table ([`error`]).
+//! ([`infer`]), model metadata ([`metadata`]), Triton's configuration and statistics
+//! extensions ([`triton`]) and the one error table ([`error`]).
 
 pub mod error;
 pub mod grpc;
@@ -10,4 +11,5 @@ pub mod infer;
 pub mod json;
 pub mod metadata;
 pub mod raw;
+pub mod triton;
 pub mod types;

@@ -15,7 +15,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::backend::Backend;
 use super::models::{LoadedModel, TenantModels};
-use super::scheduler::{ComputeError, ModelQueue, QueueSettings};
+use super::scheduler::{ComputeError, QueueSettings};
 use super::tensor::{ElementType, Tensor};
 use crate::runtime::bindings::wasi::nn::{errors, graph, inference, tensor};
 
@@ -230,12 +230,7 @@ impl graph::Host for NnView<'_> {
         };
         let graph: Arc<dyn super::backend::Graph> = Arc::from(graph);
         let settings = QueueSettings { max_batch_rows: 1, max_delay: std::time::Duration::ZERO, capacity: 4 };
-        let model = Arc::new(LoadedModel {
-            sha256: String::new(),
-            backend: kind,
-            signature: graph.signature().clone(),
-            queue: ModelQueue::start("raw", graph, settings),
-        });
+        let model = Arc::new(LoadedModel::start("raw", String::new(), kind, graph, settings));
         Ok(Ok(self.table.push(HostGraph { name: "raw".to_string(), model })?))
     }
 

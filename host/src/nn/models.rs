@@ -10,13 +10,16 @@ use super::backend::{Backend, BackendKind, Backends, Graph, Signature};
 use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings};
 use crate::registry::ModelSpec;
 use crate::registry::ids::ModelName;
+use crate::telemetry::stats::ModelStats;
 
 /// A model loaded on a backend, with its queue.
 pub struct LoadedModel {
     pub sha256: String,
     pub backend: BackendKind,
     pub signature: Signature,
+    pub settings: QueueSettings,
     pub queue: ModelQueue,
+    pub stats: Arc<ModelStats>,
 }
 
 impl LoadedModel {
@@ -46,14 +49,39 @@ impl LoadedModel {
         Ok(())
     }
 
-    /// Check inputs, queue them and wait for outputs.
+    /// Start a model queue for a graph and wrap both.
+    pub fn start(
+        name: &str,
+        sha256: String,
+        backend: BackendKind,
+        graph: Arc<dyn Graph>,
+        settings: QueueSettings,
+    ) -> Self {
+        let stats = Arc::new(ModelStats::default());
+        Self {
+            sha256,
+            backend,
+            signature: graph.signature().clone(),
+            settings,
+            queue: ModelQueue::start(name, graph, settings, stats.clone()),
+            stats,
+        }
+    }
+
+    /// Check inputs, queue them and wait for outputs; the outcome is counted.
     pub async fn compute(
         &self,
         inputs: NamedTensors,
         deadline: tokio::time::Instant,
     ) -> Result<NamedTensors, ComputeError> {
-        self.check_inputs(&inputs).map_err(ComputeError::InvalidInput)?;
-        self.queue.compute(inputs, deadline).await
+        let started = Instant::now();
+        let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
+        let result = match self.check_inputs(&inputs) {
+            Ok(()) => self.queue.compute(inputs, deadline).await,
+            Err(message) => Err(ComputeError::InvalidInput(message)),
+        };
+        self.stats.request(result.is_ok(), started.elapsed(), rows);
+        result
     }
 }
 
@@ -117,13 +145,8 @@ impl ModelStore {
                 max_delay: Duration::from_micros(spec.batching.max_queue_delay_us),
                 capacity: spec.batching.max_queue_size,
             };
-            let queue = ModelQueue::start(spec.name.as_str(), graph.clone(), settings);
-            let model = Arc::new(LoadedModel {
-                sha256: spec.sha256.clone(),
-                backend: backend.kind(),
-                signature: graph.signature().clone(),
-                queue,
-            });
+            let model =
+                Arc::new(LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graph, settings));
             tracing::info!(
                 model = %spec.name,
                 backend = %backend.kind(),

@@ -11,12 +11,14 @@ use crate::nn::models::{ModelStore, TenantModels};
 use crate::registry::ids::{AppName, TenantId, VersionName};
 use crate::registry::{AppSpec, Registry, Tenant};
 use crate::runtime::{Prepared, Runtime};
+use crate::telemetry::stats::ModelStats;
 use crate::tenancy::Admission;
 
 /// One app with each version pre-linked.
 pub struct AppState {
     pub spec: AppSpec,
     pub versions: BTreeMap<VersionName, Prepared>,
+    pub stats: ModelStats,
 }
 
 /// One tenant's serving state.
@@ -69,7 +71,7 @@ impl ServingState {
                     versions.insert(version.clone(), prepared);
                 }
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.stable, versions = spec.versions.len(), "app serves");
-                apps.insert(name.clone(), AppState { spec: spec.clone(), versions });
+                apps.insert(name.clone(), AppState { spec: spec.clone(), versions, stats: ModelStats::default() });
             }
             let raw_backend = if tenant.quotas.allow_raw_model_load {
                 default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred())

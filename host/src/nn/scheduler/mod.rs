@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::backend::{BackendError, Graph};
 use super::tensor::Tensor;
+use crate::telemetry::stats::ModelStats;
 use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
 
 pub type NamedTensors = Vec<(String, Tensor)>;
@@ -58,7 +59,7 @@ pub struct ModelQueue {
 
 impl ModelQueue {
     /// Start the queue's actor on the current runtime.
-    pub fn start(model: &str, graph: Arc<dyn Graph>, settings: QueueSettings) -> Self {
+    pub fn start(model: &str, graph: Arc<dyn Graph>, settings: QueueSettings, stats: Arc<ModelStats>) -> Self {
         let policy = QueuePolicy {
             max_batch_rows: settings.max_batch_rows,
             max_delay: settings.max_delay,
@@ -66,7 +67,7 @@ impl ModelQueue {
         };
         let (sender, receiver) = mpsc::channel(settings.capacity);
         let model: Arc<str> = model.into();
-        tokio::spawn(run_queue(model.clone(), graph, policy, receiver));
+        tokio::spawn(run_queue(model.clone(), graph, policy, receiver, stats));
         Self { model, sender, capacity: settings.capacity }
     }
 
@@ -97,6 +98,7 @@ async fn run_queue(
     graph: Arc<dyn Graph>,
     policy: QueuePolicy,
     mut receiver: mpsc::Receiver<Queued<Job>>,
+    stats: Arc<ModelStats>,
 ) {
     let mut state = BatchQueue::new(policy);
     loop {
@@ -126,38 +128,57 @@ async fn run_queue(
             // Every handle is gone: run what is left without waiting for company, then stop.
             let everything_due = now + policy.max_delay;
             while let Some(batch) = state.pop_batch(everything_due) {
-                execute(&model, &graph, batch).await;
+                execute(&model, &graph, &stats, batch).await;
             }
             return;
         }
         while let Some(batch) = state.pop_batch(now) {
-            execute(&model, &graph, batch).await;
+            execute(&model, &graph, &stats, batch).await;
         }
     }
 }
 
 /// Run one batch and answer each of its jobs.
-async fn execute(model: &Arc<str>, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
+async fn execute(model: &Arc<str>, graph: &Arc<dyn Graph>, stats: &ModelStats, batch: Vec<Queued<Job>>) {
+    let started = std::time::Instant::now();
+    for job in &batch {
+        stats.queue.record(started.saturating_duration_since(job.enqueued));
+    }
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let (inputs, replies): (Vec<NamedTensors>, Vec<_>) =
         batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
     let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
 
-    let result = match stack(inputs) {
+    let stacked = stack(inputs);
+    let stacked_at = std::time::Instant::now();
+    let mut infer_time = Duration::ZERO;
+    let result = match stacked {
         Some(stacked) => {
             let graph = graph.clone();
-            match tokio::task::spawn_blocking(move || graph.run(stacked)).await {
-                Ok(Ok(outputs)) => Ok(outputs),
-                Ok(Err(BackendError::InvalidInput(message))) => Err(ComputeError::InvalidInput(message)),
-                Ok(Err(err)) => Err(backend_error(err.to_string())),
+            let run = tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                (graph.run(stacked), started.elapsed())
+            });
+            match run.await {
+                Ok((outcome, took)) => {
+                    infer_time = took;
+                    match outcome {
+                        Ok(outputs) => Ok(outputs),
+                        Err(BackendError::InvalidInput(message)) => Err(ComputeError::InvalidInput(message)),
+                        Err(err) => Err(backend_error(err.to_string())),
+                    }
+                }
                 Err(join) => Err(backend_error(format!("compute thread failed: {join}"))),
             }
         }
         None => Err(backend_error("batched inputs could not be stacked".to_string())),
     };
-    match result.and_then(|outputs| {
+    let unstack_started = std::time::Instant::now();
+    let split = result.and_then(|outputs| {
         unstack(outputs, &rows).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))
-    }) {
+    });
+    stats.execution(stacked_at - started, infer_time, unstack_started.elapsed());
+    match split {
         Ok(per_job) => {
             for (reply, outputs) in replies.into_iter().zip(per_job) {
                 let _ = reply.send(Ok(outputs));
