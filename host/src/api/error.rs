@@ -1,6 +1,6 @@
-//! The one error table: every failure a client can see, with its HTTP status (and, for the
-//! gRPC front end, its status code) and a bounded `kind` label. Messages say what failed
-//! and how to fix it; the same failure reads the same over every protocol.
+//! The one error table: every failure a client can see, with its HTTP status, its gRPC
+//! status code and a bounded `kind` label. Messages say what failed and how to fix it; the
+//! same failure reads the same over every protocol.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -48,6 +48,19 @@ impl ErrorKind {
             Self::GuestResource | Self::GuestFailure | Self::ModelFailure | Self::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+        }
+    }
+
+    /// The gRPC status code for the same failure.
+    pub fn grpc_code(self) -> tonic::Code {
+        match self {
+            Self::NotFound => tonic::Code::NotFound,
+            Self::InvalidInput => tonic::Code::InvalidArgument,
+            Self::Unauthenticated => tonic::Code::Unauthenticated,
+            Self::PayloadTooLarge | Self::QuotaExceeded | Self::GuestResource => tonic::Code::ResourceExhausted,
+            Self::Overloaded => tonic::Code::Unavailable,
+            Self::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            Self::GuestFailure | Self::ModelFailure | Self::Internal => tonic::Code::Internal,
         }
     }
 
@@ -115,6 +128,12 @@ impl From<GuestError> for ApiError {
             GuestError::OutOfMemory { .. } | GuestError::StackOverflow => ErrorKind::GuestResource,
         };
         Self::new(kind, error.to_string())
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(error: ApiError) -> Self {
+        tonic::Status::new(error.kind.grpc_code(), error.message)
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use super::error::{ApiError, ErrorKind};
+use super::error::ApiError;
 use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
 use super::{infer, metadata, raw, triton};
 use crate::nn::tensor::ElementType;
@@ -39,22 +39,6 @@ pub fn service(state: Arc<ServingState>, max_message_bytes: usize) -> GrpcInfere
 
 pub struct GrpcApi {
     state: Arc<ServingState>,
-}
-
-impl From<ApiError> for Status {
-    fn from(error: ApiError) -> Self {
-        let code = match error.kind {
-            ErrorKind::NotFound => tonic::Code::NotFound,
-            ErrorKind::InvalidInput => tonic::Code::InvalidArgument,
-            ErrorKind::PayloadTooLarge | ErrorKind::QuotaExceeded => tonic::Code::ResourceExhausted,
-            ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
-            ErrorKind::Overloaded => tonic::Code::Unavailable,
-            ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
-            ErrorKind::GuestResource => tonic::Code::ResourceExhausted,
-            ErrorKind::GuestFailure | ErrorKind::ModelFailure | ErrorKind::Internal => tonic::Code::Internal,
-        };
-        Status::new(code, error.message)
-    }
 }
 
 impl GrpcApi {
