@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph};
 use sluice::nn::host::NnCtx;
 use sluice::nn::models::TenantModels;
+use sluice::nn::scheduler::Share;
 use sluice::nn::tensor::{ElementType, Tensor};
 use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
 use sluice::serve::{ServeConfig, build_state};
@@ -67,7 +68,7 @@ async fn sandbox_cost() -> anyhow::Result<()> {
     for i in 0..(SANDBOX_CALLS + 500) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         let call = GuestCall {
-            nn: NnCtx::new(models.clone(), deadline, None, 64 << 20),
+            nn: NnCtx::new(models.clone(), Share { tenant: "bench".into(), weight: 1 }, deadline, None, 64 << 20),
             memory_bytes: 64 << 20,
             log: GuestLog { tenant: "bench".into(), app: "echo".into(), version: "1".into() },
             deadline,

@@ -10,6 +10,7 @@ use super::error::ApiError;
 use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::nn::host::{NnCtx, RawLoad};
 use crate::nn::models::LoadedModel;
+use crate::nn::scheduler::Share;
 use crate::registry::ids::VersionName;
 use crate::runtime::{GuestCall, InferRequest, Prepared};
 use crate::serve::{AppState, ServingState, TenantState};
@@ -71,6 +72,7 @@ pub async fn infer(
     let deadline = Instant::now() + budget;
     let budget_ms = budget.as_millis() as u64;
     let requested = request.requested_outputs.clone();
+    let share = Share { tenant: tenant.tenant.id.as_str().into(), weight: quotas.compute_weight };
     let version = target.version().to_string();
 
     let (outputs, parameters) = match target {
@@ -78,7 +80,7 @@ pub async fn infer(
             let inputs =
                 request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
             let outputs =
-                tokio::time::timeout_at(deadline, model.compute(inputs, deadline)).await.map_err(|_| {
+                tokio::time::timeout_at(deadline, model.compute(inputs, deadline, share)).await.map_err(|_| {
                     ApiError::new(
                         super::error::ErrorKind::DeadlineExceeded,
                         format!("the request exceeded its deadline of {budget_ms} ms"),
@@ -96,7 +98,7 @@ pub async fn infer(
                 max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
             });
             let call = GuestCall {
-                nn: NnCtx::new(tenant.models.clone(), deadline, raw_load, memory_bytes),
+                nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes),
                 memory_bytes,
                 log: crate::runtime::GuestLog {
                     tenant: tenant.tenant.id.to_string(),

@@ -15,7 +15,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::backend::Backend;
 use super::models::{LoadedModel, TenantModels};
-use super::scheduler::{ComputeError, QueueSettings};
+use super::scheduler::{ComputeError, QueueSettings, Share};
 use super::tensor::{ElementType, Tensor};
 use crate::runtime::bindings::wasi::nn::{errors, graph, inference, tensor};
 
@@ -47,6 +47,8 @@ pub struct HostError {
 /// Limits and namespace of one request's `wasi:nn` use.
 pub struct NnCtx {
     pub models: Arc<TenantModels>,
+    /// The calling tenant and its compute weight, for fair share in the model queues.
+    pub share: Share,
     pub deadline: tokio::time::Instant,
     /// Backend for raw `load`; `None` when the tenant may not load raw bytes.
     pub raw_load: Option<RawLoad>,
@@ -67,11 +69,12 @@ pub struct RawLoad {
 impl NnCtx {
     pub fn new(
         models: Arc<TenantModels>,
+        share: Share,
         deadline: tokio::time::Instant,
         raw_load: Option<RawLoad>,
         tensor_bytes_limit: usize,
     ) -> Self {
-        Self { models, deadline, raw_load, tensor_bytes_limit, tensor_bytes_live: 0, queue_failure: None }
+        Self { models, share, deadline, raw_load, tensor_bytes_limit, tensor_bytes_live: 0, queue_failure: None }
     }
 }
 
@@ -285,7 +288,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                 }
             }
         }
-        let outputs = match model.compute(named, self.ctx.deadline).await {
+        let outputs = match model.compute(named, self.ctx.deadline, self.ctx.share.clone()).await {
             Ok(outputs) => outputs,
             Err(err) => {
                 if matches!(err, ComputeError::Overloaded { .. } | ComputeError::DeadlineExceeded { .. }) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, BackendKind, Backends, Graph, Signature};
-use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings};
+use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Share};
 use crate::registry::ModelSpec;
 use crate::registry::ids::ModelName;
 use crate::telemetry::stats::ModelStats;
@@ -73,11 +73,12 @@ impl LoadedModel {
         &self,
         inputs: NamedTensors,
         deadline: tokio::time::Instant,
+        share: Share,
     ) -> Result<NamedTensors, ComputeError> {
         let started = Instant::now();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
         let result = match self.check_inputs(&inputs) {
-            Ok(()) => self.queue.compute(inputs, deadline).await,
+            Ok(()) => self.queue.compute(inputs, deadline, share).await,
             Err(message) => Err(ComputeError::InvalidInput(message)),
         };
         self.stats.request(result.is_ok(), started.elapsed(), rows);

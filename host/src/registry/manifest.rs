@@ -57,6 +57,8 @@ pub struct Quotas {
     pub allow_raw_model_load: bool,
     /// Largest model a guest may load from raw bytes.
     pub max_raw_model_bytes: u64,
+    /// The tenant's share of shared model queues relative to other tenants (fair share).
+    pub compute_weight: u32,
 }
 
 impl Default for Quotas {
@@ -69,6 +71,7 @@ impl Default for Quotas {
             max_concurrent_requests: 64,
             allow_raw_model_load: false,
             max_raw_model_bytes: 32 << 20,
+            compute_weight: 1,
         }
     }
 }

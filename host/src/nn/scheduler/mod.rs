@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::backend::{BackendError, Graph};
 use super::tensor::Tensor;
 use crate::telemetry::stats::ModelStats;
+pub use queue::Share;
 use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
 
 pub type NamedTensors = Vec<(String, Tensor)>;
@@ -72,7 +73,12 @@ impl ModelQueue {
     }
 
     /// Queue inputs (already checked against the model's signature) and wait for outputs.
-    pub async fn compute(&self, inputs: NamedTensors, deadline: Instant) -> Result<NamedTensors, ComputeError> {
+    pub async fn compute(
+        &self,
+        inputs: NamedTensors,
+        deadline: Instant,
+        share: Share,
+    ) -> Result<NamedTensors, ComputeError> {
         let model = self.model.to_string();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
         let (reply, answer) = oneshot::channel();
@@ -80,6 +86,7 @@ impl ModelQueue {
             key: shape_key(&inputs),
             payload: Job { inputs, reply },
             rows,
+            share,
             enqueued: Instant::now().into_std(),
             deadline: deadline.into_std(),
         };

@@ -1,12 +1,15 @@
 //! The batch-forming state of one model queue: a plain struct with pure methods, driven
 //! by the queue's actor task and unit-tested without async.
 //!
-//! In: jobs (named input tensors, row count, deadline). Out: batches of jobs whose inputs
-//! can be stacked along the first dimension, formed when enough rows wait or the oldest
-//! job has waited the maximum queue delay. Jobs past their deadline, or whose caller has
-//! gone, are dropped before compute.
+//! In: jobs (named input tensors, row count, deadline, tenant and its compute weight).
+//! Out: batches of jobs whose inputs can be stacked along the first dimension, formed when
+//! enough rows wait or the oldest job has waited the maximum queue delay. Jobs of one model
+//! from many tenants share batches; which tenant's jobs go next is decided by weighted
+//! deficit round robin over per-tenant lanes, so a tenant flooding the queue cannot starve
+//! another. Jobs past their deadline, or whose caller has gone, are dropped before compute.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::nn::tensor::{ElementType, Tensor};
@@ -22,12 +25,20 @@ pub fn shape_key(inputs: &[(String, Tensor)]) -> ShapeKey {
     key
 }
 
+/// Who a job is for, and that tenant's share of compute (`compute_weight`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    pub tenant: Arc<str>,
+    pub weight: u32,
+}
+
 /// A job as the queue state sees it; `P` is the caller's payload (inputs and reply).
 #[derive(Debug)]
 pub struct Queued<P> {
     pub payload: P,
     pub rows: usize,
     pub key: ShapeKey,
+    pub share: Share,
     pub enqueued: Instant,
     pub deadline: Instant,
 }
@@ -48,81 +59,133 @@ pub struct Dropped<P> {
     pub abandoned: usize,
 }
 
+/// One tenant's waiting jobs (oldest first) and its round-robin credit in rows.
+#[derive(Debug)]
+struct Lane<P> {
+    jobs: VecDeque<Queued<P>>,
+    weight: u64,
+    deficit: u64,
+}
+
 /// The queue of one model.
 #[derive(Debug)]
 pub struct BatchQueue<P> {
     policy: QueuePolicy,
-    jobs: VecDeque<Queued<P>>,
+    lanes: HashMap<Arc<str>, Lane<P>>,
+    /// Tenants with waiting jobs, in round-robin order; the front is being served.
+    ring: VecDeque<Arc<str>>,
+    rows: usize,
 }
 
 impl<P> BatchQueue<P> {
     pub fn new(policy: QueuePolicy) -> Self {
-        Self { policy, jobs: VecDeque::new() }
+        Self { policy, lanes: HashMap::new(), ring: VecDeque::new(), rows: 0 }
     }
 
     pub fn len(&self) -> usize {
-        self.jobs.len()
+        self.lanes.values().map(|lane| lane.jobs.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
+        self.ring.is_empty()
     }
 
     pub fn push(&mut self, job: Queued<P>) {
-        self.jobs.push_back(job);
+        self.rows += job.rows;
+        let tenant = job.share.tenant.clone();
+        let weight = u64::from(job.share.weight.max(1));
+        let lane =
+            self.lanes.entry(tenant.clone()).or_insert_with(|| Lane { jobs: VecDeque::new(), weight, deficit: 0 });
+        lane.weight = weight;
+        if lane.jobs.is_empty() {
+            self.ring.push_back(tenant);
+        }
+        lane.jobs.push_back(job);
     }
 
     /// Remove jobs past their deadline and jobs whose caller has gone.
     pub fn drop_stale(&mut self, now: Instant, caller_gone: impl Fn(&P) -> bool) -> Dropped<P> {
         let mut dropped = Dropped { expired: Vec::new(), abandoned: 0 };
-        let mut kept = VecDeque::with_capacity(self.jobs.len());
-        for job in self.jobs.drain(..) {
-            if caller_gone(&job.payload) {
-                dropped.abandoned += 1;
-            } else if job.deadline <= now {
-                dropped.expired.push(job.payload);
-            } else {
-                kept.push_back(job);
+        for lane in self.lanes.values_mut() {
+            let mut kept = VecDeque::with_capacity(lane.jobs.len());
+            for job in lane.jobs.drain(..) {
+                if caller_gone(&job.payload) {
+                    dropped.abandoned += 1;
+                    self.rows -= job.rows;
+                } else if job.deadline <= now {
+                    self.rows -= job.rows;
+                    dropped.expired.push(job.payload);
+                } else {
+                    kept.push_back(job);
+                }
             }
+            lane.jobs = kept;
         }
-        self.jobs = kept;
+        self.forget_idle_lanes();
         dropped
     }
 
     /// When the oldest job's delay runs out (the actor's next wake-up).
     pub fn next_due(&self) -> Option<Instant> {
-        self.jobs.front().map(|job| job.enqueued + self.policy.max_delay)
+        self.lanes.values().filter_map(|lane| lane.jobs.front()).map(|job| job.enqueued + self.policy.max_delay).min()
     }
 
-    /// The next batch, if one is due: the oldest job plus later jobs with the same shape
-    /// key, up to the row limit. Due when the rows fill a batch or the oldest has waited
-    /// the maximum delay.
+    /// The next batch, if one is due: due when the waiting rows fill a batch or the oldest
+    /// job has waited the maximum delay. Round robin picks the job that leads the batch;
+    /// later picks fill it with jobs of the same shape key, up to the row limit (a job
+    /// larger than the limit runs alone).
     pub fn pop_batch(&mut self, now: Instant) -> Option<Vec<Queued<P>>> {
-        let oldest = self.jobs.front()?;
-        if !self.policy.batchable {
-            return self.jobs.pop_front().map(|job| vec![job]);
-        }
-        let key = oldest.key.clone();
-        let waiting_rows: usize = self.jobs.iter().filter(|j| j.key == key).map(|j| j.rows).sum();
-        let due = waiting_rows >= self.policy.max_batch_rows || now >= oldest.enqueued + self.policy.max_delay;
-        if !due {
+        let due = self.next_due()?;
+        if self.policy.batchable && now < due && self.rows < self.policy.max_batch_rows {
             return None;
         }
-        let mut batch = Vec::new();
-        let mut rows = 0;
-        let mut rest = VecDeque::with_capacity(self.jobs.len());
-        for job in self.jobs.drain(..) {
-            // The oldest job always runs, even when it alone exceeds the row limit.
-            let fits = batch.is_empty() || rows + job.rows <= self.policy.max_batch_rows;
-            if job.key == key && fits {
-                rows += job.rows;
-                batch.push(job);
-            } else {
-                rest.push_back(job);
-            }
+        let first = self.next_job(None, usize::MAX)?;
+        if !self.policy.batchable {
+            return Some(vec![first]);
         }
-        self.jobs = rest;
+        let key = first.key.clone();
+        let mut rows = first.rows;
+        let mut batch = vec![first];
+        while rows < self.policy.max_batch_rows {
+            let Some(job) = self.next_job(Some(&key), self.policy.max_batch_rows - rows) else { break };
+            rows += job.rows;
+            batch.push(job);
+        }
         Some(batch)
+    }
+
+    /// The next job in weighted deficit round robin among jobs with `key` (any key when
+    /// `None`) and at most `max_rows` rows. The tenant at the front of the ring is served
+    /// while its credit covers its next job; otherwise it earns its weight in credit and the
+    /// next tenant's turn comes.
+    fn next_job(&mut self, key: Option<&ShapeKey>, max_rows: usize) -> Option<Queued<P>> {
+        let eligible = |job: &Queued<P>| job.rows <= max_rows && key.is_none_or(|k| &job.key == k);
+        if !self.lanes.values().any(|lane| lane.jobs.iter().any(eligible)) {
+            return None;
+        }
+        loop {
+            let tenant = self.ring.front()?.clone();
+            let lane = self.lanes.get_mut(&tenant)?;
+            if let Some(position) = lane.jobs.iter().position(eligible) {
+                let rows = lane.jobs[position].rows as u64;
+                if lane.deficit >= rows {
+                    lane.deficit -= rows;
+                    let job = lane.jobs.remove(position)?;
+                    self.rows -= job.rows;
+                    self.forget_idle_lanes();
+                    return Some(job);
+                }
+                lane.deficit += lane.weight;
+            }
+            self.ring.rotate_left(1);
+        }
+    }
+
+    /// Lanes without jobs leave the ring and lose their credit (as DRR prescribes).
+    fn forget_idle_lanes(&mut self) {
+        self.lanes.retain(|_, lane| !lane.jobs.is_empty());
+        let lanes = &self.lanes;
+        self.ring.retain(|tenant| lanes.contains_key(tenant));
     }
 }
 
@@ -135,10 +198,15 @@ mod tests {
     }
 
     fn job(id: u32, rows: usize, key: &str, at: Instant) -> Queued<u32> {
+        tenant_job(id, rows, key, at, "t", 1)
+    }
+
+    fn tenant_job(id: u32, rows: usize, key: &str, at: Instant, tenant: &str, weight: u32) -> Queued<u32> {
         Queued {
             payload: id,
             rows,
             key: vec![(key.to_string(), ElementType::F32, vec![4])],
+            share: Share { tenant: tenant.into(), weight },
             enqueued: at,
             deadline: at + Duration::from_secs(1),
         }
@@ -219,5 +287,48 @@ mod tests {
         assert_eq!(dropped.abandoned, 1);
         let batch = queue.pop_batch(t0 + Duration::from_millis(20)).expect("due");
         assert_eq!(ids(&batch), vec![1]);
+    }
+
+    #[test]
+    fn weighted_round_robin_shares_follow_the_weights() {
+        let t0 = Instant::now();
+        let mut queue = BatchQueue::new(policy(1, true));
+        let weights = [("a", 1u32), ("b", 2), ("c", 4)];
+        let mut next_id = 0u32;
+        let mut served: HashMap<&str, usize> = HashMap::new();
+        // Every tenant keeps a deep backlog; 10,000 single-row picks.
+        for (tenant, weight) in weights {
+            for _ in 0..50 {
+                queue.push(tenant_job(next_id, 1, "x", t0, tenant, weight));
+                next_id += 1;
+            }
+        }
+        for _ in 0..10_000 {
+            let batch = queue.pop_batch(t0).expect("a backlog is always due");
+            let job = &batch[0];
+            let tenant = weights.iter().map(|(t, _)| *t).find(|t| **t == *job.share.tenant).expect("known tenant");
+            *served.entry(tenant).or_default() += 1;
+            queue.push(tenant_job(next_id, 1, "x", t0, tenant, job.share.weight));
+            next_id += 1;
+        }
+        for (tenant, weight) in weights {
+            let share = served[tenant] as f64 / 10_000.0;
+            let expected = f64::from(weight) / 7.0;
+            assert!((share - expected).abs() <= 0.05 * expected, "{tenant}: share {share:.4}, expected {expected:.4}");
+        }
+    }
+
+    #[test]
+    fn a_flooding_tenant_does_not_starve_another() {
+        let t0 = Instant::now();
+        let mut queue = BatchQueue::new(policy(4, true));
+        for id in 0..100 {
+            queue.push(tenant_job(id, 1, "x", t0, "noisy", 1));
+        }
+        queue.push(tenant_job(1000, 1, "x", t0 + Duration::from_millis(1), "quiet", 1));
+        let first = queue.pop_batch(t0).expect("full");
+        let second = queue.pop_batch(t0).expect("full");
+        let served: Vec<u32> = first.iter().chain(&second).map(|j| j.payload).collect();
+        assert!(served.contains(&1000), "the quiet tenant's job rides in the first batches: {served:?}");
     }
 }
