@@ -1,6 +1,7 @@
 //! End-to-end tests: each starts the real `sluice serve` on port 0 and calls it over HTTP.
 
 mod bad_input;
+mod batching;
 mod clients;
 mod extensions;
 mod grpc;

@@ -1,0 +1,104 @@
+//! Cross-tenant batching: requests of several tenants for the same weights share batches,
+//! batched outputs equal unbatched ones, and one tenant's bad input never touches another's.
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const ACME: &str = "test-key-acme";
+const GLOBEX: &str = "test-key-globex";
+
+/// Two tenants with the same digits weights (one resident copy, one queue) that waits
+/// 50 ms for requests to batch.
+fn tenants() -> Tenants {
+    let tenants = Tenants::new();
+    for (id, key, weight) in [("acme", ACME, 1), ("globex", GLOBEX, 2)] {
+        let mut manifest = tenant_header(id, key, &format!("compute_weight = {weight}"));
+        manifest += &model_entry("digits-mlp", &digits_model(), None);
+        manifest += "[models.digits-mlp.batching]\nmax_batch_size = 64\nmax_queue_delay_us = 50000\n\n";
+        tenants.write(&format!("{id}.toml"), &manifest);
+    }
+    tenants
+}
+
+fn rows(images: &[(Vec<u8>, i64)]) -> Value {
+    let scaled: Vec<f32> = images.iter().flat_map(|(p, _)| p.iter().map(|&v| f32::from(v) / 255.0)).collect();
+    json!({ "inputs": [{ "name": "X", "shape": [images.len(), 64], "datatype": "FP32", "data": scaled }] })
+}
+
+#[tokio::test]
+async fn batched_outputs_equal_unbatched_outputs_across_tenants() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let digits = heldout_digits();
+    let requests: Vec<(&str, Value)> =
+        (0..8).map(|i| (if i % 2 == 0 { ACME } else { GLOBEX }, rows(&digits[i * 3..i * 3 + 3]))).collect();
+
+    // Alone: one request at a time.
+    let mut alone = Vec::new();
+    for (key, body) in &requests {
+        let (status, response) = server.infer("digits-mlp", key, body).await;
+        assert_eq!(status, 200, "{response}");
+        alone.push(f32s(&output(&response, "probabilities")["data"]));
+    }
+    let (_, before) = server.get("/v2/models/digits-mlp/stats", Some(ACME)).await;
+    let executions_before = before["model_stats"][0]["execution_count"].as_u64().expect("count");
+
+    // Together: all at once, so they share batches.
+    let together =
+        futures::future::join_all(requests.iter().map(|(key, body)| server.infer("digits-mlp", key, body))).await;
+    for ((status, response), expected) in together.iter().zip(&alone) {
+        assert_eq!(*status, 200, "{response}");
+        let got = f32s(&output(response, "probabilities")["data"]);
+        for (a, b) in got.iter().zip(expected) {
+            assert!((a - b).abs() <= 1e-6 * b.abs().max(1e-6), "batched {a} vs alone {b}");
+        }
+    }
+    let (_, after) = server.get("/v2/models/digits-mlp/stats", Some(GLOBEX)).await;
+    let executions = after["model_stats"][0]["execution_count"].as_u64().expect("count") - executions_before;
+    assert!(executions < requests.len() as u64, "8 concurrent requests of two tenants ran in {executions} executions");
+}
+
+#[tokio::test]
+async fn a_forged_shape_fails_alone_and_leaves_the_shared_batch_intact() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let digits = heldout_digits();
+    let honest = rows(&digits[..2]);
+    let (_, baseline) = server.infer("digits-mlp", GLOBEX, &honest).await;
+
+    // Declares two rows but carries one row of data.
+    let mut forged = rows(&digits[..1]);
+    forged["inputs"][0]["shape"] = json!([2, 64]);
+    let (forged_answer, honest_answer) =
+        tokio::join!(server.infer("digits-mlp", ACME, &forged), server.infer("digits-mlp", GLOBEX, &honest));
+    assert_eq!(forged_answer.0, 400, "{}", forged_answer.1);
+    assert!(error_message(&forged_answer.1).contains("needs 128 values"), "{}", forged_answer.1);
+    assert_eq!(honest_answer.0, 200, "{}", honest_answer.1);
+    assert_eq!(output(&honest_answer.1, "probabilities")["data"], output(&baseline, "probabilities")["data"]);
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_concurrency_quota_gets_429_while_another_is_served() {
+    let tenants = Tenants::new();
+    let mut busy = tenant_header("busy", ACME, "max_concurrent_requests = 1\nguest_deadline_ms = 1500");
+    busy += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("busy.toml", &busy);
+    let mut calm = tenant_header("calm", GLOBEX, "");
+    calm += &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("calm.toml", &calm);
+    let server = Server::start(tenants.path(), &[]);
+
+    let looping = json!({ "inputs": [], "parameters": { "mode": "loop" } });
+    let echo = json!({ "inputs": [], "parameters": { "mode": "echo" } });
+    let (first, (second, other)) = tokio::join!(server.infer("hostile", ACME, &looping), async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let over_quota = server.infer("hostile", ACME, &echo).await;
+        let other = server.infer("digits-mlp", GLOBEX, &rows(&heldout_digits()[..1])).await;
+        (over_quota, other)
+    });
+    assert_eq!(first.0, 504, "{}", first.1);
+    assert_eq!(second.0, 429, "{}", second.1);
+    assert!(error_message(&second.1).contains("max_concurrent_requests"), "{}", second.1);
+    assert_eq!(other.0, 200, "{}", other.1);
+}
