@@ -102,3 +102,23 @@ async fn a_tenant_over_its_concurrency_quota_gets_429_while_another_is_served() 
     assert!(error_message(&second.1).contains("max_concurrent_requests"), "{}", second.1);
     assert_eq!(other.0, 200, "{}", other.1);
 }
+
+#[tokio::test]
+async fn a_burst_far_above_capacity_is_shed_with_503_and_the_server_keeps_answering() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", ACME, "max_concurrent_requests = 512");
+    manifest += &model_entry("magika-v3", &magika_model(), Some("tract"));
+    manifest += "[models.magika-v3.batching]\nmax_batch_size = 1\nmax_queue_size = 2\n\n";
+    tenants.write("acme.toml", &manifest);
+    let server = Server::start(tenants.path(), &[]);
+
+    let row: Vec<i32> = (0..2048).map(|i| (i * 7 % 256) as i32).collect();
+    let request = json!({ "inputs": [{ "name": "bytes", "shape": [1, 2048], "datatype": "INT32", "data": row }] });
+    let burst = futures::future::join_all((0..64).map(|_| server.infer("magika-v3", ACME, &request))).await;
+    let shed: Vec<&(u16, Value)> = burst.iter().filter(|(status, _)| *status == 503).collect();
+    assert!(burst.iter().all(|(status, _)| [200, 503].contains(status)), "{burst:?}");
+    assert!(!shed.is_empty(), "64 requests on a queue of 2 must shed some");
+    assert!(error_message(&shed[0].1).contains("overloaded"), "{}", shed[0].1);
+    assert!(burst.iter().any(|(status, _)| *status == 200), "the queue still serves what it admitted");
+    assert_eq!(server.get("/v2/health/ready", None).await.0, 200);
+}
