@@ -108,7 +108,8 @@ impl From<ComputeError> for ApiError {
     fn from(error: ComputeError) -> Self {
         let kind = match &error {
             ComputeError::InvalidInput(_) => ErrorKind::InvalidInput,
-            ComputeError::Overloaded { .. } => ErrorKind::Overloaded,
+            ComputeError::Overloaded { .. } | ComputeError::WaitTooLong { .. } => ErrorKind::Overloaded,
+            ComputeError::OverShare { .. } => ErrorKind::QuotaExceeded,
             ComputeError::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             ComputeError::Backend { .. } => ErrorKind::ModelFailure,
             ComputeError::Stopped { .. } => ErrorKind::Overloaded,

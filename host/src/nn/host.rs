@@ -291,15 +291,23 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         let outputs = match model.compute(named, self.ctx.deadline, self.ctx.share.clone()).await {
             Ok(outputs) => outputs,
             Err(err) => {
-                if matches!(err, ComputeError::Overloaded { .. } | ComputeError::DeadlineExceeded { .. }) {
+                if matches!(
+                    err,
+                    ComputeError::Overloaded { .. }
+                        | ComputeError::WaitTooLong { .. }
+                        | ComputeError::OverShare { .. }
+                        | ComputeError::DeadlineExceeded { .. }
+                ) {
                     self.ctx.queue_failure = Some(err.clone());
                 }
                 let code = match &err {
                     ComputeError::InvalidInput(_) => errors::ErrorCode::InvalidArgument,
                     ComputeError::DeadlineExceeded { .. } => errors::ErrorCode::Timeout,
-                    ComputeError::Overloaded { .. } | ComputeError::Backend { .. } | ComputeError::Stopped { .. } => {
-                        errors::ErrorCode::RuntimeError
-                    }
+                    ComputeError::Overloaded { .. }
+                    | ComputeError::WaitTooLong { .. }
+                    | ComputeError::OverShare { .. }
+                    | ComputeError::Backend { .. }
+                    | ComputeError::Stopped { .. } => errors::ErrorCode::RuntimeError,
                 };
                 let message = match err {
                     ComputeError::InvalidInput(message) => format!("model '{name}': {message}"),

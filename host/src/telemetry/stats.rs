@@ -54,6 +54,16 @@ impl ModelStats {
         self.last_inference_ms.store(now, Ordering::Relaxed);
     }
 
+    /// Mean time of one batch (input + infer + output) so far; `None` before the first.
+    pub fn mean_execution(&self) -> Option<Duration> {
+        let executions = self.execution_count.load(Ordering::Relaxed);
+        if executions == 0 {
+            return None;
+        }
+        let ns: u64 = [&self.compute_input, &self.compute_infer, &self.compute_output].iter().map(|c| c.read().1).sum();
+        Some(Duration::from_nanos(ns / executions))
+    }
+
     /// Record one batch execution.
     pub fn execution(&self, input: Duration, infer: Duration, output: Duration) {
         self.execution_count.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@
 //! In: checked input tensors with a deadline. Out: that job's output tensors, or a
 //! [`ComputeError`] (overload, deadline, backend failure).
 
+pub mod admission;
 pub mod queue;
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tokio::time::Instant;
 use super::backend::{BackendError, Graph};
 use super::tensor::Tensor;
 use crate::telemetry::stats::ModelStats;
+use admission::{Backlog, Verdict};
 pub use queue::Share;
 use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
 
@@ -27,6 +29,16 @@ pub type NamedTensors = Vec<(String, Tensor)>;
 pub enum ComputeError {
     #[error("model '{model}' is overloaded: its queue holds {capacity} requests; retry later")]
     Overloaded { model: String, capacity: usize },
+    #[error(
+        "model '{model}' is overloaded: the predicted wait of {predicted_ms} ms exceeds the request's remaining \
+         {budget_ms} ms; retry later"
+    )]
+    WaitTooLong { model: String, predicted_ms: u64, budget_ms: u64 },
+    #[error(
+        "tenant '{tenant}' holds more than its share of model '{model}''s queue (predicted wait {predicted_ms} ms \
+         exceeds the request's remaining {budget_ms} ms); retry later"
+    )]
+    OverShare { model: String, tenant: String, predicted_ms: u64, budget_ms: u64 },
     #[error("the request's deadline passed while it waited for model '{model}'")]
     DeadlineExceeded { model: String },
     #[error("{0}")]
@@ -56,6 +68,9 @@ pub struct ModelQueue {
     model: Arc<str>,
     sender: mpsc::Sender<Queued<Job>>,
     capacity: usize,
+    max_batch_rows: usize,
+    backlog: Arc<Backlog>,
+    stats: Arc<ModelStats>,
 }
 
 impl ModelQueue {
@@ -68,8 +83,9 @@ impl ModelQueue {
         };
         let (sender, receiver) = mpsc::channel(settings.capacity);
         let model: Arc<str> = model.into();
-        tokio::spawn(run_queue(model.clone(), graph, policy, receiver, stats));
-        Self { model, sender, capacity: settings.capacity }
+        let backlog = Arc::new(Backlog::default());
+        tokio::spawn(run_queue(model.clone(), graph, policy, receiver, stats.clone(), backlog.clone()));
+        Self { model, sender, capacity: settings.capacity, max_batch_rows: settings.max_batch_rows, backlog, stats }
     }
 
     /// Queue inputs (already checked against the model's signature) and wait for outputs.
@@ -81,6 +97,27 @@ impl ModelQueue {
     ) -> Result<NamedTensors, ComputeError> {
         let model = self.model.to_string();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
+        let outlook = self.backlog.add(&share, rows, self.max_batch_rows, self.stats.mean_execution());
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let refusal = match admission::decide(outlook, rows, budget.into()) {
+            Verdict::Admit => None,
+            Verdict::OverShare { predicted } => Some(ComputeError::OverShare {
+                model: model.clone(),
+                tenant: share.tenant.to_string(),
+                predicted_ms: predicted.as_millis() as u64,
+                budget_ms: budget.as_millis() as u64,
+            }),
+            Verdict::Overloaded { predicted } => Some(ComputeError::WaitTooLong {
+                model: model.clone(),
+                predicted_ms: predicted.as_millis() as u64,
+                budget_ms: budget.as_millis() as u64,
+            }),
+        };
+        if let Some(refusal) = refusal {
+            self.backlog.remove(&share.tenant, rows);
+            return Err(refusal);
+        }
+        let tenant = share.tenant.clone();
         let (reply, answer) = oneshot::channel();
         let job = Queued {
             key: shape_key(&inputs),
@@ -90,11 +127,14 @@ impl ModelQueue {
             enqueued: Instant::now().into_std(),
             deadline: deadline.into_std(),
         };
-        self.sender.try_send(job).map_err(|err| match err {
-            mpsc::error::TrySendError::Full(_) => {
-                ComputeError::Overloaded { model: model.clone(), capacity: self.capacity }
+        self.sender.try_send(job).map_err(|err| {
+            self.backlog.remove(&tenant, rows);
+            match err {
+                mpsc::error::TrySendError::Full(_) => {
+                    ComputeError::Overloaded { model: model.clone(), capacity: self.capacity }
+                }
+                mpsc::error::TrySendError::Closed(_) => ComputeError::Stopped { model: model.clone() },
             }
-            mpsc::error::TrySendError::Closed(_) => ComputeError::Stopped { model: model.clone() },
         })?;
         answer.await.map_err(|_| ComputeError::Stopped { model })?
     }
@@ -106,6 +146,7 @@ async fn run_queue(
     policy: QueuePolicy,
     mut receiver: mpsc::Receiver<Queued<Job>>,
     stats: Arc<ModelStats>,
+    backlog: Arc<Backlog>,
 ) {
     let mut state = BatchQueue::new(policy);
     loop {
@@ -128,28 +169,39 @@ async fn run_queue(
         }
         let now = std::time::Instant::now();
         let dropped = state.drop_stale(now, |job| job.reply.is_closed());
+        for job in dropped.abandoned {
+            backlog.remove(&job.share.tenant, job.rows);
+        }
         for job in dropped.expired {
-            let _ = job.reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string() }));
+            backlog.remove(&job.share.tenant, job.rows);
+            let _ = job.payload.reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string() }));
         }
         if closed {
             // Every handle is gone: run what is left without waiting for company, then stop.
             let everything_due = now + policy.max_delay;
             while let Some(batch) = state.pop_batch(everything_due) {
-                execute(&model, &graph, &stats, batch).await;
+                execute(&model, &graph, &stats, &backlog, batch).await;
             }
             return;
         }
         while let Some(batch) = state.pop_batch(now) {
-            execute(&model, &graph, &stats, batch).await;
+            execute(&model, &graph, &stats, &backlog, batch).await;
         }
     }
 }
 
 /// Run one batch and answer each of its jobs.
-async fn execute(model: &Arc<str>, graph: &Arc<dyn Graph>, stats: &ModelStats, batch: Vec<Queued<Job>>) {
+async fn execute(
+    model: &Arc<str>,
+    graph: &Arc<dyn Graph>,
+    stats: &ModelStats,
+    backlog: &Backlog,
+    batch: Vec<Queued<Job>>,
+) {
     let started = std::time::Instant::now();
     for job in &batch {
         stats.queue.record(started.saturating_duration_since(job.enqueued));
+        backlog.remove(&job.share.tenant, job.rows);
     }
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let (inputs, replies): (Vec<NamedTensors>, Vec<_>) =

@@ -55,8 +55,8 @@ pub struct QueuePolicy {
 /// Jobs removed without compute.
 #[derive(Debug)]
 pub struct Dropped<P> {
-    pub expired: Vec<P>,
-    pub abandoned: usize,
+    pub expired: Vec<Queued<P>>,
+    pub abandoned: Vec<Queued<P>>,
 }
 
 /// One tenant's waiting jobs (oldest first) and its round-robin credit in rows.
@@ -105,16 +105,16 @@ impl<P> BatchQueue<P> {
 
     /// Remove jobs past their deadline and jobs whose caller has gone.
     pub fn drop_stale(&mut self, now: Instant, caller_gone: impl Fn(&P) -> bool) -> Dropped<P> {
-        let mut dropped = Dropped { expired: Vec::new(), abandoned: 0 };
+        let mut dropped = Dropped { expired: Vec::new(), abandoned: Vec::new() };
         for lane in self.lanes.values_mut() {
             let mut kept = VecDeque::with_capacity(lane.jobs.len());
             for job in lane.jobs.drain(..) {
                 if caller_gone(&job.payload) {
-                    dropped.abandoned += 1;
                     self.rows -= job.rows;
+                    dropped.abandoned.push(job);
                 } else if job.deadline <= now {
                     self.rows -= job.rows;
-                    dropped.expired.push(job.payload);
+                    dropped.expired.push(job);
                 } else {
                     kept.push_back(job);
                 }
@@ -283,8 +283,8 @@ mod tests {
         queue.push(short);
         queue.push(job(3, 1, "x", t0));
         let dropped = queue.drop_stale(t0 + Duration::from_millis(6), |&id| id == 3);
-        assert_eq!(dropped.expired, vec![2]);
-        assert_eq!(dropped.abandoned, 1);
+        assert_eq!(ids(&dropped.expired), vec![2]);
+        assert_eq!(ids(&dropped.abandoned), vec![3]);
         let batch = queue.pop_batch(t0 + Duration::from_millis(20)).expect("due");
         assert_eq!(ids(&batch), vec![1]);
     }

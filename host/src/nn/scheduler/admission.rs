@@ -1,0 +1,131 @@
+//! Admission at a model queue: predict a new job's wait from the rows already waiting and
+//! the measured time per batch, and refuse at once a job that could not finish before its
+//! deadline — as the tenant's fault (429) when it holds more than its weighted share of the
+//! waiting rows, as server overload (503) otherwise.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::queue::Share;
+
+/// The verdict for one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Admit,
+    /// The tenant holds more than its share of the queue.
+    OverShare {
+        predicted: Duration,
+    },
+    /// The queue as a whole is too long.
+    Overloaded {
+        predicted: Duration,
+    },
+}
+
+/// What admission knows about a queue at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Outlook {
+    pub waiting_rows: usize,
+    pub tenant_rows: usize,
+    pub tenant_weight: u32,
+    /// Sum of the weights of tenants with waiting rows, this tenant included.
+    pub active_weight: u32,
+    pub max_batch_rows: usize,
+    /// Mean time of one batch so far; `None` before the first batch.
+    pub time_per_batch: Option<Duration>,
+}
+
+/// Decide whether a job of `rows` rows can finish within `budget`.
+pub fn decide(outlook: Outlook, rows: usize, budget: Duration) -> Verdict {
+    let Some(per_batch) = outlook.time_per_batch else { return Verdict::Admit };
+    let batches = (outlook.waiting_rows + rows).div_ceil(outlook.max_batch_rows.max(1)) as u32;
+    let predicted = per_batch.saturating_mul(batches);
+    if predicted <= budget {
+        return Verdict::Admit;
+    }
+    // Over its share when its rows exceed weight / active weight of everything waiting.
+    let fair = outlook.waiting_rows as f64 * f64::from(outlook.tenant_weight) / f64::from(outlook.active_weight.max(1));
+    if outlook.tenant_rows as f64 > fair { Verdict::OverShare { predicted } } else { Verdict::Overloaded { predicted } }
+}
+
+/// Rows waiting in a queue, per tenant: added when a job is sent, removed when it leaves
+/// the queue (into a batch, expired or abandoned).
+#[derive(Debug, Default)]
+pub struct Backlog {
+    tenants: Mutex<HashMap<Arc<str>, (usize, u32)>>,
+}
+
+impl Backlog {
+    /// Record a job's rows; returns the outlook the job met (itself excluded).
+    pub fn add(&self, share: &Share, rows: usize, max_batch_rows: usize, time_per_batch: Option<Duration>) -> Outlook {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let waiting_rows = tenants.values().map(|(rows, _)| rows).sum();
+        let tenant_rows = tenants.get(&share.tenant).map_or(0, |(rows, _)| *rows);
+        let others: u32 = tenants.iter().filter(|(t, _)| **t != share.tenant).map(|(_, (_, w))| *w).sum();
+        let entry = tenants.entry(share.tenant.clone()).or_insert((0, share.weight.max(1)));
+        entry.0 += rows;
+        entry.1 = share.weight.max(1);
+        Outlook {
+            waiting_rows,
+            tenant_rows,
+            tenant_weight: share.weight.max(1),
+            active_weight: others + share.weight.max(1),
+            max_batch_rows,
+            time_per_batch,
+        }
+    }
+
+    /// Forget rows that left the queue.
+    pub fn remove(&self, tenant: &Arc<str>, rows: usize) {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(entry) = tenants.get_mut(tenant) {
+            entry.0 = entry.0.saturating_sub(rows);
+            if entry.0 == 0 {
+                tenants.remove(tenant);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outlook(waiting_rows: usize, tenant_rows: usize, time_per_batch: Option<Duration>) -> Outlook {
+        Outlook { waiting_rows, tenant_rows, tenant_weight: 1, active_weight: 2, max_batch_rows: 8, time_per_batch }
+    }
+
+    #[test]
+    fn admits_before_anything_is_measured_and_when_the_wait_fits() {
+        assert_eq!(decide(outlook(10_000, 0, None), 1, Duration::from_millis(1)), Verdict::Admit);
+        let ms = Duration::from_millis(1);
+        // 15 waiting + 1 = two batches of 8 at 1 ms each.
+        assert_eq!(decide(outlook(15, 0, Some(ms)), 1, Duration::from_millis(2)), Verdict::Admit);
+    }
+
+    #[test]
+    fn refuses_a_job_that_cannot_meet_its_deadline_naming_whose_fault_it_is() {
+        let ms = Duration::from_millis(1);
+        let predicted = Duration::from_millis(3);
+        // 23 waiting, half of them this tenant's (its fair share at weight 1 of 2): overload.
+        assert_eq!(decide(outlook(23, 11, Some(ms)), 1, ms), Verdict::Overloaded { predicted });
+        // Most of the waiting rows are this tenant's: over its share.
+        assert_eq!(decide(outlook(23, 20, Some(ms)), 1, ms), Verdict::OverShare { predicted });
+    }
+
+    #[test]
+    fn the_backlog_tracks_rows_per_tenant() {
+        let backlog = Backlog::default();
+        let a = Share { tenant: "a".into(), weight: 1 };
+        let b = Share { tenant: "b".into(), weight: 3 };
+        backlog.add(&a, 4, 8, None);
+        let seen = backlog.add(&b, 2, 8, None);
+        assert_eq!((seen.waiting_rows, seen.tenant_rows, seen.active_weight), (4, 0, 4));
+        let seen = backlog.add(&a, 1, 8, None);
+        assert_eq!((seen.waiting_rows, seen.tenant_rows, seen.active_weight), (6, 4, 4));
+        backlog.remove(&a.tenant, 5);
+        let seen = backlog.add(&b, 1, 8, None);
+        assert_eq!((seen.waiting_rows, seen.tenant_rows, seen.active_weight), (2, 2, 3));
+    }
+}
