@@ -9,9 +9,11 @@
 //! - [`registry`]: tenant manifests, verified models and components.
 //! - [`telemetry`]: per-model statistics.
 //! - [`serve`]: wires the pieces into a running server.
+//! - [`perf`]: `sluice perf`, a load generator for OIP servers.
 
 pub mod api;
 pub mod nn;
+pub mod perf;
 pub mod registry;
 pub mod rollout;
 pub mod runtime;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use sluice::nn::backend::BackendKind;
+use sluice::perf::{Protocol, TenantLoad};
 use sluice::serve::{ServeConfig, serve};
 
 /// Sluice: a multi-tenant inference server. Tenants' WebAssembly components run beside
@@ -21,6 +22,45 @@ struct Cli {
 enum Command {
     /// Serve the tenants in a directory over HTTP and gRPC.
     Serve(ServeArgs),
+    /// Drive an OIP server with load and report throughput and latency (like perf_analyzer).
+    Perf(PerfArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PerfArgs {
+    /// Server address (`host:port`): the HTTP port, or the gRPC port with `--grpc`.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    address: String,
+    /// Speak gRPC instead of HTTP.
+    #[arg(long)]
+    grpc: bool,
+    /// Model (or app) name.
+    #[arg(long)]
+    model: String,
+    /// Pin a model version.
+    #[arg(long)]
+    version: Option<String>,
+    /// API key for a single-tenant run.
+    #[arg(long, env = "SLUICE_KEY")]
+    key: Option<String>,
+    /// An OIP JSON infer request to send; by default one is generated from the model's metadata.
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Requests in flight at once (closed loop), for a single-tenant run.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Requests per second (open loop) instead of a fixed concurrency.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Several tenants at once: `NAME:KEY:RATE` (requests/s) or `NAME:KEY:cCONCURRENCY`; repeatable.
+    #[arg(long = "tenant")]
+    tenants: Vec<String>,
+    /// Seconds of warm-up before measuring.
+    #[arg(long, default_value_t = 2.0)]
+    warmup_s: f64,
+    /// Seconds measured.
+    #[arg(long, default_value_t = 10.0)]
+    duration_s: f64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -91,7 +131,47 @@ fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(serve(config))
         }
+        Command::Perf(args) => {
+            let config = perf_config(args)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            print!("{}", runtime.block_on(sluice::perf::run(config))?);
+            Ok(())
+        }
     }
+}
+
+fn perf_config(args: PerfArgs) -> anyhow::Result<sluice::perf::PerfConfig> {
+    let tenants = if args.tenants.is_empty() {
+        vec![TenantLoad { name: "-".to_string(), key: args.key, rate: args.rate, concurrency: args.concurrency }]
+    } else {
+        args.tenants.iter().map(|spec| parse_tenant(spec)).collect::<anyhow::Result<_>>()?
+    };
+    Ok(sluice::perf::PerfConfig {
+        protocol: if args.grpc { Protocol::Grpc } else { Protocol::Http },
+        address: args.address,
+        model: args.model,
+        version: args.version,
+        input: args.input,
+        warmup: Duration::from_secs_f64(args.warmup_s),
+        duration: Duration::from_secs_f64(args.duration_s),
+        tenants,
+    })
+}
+
+/// `NAME:KEY:RATE` or `NAME:KEY:cCONCURRENCY`.
+fn parse_tenant(spec: &str) -> anyhow::Result<TenantLoad> {
+    let parts: Vec<&str> = spec.splitn(3, ':').collect();
+    let [name, key, load] = parts[..] else {
+        anyhow::bail!("--tenant '{spec}': expected NAME:KEY:RATE or NAME:KEY:cCONCURRENCY");
+    };
+    let key = (!key.is_empty()).then(|| key.to_string());
+    let (rate, concurrency) = match load.strip_prefix('c') {
+        Some(concurrency) => {
+            (None, concurrency.parse().map_err(|_| anyhow::anyhow!("--tenant '{spec}': bad concurrency"))?)
+        }
+        None => (Some(load.parse().map_err(|_| anyhow::anyhow!("--tenant '{spec}': bad rate"))?), 1),
+    };
+    Ok(TenantLoad { name: name.to_string(), key, rate, concurrency })
 }
 
 fn init_logging(json: bool) {

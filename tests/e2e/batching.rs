@@ -112,7 +112,7 @@ async fn a_burst_far_above_capacity_is_shed_with_503_and_the_server_keeps_answer
     tenants.write("acme.toml", &manifest);
     let server = Server::start(tenants.path(), &[]);
 
-    let row: Vec<i32> = (0..2048).map(|i| (i * 7 % 256) as i32).collect();
+    let row: Vec<i32> = (0..2048).map(|i| i * 7 % 256).collect();
     let request = json!({ "inputs": [{ "name": "bytes", "shape": [1, 2048], "datatype": "INT32", "data": row }] });
     let burst = futures::future::join_all((0..64).map(|_| server.infer("magika-v3", ACME, &request))).await;
     let shed: Vec<&(u16, Value)> = burst.iter().filter(|(status, _)| *status == 503).collect();

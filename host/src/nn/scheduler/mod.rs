@@ -99,7 +99,7 @@ impl ModelQueue {
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
         let outlook = self.backlog.add(&share, rows, self.max_batch_rows, self.stats.mean_execution());
         let budget = deadline.saturating_duration_since(Instant::now());
-        let refusal = match admission::decide(outlook, rows, budget.into()) {
+        let refusal = match admission::decide(outlook, rows, budget) {
             Verdict::Admit => None,
             Verdict::OverShare { predicted } => Some(ComputeError::OverShare {
                 model: model.clone(),

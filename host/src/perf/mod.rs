@@ -1,0 +1,123 @@
+//! `sluice perf`: a load generator for any Open Inference Protocol server, in the spirit of
+//! Triton's perf_analyzer. It drives one model over HTTP or gRPC at a fixed concurrency
+//! (closed loop) or request rate (open loop), after a warm-up, for one or several tenants
+//! at once, and reports throughput, p50/p90/p99 latency and errors per tenant.
+//!
+//! The request body comes from a file (an OIP JSON infer request) or is generated from the
+//! model's metadata (dynamic dimensions become 1).
+
+mod client;
+mod report;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::sync::Mutex;
+
+use client::Client;
+pub use client::Protocol;
+use report::{Outcome, Report};
+
+/// One tenant's load.
+#[derive(Debug, Clone)]
+pub struct TenantLoad {
+    pub name: String,
+    pub key: Option<String>,
+    /// Requests per second (open loop); `None` runs `concurrency` workers back to back.
+    pub rate: Option<f64>,
+    pub concurrency: usize,
+}
+
+/// A whole run.
+#[derive(Debug, Clone)]
+pub struct PerfConfig {
+    pub protocol: Protocol,
+    pub address: String,
+    pub model: String,
+    pub version: Option<String>,
+    pub input: Option<PathBuf>,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub tenants: Vec<TenantLoad>,
+}
+
+/// Run the load and return the report per tenant, as Markdown.
+pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
+    let body = match &config.input {
+        Some(path) => std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+        None => {
+            let key = config.tenants.first().and_then(|t| t.key.clone());
+            client::generated_request(&config, key.as_deref()).await?
+        }
+    };
+    let request = Arc::new(client::PreparedRequest::new(&config, body)?);
+    let started = Instant::now();
+    let measure_from = started + config.warmup;
+    let stop_at = measure_from + config.duration;
+
+    let mut tasks = Vec::new();
+    let mut reports = Vec::new();
+    for tenant in &config.tenants {
+        let report = Arc::new(Mutex::new(Report::new(&tenant.name)));
+        reports.push(report.clone());
+        let client = Client::connect(&config).await?;
+        match tenant.rate {
+            None => {
+                for _ in 0..tenant.concurrency.max(1) {
+                    let (client, request, report, key) =
+                        (client.clone(), request.clone(), report.clone(), tenant.key.clone());
+                    tasks.push(tokio::spawn(async move {
+                        while Instant::now() < stop_at {
+                            let outcome = client.infer(&request, key.as_deref()).await;
+                            if outcome.started >= measure_from && Instant::now() <= stop_at {
+                                report.lock().await.record(outcome);
+                            }
+                        }
+                    }));
+                }
+            }
+            Some(rate) => {
+                let interval = Duration::from_secs_f64(1.0 / rate.max(0.001));
+                let (request, report, key) = (request.clone(), report.clone(), tenant.key.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut ticker = tokio::time::interval(interval);
+                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                    let mut inflight = Vec::new();
+                    while Instant::now() < stop_at {
+                        ticker.tick().await;
+                        let (client, request, report, key) =
+                            (client.clone(), request.clone(), report.clone(), key.clone());
+                        inflight.push(tokio::spawn(async move {
+                            let outcome: Outcome = client.infer(&request, key.as_deref()).await;
+                            if outcome.started >= measure_from && outcome.started <= stop_at {
+                                report.lock().await.record(outcome);
+                            }
+                        }));
+                    }
+                    for task in inflight {
+                        let _ = task.await;
+                    }
+                }));
+            }
+        }
+    }
+    for task in tasks {
+        task.await.context("a load task failed")?;
+    }
+    let mut text = format!(
+        "{} {} `{}`, {:?} warm-up, {:?} measured\n\n{}\n",
+        config.protocol,
+        config.address,
+        config.model,
+        config.warmup,
+        config.duration,
+        Report::header()
+    );
+    for report in reports {
+        text += &report.lock().await.row(config.duration);
+        text.push('\n');
+    }
+    Ok(text)
+}
