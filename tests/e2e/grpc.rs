@@ -52,6 +52,16 @@ fn infer(model: &str, inputs: Vec<InferInputTensor>, raw: Vec<Vec<u8>>) -> Model
     ModelInferRequest { model_name: model.into(), inputs, raw_input_contents: raw, ..Default::default() }
 }
 
+/// A call of the hostile test guest in one of its modes.
+fn hostile(mode: &str) -> ModelInferRequest {
+    let mode = InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(mode.into())) };
+    ModelInferRequest {
+        model_name: "hostile".into(),
+        parameters: [("mode".to_string(), mode)].into(),
+        ..Default::default()
+    }
+}
+
 fn raw_i64(bytes: &[u8]) -> Vec<i64> {
     bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
 }
@@ -160,16 +170,7 @@ async fn errors_carry_the_same_codes_and_messages_as_http() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("raw_input_contents has 2 entries for 1 inputs"), "{}", status.message());
 
-    let trap = ModelInferRequest {
-        model_name: "hostile".into(),
-        parameters: [(
-            "mode".to_string(),
-            InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("trap".into())) },
-        )]
-        .into(),
-        ..Default::default()
-    };
-    let status = grpc.model_infer(authed(trap, KEY)).await.expect_err("trap");
+    let status = grpc.model_infer(authed(hostile("trap"), KEY)).await.expect_err("trap");
     assert_eq!(status.code(), Code::Internal);
     assert!(status.message().contains("hostile guest panicked on purpose"), "{}", status.message());
 }
@@ -179,16 +180,7 @@ async fn the_grpc_timeout_bounds_the_guest() {
     let tenants = tenants();
     let server = Server::start(tenants.path(), &[]);
     let mut grpc = client(&server).await;
-    let looping = ModelInferRequest {
-        model_name: "hostile".into(),
-        parameters: [(
-            "mode".to_string(),
-            InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("loop".into())) },
-        )]
-        .into(),
-        ..Default::default()
-    };
-    let mut request = authed(looping, KEY);
+    let mut request = authed(hostile("loop"), KEY);
     request.set_timeout(Duration::from_millis(800));
     let started = Instant::now();
     let status = grpc.model_infer(request).await.expect_err("deadline");

@@ -69,14 +69,24 @@ pub fn tenant_for_key<'a>(state: &'a ServingState, authorization: Option<&str>) 
         .ok_or_else(|| ApiError::new(ErrorKind::Internal, format!("tenant '{}' is not loaded", tenant.id)))
 }
 
+/// The model a describing request names, in the caller's tenant, rendered as JSON.
+fn describe<T: serde::Serialize>(
+    state: &ServingState,
+    headers: &HeaderMap,
+    path: &ModelPath,
+    render: impl FnOnce(&str, &infer::Target<'_>) -> T,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(state, headers)?;
+    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
+    Ok(Json(render(&path.model, &target)).into_response())
+}
+
 async fn model_metadata(
     State(state): State<Shared>,
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
-    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(metadata::model(&path.model, &target)).into_response())
+    describe(&state, &headers, &path, metadata::model)
 }
 
 async fn model_ready(
@@ -84,9 +94,7 @@ async fn model_ready(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
-    infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(serde_json::json!({ "name": path.model, "ready": true })).into_response())
+    describe(&state, &headers, &path, |name, _| serde_json::json!({ "name": name, "ready": true }))
 }
 
 async fn model_config(
@@ -94,9 +102,7 @@ async fn model_config(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
-    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(super::triton::config(&path.model, &target)).into_response())
+    describe(&state, &headers, &path, super::triton::config)
 }
 
 async fn model_stats(
@@ -104,9 +110,7 @@ async fn model_stats(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
-    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(super::triton::statistics(&path.model, &target)).into_response())
+    describe(&state, &headers, &path, super::triton::statistics)
 }
 
 async fn model_infer(
