@@ -106,3 +106,21 @@ async fn a_well_behaved_call_of_the_same_component_succeeds() {
         log.lines().find(|l| l.contains("echoing 1 inputs")).unwrap_or_else(|| panic!("no guest log line in:\n{log}"));
     assert!(line.contains("evil") && line.contains("hostile"), "{line}");
 }
+
+#[tokio::test]
+async fn the_timeout_parameter_shortens_the_deadline() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let mut request = mode("loop");
+    request["parameters"]["timeout"] = json!(150_000);
+    let started = Instant::now();
+    let (status, body) = server.infer("hostile", EVIL, &request).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(error_message(&body).contains("deadline of 150 ms"), "{body}");
+    assert!(started.elapsed() < Duration::from_millis(DEADLINE_MS), "took {:?}", started.elapsed());
+
+    request["parameters"]["timeout"] = json!("soon");
+    let (status, body) = server.infer("hostile", EVIL, &request).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(error_message(&body).contains("parameter 'timeout'"), "{body}");
+}

@@ -55,6 +55,19 @@ pub fn resolve<'a>(tenant: &'a TenantState, name: &str, version: Option<&str>) -
     Err(ApiError::not_found(format!("model '{name}' not found; this tenant's models: {known:?}")))
 }
 
+/// The `timeout` request parameter (microseconds), if given.
+fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>, ApiError> {
+    let Some((_, value)) = parameters.iter().find(|(name, _)| name == TIMEOUT_PARAMETER) else { return Ok(None) };
+    value.trim().parse::<u64>().map(|us| Some(Duration::from_micros(us))).map_err(|_| {
+        ApiError::invalid(format!(
+            "parameter '{TIMEOUT_PARAMETER}' must be a whole number of microseconds, got '{value}'"
+        ))
+    })
+}
+
+/// The request parameter that shortens a request's deadline.
+const TIMEOUT_PARAMETER: &str = "timeout";
+
 /// Run one validated request.
 pub async fn infer(
     state: &ServingState,
@@ -67,8 +80,14 @@ pub async fn infer(
     let target = resolve(tenant, name, version)?;
     let _permit = state.admission.admit(&tenant.tenant.id)?;
     let quotas = &tenant.tenant.quotas;
-    // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`).
-    let budget = Duration::from_millis(quotas.guest_deadline_ms).min(client_timeout.unwrap_or(Duration::MAX));
+    // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
+    // `timeout` request parameter in microseconds, as Triton reads it).
+    let requested_timeout = timeout_parameter(&request.parameters)?;
+    let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout, requested_timeout]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or_default();
     let deadline = Instant::now() + budget;
     let budget_ms = budget.as_millis() as u64;
     let requested = request.requested_outputs.clone();
