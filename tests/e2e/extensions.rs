@@ -13,7 +13,7 @@ async fn config_and_statistics_describe_batching_and_count_requests() {
     let tenants = Tenants::new();
     let mut manifest = tenant_header("acme", KEY, "");
     manifest += &model_entry("digits-mlp", &digits_model(), None);
-    manifest += "[models.digits-mlp.batching]\nmax_batch_size = 16\nmax_queue_delay_us = 200\n\n";
+    manifest += "[models.digits-mlp.batching]\nmax_batch_size = 16\nmax_queue_delay_us = 200\ninstances = 2\n\n";
     manifest += &app_entry("digits", &guest("digits"));
     tenants.write("acme.toml", &manifest);
     let server = Server::start(tenants.path(), &[]);
@@ -24,6 +24,7 @@ async fn config_and_statistics_describe_batching_and_count_requests() {
     assert_eq!(config["input"], json!([{ "name": "X", "data_type": "TYPE_FP32", "dims": [64] }]));
     assert_eq!(config["output"][1], json!({ "name": "probabilities", "data_type": "TYPE_FP32", "dims": [10] }));
     assert_eq!(config["dynamic_batching"]["max_queue_delay_microseconds"], 200);
+    assert_eq!(config["instance_group"][0]["count"], 2, "two execution instances");
     let (_, app_config) = server.get("/v2/models/digits/config", Some(KEY)).await;
     assert_eq!(
         (app_config["platform"].as_str(), app_config["max_batch_size"].as_i64()),

@@ -100,7 +100,11 @@ pub fn config(name: &str, target: &Target<'_>) -> ModelConfig {
                     preferred_batch_size: Vec::new(),
                     max_queue_delay_microseconds: model.settings.max_delay.as_micros() as u64,
                 }),
-                instance_group: vec![InstanceGroup { name: name.to_string(), kind: "KIND_CPU", count: 1 }],
+                instance_group: vec![InstanceGroup {
+                    name: name.to_string(),
+                    kind: "KIND_CPU",
+                    count: i32::try_from(model.settings.instances).unwrap_or(i32::MAX),
+                }],
             }
         }
         Target::App { app, .. } => ModelConfig {

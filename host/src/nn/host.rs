@@ -232,8 +232,9 @@ impl graph::Host for NnView<'_> {
             Err(err) => return self.error(errors::ErrorCode::InvalidEncoding, err.to_string()),
         };
         let graph: Arc<dyn super::backend::Graph> = Arc::from(graph);
-        let settings = QueueSettings { max_batch_rows: 1, max_delay: std::time::Duration::ZERO, capacity: 4 };
-        let model = Arc::new(LoadedModel::start("raw", String::new(), kind, graph, settings));
+        let settings =
+            QueueSettings { max_batch_rows: 1, max_delay: std::time::Duration::ZERO, capacity: 4, instances: 1 };
+        let model = Arc::new(LoadedModel::start("raw", String::new(), kind, vec![graph], settings));
         Ok(Ok(self.table.push(HostGraph { name: "raw".to_string(), model })?))
     }
 

@@ -50,20 +50,21 @@ impl LoadedModel {
     }
 
     /// Start a model queue for a graph and wrap both.
+    /// `graphs` are the execution instances (one loaded copy each; at least one).
     pub fn start(
         name: &str,
         sha256: String,
         backend: BackendKind,
-        graph: Arc<dyn Graph>,
+        graphs: Vec<Arc<dyn Graph>>,
         settings: QueueSettings,
     ) -> Self {
         let stats = Arc::new(ModelStats::default());
         Self {
             sha256,
             backend,
-            signature: graph.signature().clone(),
+            signature: graphs.first().map(|g| g.signature().clone()).unwrap_or_default(),
             settings,
-            queue: ModelQueue::start(name, graph, settings, stats.clone()),
+            queue: ModelQueue::start(name, graphs, settings, stats.clone()),
             stats,
         }
     }
@@ -129,8 +130,11 @@ impl ModelStore {
             let started = Instant::now();
             let bytes = spec.bytes.clone();
             let loader = backend.clone();
-            let graph = match tokio::task::spawn_blocking(move || loader.load(&bytes)).await {
-                Ok(Ok(graph)) => Arc::<dyn Graph>::from(graph),
+            let instances = spec.batching.instances;
+            // One loaded copy per execution instance, so instances never wait on each other.
+            let load_all = move || (0..instances).map(|_| loader.load(&bytes).map(Arc::<dyn Graph>::from)).collect();
+            let graphs: Vec<Arc<dyn Graph>> = match tokio::task::spawn_blocking(load_all).await {
+                Ok(Ok(graphs)) => graphs,
                 Ok(Err(err)) => {
                     tracing::warn!(model = %spec.name, backend = %backend.kind(), error = %err, "backend cannot load the model; trying the next one");
                     reasons.push(err.to_string());
@@ -145,9 +149,10 @@ impl ModelStore {
                 max_batch_rows: spec.batching.max_batch_size,
                 max_delay: Duration::from_micros(spec.batching.max_queue_delay_us),
                 capacity: spec.batching.max_queue_size,
+                instances,
             };
             let model =
-                Arc::new(LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graph, settings));
+                Arc::new(LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graphs, settings));
             tracing::info!(
                 model = %spec.name,
                 backend = %backend.kind(),

@@ -102,11 +102,13 @@ pub struct Batching {
     pub max_queue_delay_us: u64,
     /// Requests waiting before new ones are refused as overload.
     pub max_queue_size: usize,
+    /// Execution instances: loaded copies of the model that run batches at once.
+    pub instances: usize,
 }
 
 impl Default for Batching {
     fn default() -> Self {
-        Self { max_batch_size: 32, max_queue_delay_us: 0, max_queue_size: 1024 }
+        Self { max_batch_size: 32, max_queue_delay_us: 0, max_queue_size: 1024, instances: 1 }
     }
 }
 

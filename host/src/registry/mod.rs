@@ -187,10 +187,10 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
     if actual != expected {
         return Err(RegistryError::DigestMismatch { path, manifest: manifest.to_path_buf(), expected, actual });
     }
-    if model.batching.max_batch_size == 0 || model.batching.max_queue_size == 0 {
+    if model.batching.max_batch_size == 0 || model.batching.max_queue_size == 0 || model.batching.instances == 0 {
         return Err(RegistryError::Invalid {
             path: manifest.to_path_buf(),
-            message: format!("model '{name}': max_batch_size and max_queue_size must be at least 1"),
+            message: format!("model '{name}': max_batch_size, max_queue_size and instances must be at least 1"),
         });
     }
     Ok(ModelSpec { name, path, sha256: actual, bytes, backend: model.backend, batching: model.batching })

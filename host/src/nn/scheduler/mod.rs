@@ -1,7 +1,9 @@
 //! The scheduler: one queue per resident model. A cloneable [`ModelQueue`] handle sends
 //! jobs over a bounded channel to one actor task that owns the batch-forming state
 //! ([`queue::BatchQueue`]), stacks compatible jobs from any tenant into one batch, runs it
-//! on a blocking thread and splits the outputs back to each caller.
+//! on a blocking thread of a free execution instance (one loaded copy of the graph; several
+//! batches run at once when a model has several) and splits the outputs back to each caller.
+//! [`admission`] refuses at once a job that cannot meet its deadline.
 //!
 //! In: checked input tensors with a deadline. Out: that job's output tensors, or a
 //! [`ComputeError`] (overload, deadline, backend failure).
@@ -60,6 +62,8 @@ pub struct QueueSettings {
     pub max_batch_rows: usize,
     pub max_delay: Duration,
     pub capacity: usize,
+    /// Execution instances: batches of this model that may run at once.
+    pub instances: usize,
 }
 
 /// Handle to a model's queue; clone freely.
@@ -74,17 +78,19 @@ pub struct ModelQueue {
 }
 
 impl ModelQueue {
-    /// Start the queue's actor on the current runtime.
-    pub fn start(model: &str, graph: Arc<dyn Graph>, settings: QueueSettings, stats: Arc<ModelStats>) -> Self {
+    /// Start the queue's actor on the current runtime; each graph is one execution instance
+    /// (batches run on them concurrently).
+    pub fn start(model: &str, graphs: Vec<Arc<dyn Graph>>, settings: QueueSettings, stats: Arc<ModelStats>) -> Self {
         let policy = QueuePolicy {
             max_batch_rows: settings.max_batch_rows,
             max_delay: settings.max_delay,
-            batchable: graph.signature().batchable(),
+            batchable: graphs.first().is_some_and(|g| g.signature().batchable()),
         };
         let (sender, receiver) = mpsc::channel(settings.capacity);
         let model: Arc<str> = model.into();
         let backlog = Arc::new(Backlog::default());
-        tokio::spawn(run_queue(model.clone(), graph, policy, receiver, stats.clone(), backlog.clone()));
+        let execution = Execution { model: model.clone(), stats: stats.clone(), backlog: backlog.clone() };
+        tokio::spawn(run_queue(execution, graphs, policy, receiver));
         Self { model, sender, capacity: settings.capacity, max_batch_rows: settings.max_batch_rows, backlog, stats }
     }
 
@@ -140,64 +146,76 @@ impl ModelQueue {
     }
 }
 
-async fn run_queue(
+/// Everything an execution needs besides its batch and graph.
+struct Execution {
     model: Arc<str>,
-    graph: Arc<dyn Graph>,
-    policy: QueuePolicy,
-    mut receiver: mpsc::Receiver<Queued<Job>>,
     stats: Arc<ModelStats>,
     backlog: Arc<Backlog>,
+}
+
+async fn run_queue(
+    execution: Execution,
+    graphs: Vec<Arc<dyn Graph>>,
+    policy: QueuePolicy,
+    mut receiver: mpsc::Receiver<Queued<Job>>,
 ) {
+    let execution = Arc::new(execution);
     let mut state = BatchQueue::new(policy);
+    // Execution instances free to take a batch; busy ones come back through `running`.
+    let mut idle = graphs;
+    let mut running: tokio::task::JoinSet<Arc<dyn Graph>> = tokio::task::JoinSet::new();
+    let mut closed = false;
     loop {
-        let next = match state.next_due() {
-            None => receiver.recv().await,
-            Some(due) => tokio::select! {
-                job = receiver.recv() => job,
-                () = tokio::time::sleep_until(due.into()) => None,
+        let due = state.next_due().filter(|_| !idle.is_empty());
+        tokio::select! {
+            job = receiver.recv(), if !closed => match job {
+                Some(job) => state.push(job),
+                None => closed = true,
             },
-        };
-        let closed = match next {
-            Some(job) => {
-                state.push(job);
-                false
-            }
-            None => receiver.is_closed(),
-        };
+            () = sleep_until_due(due), if due.is_some() => {}
+            Some(done) = running.join_next(), if !running.is_empty() => match done {
+                Ok(graph) => idle.push(graph),
+                Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
+            },
+        }
         while let Ok(job) = receiver.try_recv() {
             state.push(job);
         }
         let now = std::time::Instant::now();
         let dropped = state.drop_stale(now, |job| job.reply.is_closed());
         for job in dropped.abandoned {
-            backlog.remove(&job.share.tenant, job.rows);
+            execution.backlog.remove(&job.share.tenant, job.rows);
         }
         for job in dropped.expired {
-            backlog.remove(&job.share.tenant, job.rows);
-            let _ = job.payload.reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string() }));
+            execution.backlog.remove(&job.share.tenant, job.rows);
+            let _ = job.payload.reply.send(Err(ComputeError::DeadlineExceeded { model: execution.model.to_string() }));
         }
-        if closed {
-            // Every handle is gone: run what is left without waiting for company, then stop.
-            let everything_due = now + policy.max_delay;
-            while let Some(batch) = state.pop_batch(everything_due) {
-                execute(&model, &graph, &stats, &backlog, batch).await;
-            }
+        // Once every handle is gone, what is left runs without waiting for company.
+        let due_at = if closed { now + policy.max_delay } else { now };
+        while !idle.is_empty() {
+            let Some(batch) = state.pop_batch(due_at) else { break };
+            let Some(graph) = idle.pop() else { break };
+            let execution = execution.clone();
+            running.spawn(async move {
+                execute(&execution, &graph, batch).await;
+                graph
+            });
+        }
+        if closed && state.is_empty() && running.is_empty() {
             return;
-        }
-        while let Some(batch) = state.pop_batch(now) {
-            execute(&model, &graph, &stats, &backlog, batch).await;
         }
     }
 }
 
+async fn sleep_until_due(due: Option<std::time::Instant>) {
+    if let Some(due) = due {
+        tokio::time::sleep_until(due.into()).await;
+    }
+}
+
 /// Run one batch and answer each of its jobs.
-async fn execute(
-    model: &Arc<str>,
-    graph: &Arc<dyn Graph>,
-    stats: &ModelStats,
-    backlog: &Backlog,
-    batch: Vec<Queued<Job>>,
-) {
+async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
+    let Execution { model, stats, backlog } = execution;
     let started = std::time::Instant::now();
     for job in &batch {
         stats.queue.record(started.saturating_duration_since(job.enqueued));
