@@ -1,10 +1,8 @@
 //! One guest call: a fresh store with the tenant's limits, instantiate from the pre-linked
 //! component, call `infer` under the request deadline, and classify how it ended.
 
-use std::time::Duration;
-
 use tokio::time::Instant;
-use wasmtime::{Store, Trap};
+use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::bindings::sluice::tenant::types::{InferError, InferRequest, InferResponse};
 use super::limits::GuestLimiter;
@@ -50,9 +48,18 @@ impl Runtime {
         let GuestCall { nn, memory_bytes, log, deadline, deadline_ms, request } = call;
         let mut store = Store::new(self.engine(), StoreState::new(nn, GuestLimiter::new(memory_bytes), log));
         store.limiter(|state| &mut state.limiter);
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        store.set_epoch_deadline(ticks(remaining, self.epoch_tick()));
-        store.epoch_deadline_trap();
+        // Guest code yields to the async runtime every epoch tick, so a busy guest never
+        // holds a runtime thread that other requests need; past the deadline it is
+        // interrupted.
+        let hard_deadline = deadline.into_std();
+        store.epoch_deadline_callback(move |_| {
+            if std::time::Instant::now() >= hard_deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        store.set_epoch_deadline(1);
 
         let outcome = {
             let call = async {
@@ -98,23 +105,5 @@ fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) 
                 format!("{first_line}; guest stderr: {stderr}")
             })
         }
-    }
-}
-
-/// Epoch ticks covering `remaining`, at least one.
-fn ticks(remaining: Duration, tick: Duration) -> u64 {
-    let tick = tick.as_nanos().max(1);
-    (remaining.as_nanos().div_ceil(tick) as u64).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn deadline_ticks_round_up() {
-        assert_eq!(ticks(Duration::from_millis(100), Duration::from_millis(5)), 20);
-        assert_eq!(ticks(Duration::from_millis(101), Duration::from_millis(5)), 21);
-        assert_eq!(ticks(Duration::ZERO, Duration::from_millis(5)), 1);
     }
 }

@@ -26,6 +26,8 @@ pub enum Verdict {
 /// What admission knows about a queue at one moment.
 #[derive(Debug, Clone, Copy)]
 pub struct Outlook {
+    /// Jobs waiting (this one excluded).
+    pub waiting_jobs: usize,
     pub waiting_rows: usize,
     pub tenant_rows: usize,
     pub tenant_weight: u32,
@@ -53,20 +55,24 @@ pub fn decide(outlook: Outlook, rows: usize, budget: Duration) -> Verdict {
 /// the queue (into a batch, expired or abandoned).
 #[derive(Debug, Default)]
 pub struct Backlog {
-    tenants: Mutex<HashMap<Arc<str>, (usize, u32)>>,
+    /// Per tenant: (jobs, rows, weight).
+    tenants: Mutex<HashMap<Arc<str>, (usize, usize, u32)>>,
 }
 
 impl Backlog {
     /// Record a job's rows; returns the outlook the job met (itself excluded).
     pub fn add(&self, share: &Share, rows: usize, max_batch_rows: usize, time_per_batch: Option<Duration>) -> Outlook {
         let mut tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let waiting_rows = tenants.values().map(|(rows, _)| rows).sum();
-        let tenant_rows = tenants.get(&share.tenant).map_or(0, |(rows, _)| *rows);
-        let others: u32 = tenants.iter().filter(|(t, _)| **t != share.tenant).map(|(_, (_, w))| *w).sum();
-        let entry = tenants.entry(share.tenant.clone()).or_insert((0, share.weight.max(1)));
-        entry.0 += rows;
-        entry.1 = share.weight.max(1);
+        let waiting_jobs = tenants.values().map(|(jobs, _, _)| jobs).sum();
+        let waiting_rows = tenants.values().map(|(_, rows, _)| rows).sum();
+        let tenant_rows = tenants.get(&share.tenant).map_or(0, |(_, rows, _)| *rows);
+        let others: u32 = tenants.iter().filter(|(t, _)| **t != share.tenant).map(|(_, (_, _, w))| *w).sum();
+        let entry = tenants.entry(share.tenant.clone()).or_insert((0, 0, share.weight.max(1)));
+        entry.0 += 1;
+        entry.1 += rows;
+        entry.2 = share.weight.max(1);
         Outlook {
+            waiting_jobs,
             waiting_rows,
             tenant_rows,
             tenant_weight: share.weight.max(1),
@@ -76,11 +82,12 @@ impl Backlog {
         }
     }
 
-    /// Forget rows that left the queue.
+    /// Forget a job (of `rows` rows) that left the queue.
     pub fn remove(&self, tenant: &Arc<str>, rows: usize) {
         let mut tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(entry) = tenants.get_mut(tenant) {
-            entry.0 = entry.0.saturating_sub(rows);
+            entry.0 = entry.0.saturating_sub(1);
+            entry.1 = entry.1.saturating_sub(rows);
             if entry.0 == 0 {
                 tenants.remove(tenant);
             }
@@ -93,7 +100,15 @@ mod tests {
     use super::*;
 
     fn outlook(waiting_rows: usize, tenant_rows: usize, time_per_batch: Option<Duration>) -> Outlook {
-        Outlook { waiting_rows, tenant_rows, tenant_weight: 1, active_weight: 2, max_batch_rows: 8, time_per_batch }
+        Outlook {
+            waiting_jobs: waiting_rows,
+            waiting_rows,
+            tenant_rows,
+            tenant_weight: 1,
+            active_weight: 2,
+            max_batch_rows: 8,
+            time_per_batch,
+        }
     }
 
     #[test]
@@ -121,11 +136,12 @@ mod tests {
         let b = Share { tenant: "b".into(), weight: 3 };
         backlog.add(&a, 4, 8, None);
         let seen = backlog.add(&b, 2, 8, None);
-        assert_eq!((seen.waiting_rows, seen.tenant_rows, seen.active_weight), (4, 0, 4));
+        assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (1, 4, 0, 4));
         let seen = backlog.add(&a, 1, 8, None);
-        assert_eq!((seen.waiting_rows, seen.tenant_rows, seen.active_weight), (6, 4, 4));
-        backlog.remove(&a.tenant, 5);
+        assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (2, 6, 4, 4));
+        backlog.remove(&a.tenant, 4);
+        backlog.remove(&a.tenant, 1);
         let seen = backlog.add(&b, 1, 8, None);
-        assert_eq!((seen.waiting_rows, seen.tenant_rows, seen.active_weight), (2, 2, 3));
+        assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (1, 2, 2, 3));
     }
 }

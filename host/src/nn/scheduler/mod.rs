@@ -105,7 +105,11 @@ impl ModelQueue {
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
         let outlook = self.backlog.add(&share, rows, self.max_batch_rows, self.stats.mean_execution());
         let budget = deadline.saturating_duration_since(Instant::now());
+        // The queue bound counts every job not yet in a batch (the actor drains its channel
+        // into the batch state at once, so the channel alone would not bound the queue).
+        let full = outlook.waiting_jobs >= self.capacity;
         let refusal = match admission::decide(outlook, rows, budget) {
+            _ if full => Some(ComputeError::Overloaded { model: model.clone(), capacity: self.capacity }),
             Verdict::Admit => None,
             Verdict::OverShare { predicted } => Some(ComputeError::OverShare {
                 model: model.clone(),
