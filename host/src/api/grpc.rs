@@ -275,7 +275,13 @@ fn typed_contents(datatype: Datatype, contents: InferTensorContents, name: &str)
     fn le<T: Copy, const N: usize>(values: &[T], to_bytes: impl Fn(T) -> [u8; N]) -> Payload {
         Payload::Fixed(values.iter().flat_map(|&v| to_bytes(v)).collect())
     }
-    let out_of_range = || ApiError::invalid(format!("input '{name}': a value is out of range for its datatype"));
+    // Narrower integer types travel in the 32-bit fields; each value must fit.
+    fn narrow<S: Copy>(values: &[S], name: &str, encode: impl Fn(S) -> Option<Vec<u8>>) -> Result<Payload, ApiError> {
+        let bytes: Option<Vec<Vec<u8>>> = values.iter().map(|&v| encode(v)).collect();
+        bytes
+            .map(|b| Payload::Fixed(b.concat()))
+            .ok_or_else(|| ApiError::invalid(format!("input '{name}': a value is out of range for its datatype")))
+    }
     let ty = match datatype {
         Datatype::Bytes => return Ok(Payload::Bytes(contents.bytes_contents)),
         Datatype::Fixed(ty) => ty,
@@ -283,42 +289,18 @@ fn typed_contents(datatype: Datatype, contents: InferTensorContents, name: &str)
     Ok(match ty {
         ElementType::Bool => Payload::Fixed(contents.bool_contents.iter().map(|&b| u8::from(b)).collect()),
         ElementType::I32 => le(&contents.int_contents, i32::to_le_bytes),
-        ElementType::I16 => Payload::Fixed(
-            contents
-                .int_contents
-                .iter()
-                .map(|&v| i16::try_from(v).map(i16::to_le_bytes))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| out_of_range())?
-                .concat(),
-        ),
-        ElementType::I8 => Payload::Fixed(
-            contents
-                .int_contents
-                .iter()
-                .map(|&v| i8::try_from(v).map(|b| b as u8))
-                .collect::<Result<_, _>>()
-                .map_err(|_| out_of_range())?,
-        ),
+        ElementType::I16 => {
+            narrow(&contents.int_contents, name, |v: i32| i16::try_from(v).ok().map(|v| v.to_le_bytes().to_vec()))?
+        }
+        ElementType::I8 => {
+            narrow(&contents.int_contents, name, |v: i32| i8::try_from(v).ok().map(|v| v.to_le_bytes().to_vec()))?
+        }
         ElementType::I64 => le(&contents.int64_contents, i64::to_le_bytes),
         ElementType::U32 => le(&contents.uint_contents, u32::to_le_bytes),
-        ElementType::U16 => Payload::Fixed(
-            contents
-                .uint_contents
-                .iter()
-                .map(|&v| u16::try_from(v).map(u16::to_le_bytes))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| out_of_range())?
-                .concat(),
-        ),
-        ElementType::U8 => Payload::Fixed(
-            contents
-                .uint_contents
-                .iter()
-                .map(|&v| u8::try_from(v))
-                .collect::<Result<_, _>>()
-                .map_err(|_| out_of_range())?,
-        ),
+        ElementType::U16 => {
+            narrow(&contents.uint_contents, name, |v: u32| u16::try_from(v).ok().map(|v| v.to_le_bytes().to_vec()))?
+        }
+        ElementType::U8 => narrow(&contents.uint_contents, name, |v: u32| u8::try_from(v).ok().map(|v| vec![v]))?,
         ElementType::U64 => le(&contents.uint64_contents, u64::to_le_bytes),
         ElementType::F32 => le(&contents.fp32_contents, f32::to_le_bytes),
         ElementType::F64 => le(&contents.fp64_contents, f64::to_le_bytes),
@@ -358,5 +340,19 @@ pub fn encode_response(outcome: InferOutcome) -> ModelInferResponse {
             .collect(),
         outputs,
         raw_output_contents,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn narrow_integer_contents_must_fit_their_datatype() {
+        let contents = |values: Vec<u32>| InferTensorContents { uint_contents: values, ..Default::default() };
+        let payload = typed_contents(Datatype::Fixed(ElementType::U16), contents(vec![1, 65535]), "x").expect("fits");
+        assert_eq!(payload, Payload::Fixed(vec![1, 0, 255, 255]));
+        let error = typed_contents(Datatype::Fixed(ElementType::U8), contents(vec![256]), "x").expect_err("too big");
+        assert!(error.message.contains("out of range"), "{}", error.message);
     }
 }
