@@ -27,10 +27,10 @@ path = "$PWD/$model"
 sha256 = "$digest"
 TOML
 done
-"$sluice" serve --http 127.0.0.1:18500 --grpc 127.0.0.1:18501 --tenants "$work" --data-dir "$work/data" \
+${SERVER_CPUS:+taskset -c $SERVER_CPUS} "$sluice" serve --http 127.0.0.1:18500 --grpc 127.0.0.1:18501 --tenants "$work" --data-dir "$work/data" ${SERVE_ARGS:-} \
   >"$work/serve.log" 2>&1 &
 for _ in $(seq 100); do grep -q "grpc listening" "$work/serve.log" 2>/dev/null && break; sleep 0.1; done
-perf() { "$sluice" perf --address 127.0.0.1:18500 --model m --warmup-s 1 --duration-s "$seconds" "$@" | tail -n +3; }
+perf() { ${CLIENT_CPUS:+taskset -c $CLIENT_CPUS} "$sluice" perf --address 127.0.0.1:18500 --model m --warmup-s 1 --duration-s "$seconds" "$@" | tail -n +3; }
 echo "B alone at ${rate_b}/s:"
 perf --tenant "b:key-b:$rate_b"
 echo "A at ${rate_a}/s beside B at ${rate_b}/s:"

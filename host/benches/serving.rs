@@ -19,6 +19,7 @@ use sluice::nn::scheduler::Share;
 use sluice::nn::tensor::{ElementType, Tensor};
 use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
 use sluice::serve::{ServeConfig, build_state};
+use sluice::tenancy::turns::Turn;
 
 const SANDBOX_CALLS: usize = 10_000;
 const E2E_CALLS: usize = 2_000;
@@ -68,7 +69,14 @@ async fn sandbox_cost() -> anyhow::Result<()> {
     for i in 0..(SANDBOX_CALLS + 500) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         let call = GuestCall {
-            nn: NnCtx::new(models.clone(), Share { tenant: "bench".into(), weight: 1 }, deadline, None, 64 << 20),
+            nn: NnCtx::new(
+                models.clone(),
+                Share { tenant: "bench".into(), weight: 1 },
+                deadline,
+                None,
+                64 << 20,
+                Turn::unmetered(),
+            ),
             memory_bytes: 64 << 20,
             log: GuestLog { tenant: "bench".into(), app: "echo".into(), version: "1".into() },
             deadline,
@@ -210,6 +218,8 @@ async fn end_to_end() -> anyhow::Result<()> {
         backend_threads: 1,
         max_instances: 64,
         epoch_tick: Duration::from_millis(5),
+        cpu_turns: 0,
+        max_waiting_requests: 1024,
     };
     let state = match build_state(&config).await {
         Ok(state) => state,

@@ -88,8 +88,10 @@ struct ServeArgs {
     /// is found, else tract).
     #[arg(long, env = "SLUICE_BACKEND", value_enum)]
     backend: Option<BackendArg>,
-    /// Intra-op threads per model (0: the backend decides).
-    #[arg(long, env = "SLUICE_BACKEND_THREADS", default_value_t = 0)]
+    /// Intra-op threads per model execution instance (0: the backend decides). One keeps a
+    /// model from taking the CPUs other tenants' requests need; raise it for large models, or
+    /// add execution instances (`[models.X.batching] instances`) to run batches in parallel.
+    #[arg(long, env = "SLUICE_BACKEND_THREADS", default_value_t = 1)]
     backend_threads: usize,
     /// Guest instances alive at once across all tenants.
     #[arg(long, env = "SLUICE_MAX_INSTANCES", default_value_t = 256)]
@@ -97,6 +99,13 @@ struct ServeArgs {
     /// Epoch tick in milliseconds: the granularity of guest deadlines.
     #[arg(long, env = "SLUICE_EPOCH_TICK_MS", default_value_t = 5)]
     epoch_tick_ms: u64,
+    /// Requests the host works on at once (parsing, guest code, encoding); when all are busy,
+    /// waiting requests start in weighted fair order across tenants. 0: one per CPU.
+    #[arg(long, env = "SLUICE_CPU_TURNS", default_value_t = 0)]
+    cpu_turns: usize,
+    /// Requests waiting to start, at most; past it a tenant over its share gets 429, else 503.
+    #[arg(long, env = "SLUICE_MAX_WAITING_REQUESTS", default_value_t = 1024)]
+    max_waiting_requests: usize,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SLUICE_LOG_JSON")]
     log_json: bool,
@@ -127,6 +136,8 @@ fn main() -> anyhow::Result<()> {
                 backend_threads: args.backend_threads,
                 max_instances: args.max_instances,
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
+                cpu_turns: args.cpu_turns,
+                max_waiting_requests: args.max_waiting_requests,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(serve(config))

@@ -132,6 +132,7 @@ async fn model_infer(
     if declared.is_some_and(|length| length > limit) {
         return Err(too_large());
     }
+    let entry = infer::enter(&state, tenant, None).await?;
     let body = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
     let limits = TensorLimits { max_elements: tenant.tenant.quotas.max_tensor_elements };
     let json_length = match headers.get(INFERENCE_HEADER_CONTENT_LENGTH) {
@@ -141,7 +142,7 @@ async fn model_infer(
         })?),
     };
     let HttpInferRequest { request, encoding } = parse_infer_request(&body, json_length, limits)?;
-    let outcome = infer::infer(&state, tenant, &path.model, path.version.as_deref(), request, None).await?;
+    let outcome = infer::infer(&state, tenant, entry, &path.model, path.version.as_deref(), request).await?;
     let encoded = encode_response(outcome, &encoding)?;
     if encoded.binary.is_empty() {
         return Ok(([(header::CONTENT_TYPE, "application/json")], encoded.json).into_response());

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::error::ApiError;
@@ -14,6 +15,7 @@ use crate::nn::scheduler::Share;
 use crate::registry::ids::VersionName;
 use crate::runtime::{GuestCall, InferRequest, Prepared};
 use crate::serve::{AppState, ServingState, TenantState};
+use crate::tenancy::turns::Turn;
 
 /// The version every plain model reports.
 pub const PLAIN_MODEL_VERSION: &str = "1";
@@ -68,27 +70,53 @@ fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>
 /// The request parameter that shortens a request's deadline.
 const TIMEOUT_PARAMETER: &str = "timeout";
 
+/// A request let in: within its tenant's concurrency quota and holding a CPU turn. It is
+/// taken before the body is read, so a flood waits (or is refused) before costing work.
+pub struct Entry {
+    _in_flight: OwnedSemaphorePermit,
+    turn: Turn,
+    arrived: Instant,
+    /// The client's own timeout (gRPC `grpc-timeout`), if any.
+    client_timeout: Option<Duration>,
+}
+
+/// Admit a request of `tenant` and wait for its turn, within the tenant's deadline and the
+/// client's timeout.
+pub async fn enter(
+    state: &ServingState,
+    tenant: &TenantState,
+    client_timeout: Option<Duration>,
+) -> Result<Entry, ApiError> {
+    let arrived = Instant::now();
+    let in_flight = state.admission.admit(&tenant.tenant.id)?;
+    let quotas = &tenant.tenant.quotas;
+    let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout].into_iter().flatten().min();
+    let deadline = arrived + budget.unwrap_or_default();
+    let turn = state.turns.enter(tenant.tenant.id.as_str().into(), quotas.compute_weight, deadline).await?;
+    Ok(Entry { _in_flight: in_flight, turn, arrived, client_timeout })
+}
+
 /// Run one validated request.
 pub async fn infer(
     state: &ServingState,
     tenant: &TenantState,
+    entry: Entry,
     name: &str,
     version: Option<&str>,
     request: ValidInferRequest,
-    client_timeout: Option<Duration>,
 ) -> Result<InferOutcome, ApiError> {
+    let Entry { _in_flight, mut turn, arrived, client_timeout } = entry;
     let target = resolve(tenant, name, version)?;
-    let _permit = state.admission.admit(&tenant.tenant.id)?;
     let quotas = &tenant.tenant.quotas;
     // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
-    // `timeout` request parameter in microseconds, as Triton reads it).
+    // `timeout` request parameter in microseconds, as Triton reads it), from arrival.
     let requested_timeout = timeout_parameter(&request.parameters)?;
     let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout, requested_timeout]
         .into_iter()
         .flatten()
         .min()
         .unwrap_or_default();
-    let deadline = Instant::now() + budget;
+    let deadline = arrived + budget;
     let budget_ms = budget.as_millis() as u64;
     let requested = request.requested_outputs.clone();
     let share = Share { tenant: tenant.tenant.id.as_str().into(), weight: quotas.compute_weight };
@@ -98,13 +126,15 @@ pub async fn infer(
         Target::Model { model, .. } => {
             let inputs =
                 request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
-            let outputs =
-                tokio::time::timeout_at(deadline, model.compute(inputs, deadline, share)).await.map_err(|_| {
-                    ApiError::new(
-                        super::error::ErrorKind::DeadlineExceeded,
-                        format!("the request exceeded its deadline of {budget_ms} ms"),
-                    )
-                })??;
+            turn.pause();
+            let computed = tokio::time::timeout_at(deadline, model.compute(inputs, deadline, share)).await;
+            let outputs = computed.map_err(|_| {
+                ApiError::new(
+                    super::error::ErrorKind::DeadlineExceeded,
+                    format!("the request exceeded its deadline of {budget_ms} ms"),
+                )
+            })??;
+            turn.resume().await;
             (
                 outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect(),
                 Vec::new(),
@@ -117,7 +147,7 @@ pub async fn infer(
                 max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
             });
             let call = GuestCall {
-                nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes),
+                nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes, turn),
                 memory_bytes,
                 log: crate::runtime::GuestLog {
                     tenant: tenant.tenant.id.to_string(),

@@ -18,6 +18,7 @@ use super::models::{LoadedModel, TenantModels};
 use super::scheduler::{ComputeError, QueueSettings, Share};
 use super::tensor::{ElementType, Tensor};
 use crate::runtime::bindings::wasi::nn::{errors, graph, inference, tensor};
+use crate::tenancy::turns::Turn;
 
 /// A guest-created tensor; checked against its shape when it reaches `compute`.
 pub struct HostTensor {
@@ -58,6 +59,8 @@ pub struct NnCtx {
     /// The last overload or deadline a `compute` met; it decides the request's status when
     /// the guest then fails.
     pub queue_failure: Option<ComputeError>,
+    /// The request's CPU turn, given up while it waits for a model.
+    pub turn: Turn,
 }
 
 /// What a tenant allowed to load raw bytes may use.
@@ -73,8 +76,9 @@ impl NnCtx {
         deadline: tokio::time::Instant,
         raw_load: Option<RawLoad>,
         tensor_bytes_limit: usize,
+        turn: Turn,
     ) -> Self {
-        Self { models, share, deadline, raw_load, tensor_bytes_limit, tensor_bytes_live: 0, queue_failure: None }
+        Self { models, share, deadline, raw_load, tensor_bytes_limit, tensor_bytes_live: 0, queue_failure: None, turn }
     }
 }
 
@@ -289,7 +293,10 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                 }
             }
         }
-        let outputs = match model.compute(named, self.ctx.deadline, self.ctx.share.clone()).await {
+        self.ctx.turn.pause();
+        let computed = model.compute(named, self.ctx.deadline, self.ctx.share.clone()).await;
+        self.ctx.turn.resume().await;
+        let outputs = match computed {
             Ok(outputs) => outputs,
             Err(err) => {
                 if matches!(

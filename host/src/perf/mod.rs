@@ -81,22 +81,28 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
             Some(rate) => {
                 let interval = Duration::from_secs_f64(1.0 / rate.max(0.001));
                 let (request, report, key) = (request.clone(), report.clone(), tenant.key.clone());
-                tasks.push(tokio::spawn(async move {
-                    let mut ticker = tokio::time::interval(interval);
-                    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                let runtime = tokio::runtime::Handle::current();
+                // Requests leave on a thread of their own that sleeps to each send time: the
+                // async runtime's timers tick in milliseconds and would send in bursts.
+                let pacer = tokio::task::spawn_blocking(move || {
                     let mut inflight = Vec::new();
-                    while Instant::now() < stop_at {
-                        ticker.tick().await;
+                    let mut next = Instant::now();
+                    while next < stop_at {
+                        std::thread::sleep(next.saturating_duration_since(Instant::now()));
                         let (client, request, report, key) =
                             (client.clone(), request.clone(), report.clone(), key.clone());
-                        inflight.push(tokio::spawn(async move {
+                        inflight.push(runtime.spawn(async move {
                             let outcome: Outcome = client.infer(&request, key.as_deref()).await;
                             if outcome.started >= measure_from && outcome.started <= stop_at {
                                 report.lock().await.record(outcome);
                             }
                         }));
+                        next += interval;
                     }
-                    for task in inflight {
+                    inflight
+                });
+                tasks.push(tokio::spawn(async move {
+                    for task in pacer.await.unwrap_or_default() {
                         let _ = task.await;
                     }
                 }));

@@ -32,6 +32,9 @@ pub struct ServeConfig {
     pub backend_threads: usize,
     pub max_instances: u32,
     pub epoch_tick: Duration,
+    /// Requests worked on at once (0: one per CPU); see `tenancy::turn_state`.
+    pub cpu_turns: usize,
+    pub max_waiting_requests: usize,
 }
 
 /// Build everything, bind the listeners and serve HTTP and gRPC until Ctrl-C / SIGTERM.
@@ -94,7 +97,12 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         epoch_tick: config.epoch_tick,
         cache_dir: config.data_dir.join("compiled"),
     })?;
-    ServingState::build(registry, runtime, &backends, config.default_backend).await
+    let cpu_turns = match config.cpu_turns {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        turns => turns,
+    };
+    let turns = crate::tenancy::turns::Turns::new(cpu_turns, config.max_waiting_requests);
+    ServingState::build(registry, runtime, &backends, config.default_backend, turns).await
 }
 
 async fn shutdown_signal() {

@@ -13,6 +13,7 @@ use crate::registry::{AppSpec, Registry, Tenant};
 use crate::runtime::{Prepared, Runtime};
 use crate::telemetry::stats::ModelStats;
 use crate::tenancy::Admission;
+use crate::tenancy::turns::Turns;
 
 /// One app with each version pre-linked.
 pub struct AppState {
@@ -36,6 +37,8 @@ pub struct ServingState {
     pub runtime: Runtime,
     pub tenants: HashMap<TenantId, TenantState>,
     pub admission: Admission,
+    /// Fair turns on the host CPU across all tenants.
+    pub turns: Arc<Turns>,
 }
 
 impl ServingState {
@@ -45,6 +48,7 @@ impl ServingState {
         runtime: Runtime,
         backends: &Backends,
         default_backend: Option<BackendKind>,
+        turns: Arc<Turns>,
     ) -> anyhow::Result<Self> {
         let mut store = ModelStore::default();
         let mut shared = BTreeMap::new();
@@ -82,6 +86,6 @@ impl ServingState {
             tenants.insert(tenant.id.clone(), TenantState { tenant: tenant.clone(), models, apps, raw_backend });
         }
         let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
-        Ok(Self { registry, runtime, tenants, admission })
+        Ok(Self { registry, runtime, tenants, admission, turns })
     }
 }

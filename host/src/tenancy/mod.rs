@@ -1,5 +1,8 @@
 //! Tenancy: who is calling (API-key authentication) and whether they may start another
-//! request now (per-tenant concurrency admission).
+//! request now (per-tenant concurrency admission), and fair turns on the host CPU.
+
+pub mod turn_state;
+pub mod turns;
 
 use std::collections::HashMap;
 use std::sync::Arc;

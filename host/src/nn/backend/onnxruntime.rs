@@ -63,8 +63,13 @@ impl Backend for OnnxRuntime {
             .get()
             .and_then(|e| e.as_ref().ok())
             .ok_or_else(|| load_error("ONNX Runtime is not initialised".to_string()))?;
+        // Idle pool threads sleep instead of spinning: on a shared host a spinning thread
+        // takes the CPU that other tenants' requests need (measured: B's p99 in the noisy
+        // neighbour run, BENCHMARKS.md).
         let mut builder = Session::builder(environment)
             .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::Level3).map_err(Into::into))
+            .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
+            .and_then(|b| b.with_inter_op_spinning(false).map_err(Into::into))
             .map_err(|e| load_error(e.to_string()))?;
         if self.threads > 0 {
             builder = builder.with_intra_threads(self.threads).map_err(|e| load_error(e.to_string()))?;

@@ -1,0 +1,271 @@
+//! Fair turns on the host's CPU, the state half (the async half is [`super::turns`]). A request holds a turn while the host works for it (reading
+//! and parsing its body, running its guest, encoding the answer); at most `slots` requests
+//! hold one at once, and when all are taken, whose request goes next is decided per tenant
+//! by weighted round robin (`compute_weight`), not by arrival order.
+//!
+//! Without it, requests share the CPU first come first served, so a tenant sending ten
+//! times another's rate makes the other wait behind its bursts, and past capacity everyone
+//! queues before the model queues' own fair share is reached (BENCHMARKS.md, noisy
+//! neighbour). A request gives its turn up while it waits for a model (the batch queue is
+//! fair by itself, and batches need many requests waiting there) and takes one again
+//! before everyone still waiting to start; a guest that runs past one epoch tick gives its
+//! turn up for good, so a spinning guest cannot hold one for its whole deadline.
+//!
+//! The waiting room is bounded: when it is full, an arrival whose tenant already holds at
+//! least its weighted share of the waiters is refused, otherwise the newest waiter of the
+//! tenant most over its share is pushed out to make room. A light tenant is never refused
+//! because of a heavy one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// What happens to an arriving request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Arrival<W> {
+    /// A turn was free: run now.
+    Run,
+    /// Wait in the tenant's lane.
+    Wait,
+    /// Wait; this waiter of another tenant was pushed out to make room.
+    WaitPushingOut(W),
+    /// The waiting room is full; `over_share` when the tenant holds more than its weighted
+    /// share of it (else the server is simply full).
+    Refused { over_share: bool },
+}
+
+/// One tenant's waiting requests and its round-robin credit.
+#[derive(Debug)]
+struct Lane<W> {
+    waiters: VecDeque<W>,
+    weight: u64,
+    credit: u64,
+}
+
+/// The turn-keeping state: a plain struct, driven under a lock by [`super::turns::Turns`].
+#[derive(Debug)]
+pub struct TurnState<W> {
+    slots: usize,
+    busy: usize,
+    max_waiting: usize,
+    /// Requests coming back from a model call; they go before new arrivals.
+    resuming: VecDeque<W>,
+    lanes: HashMap<Arc<str>, Lane<W>>,
+    /// Tenants with waiters, in round-robin order; the front is being served.
+    ring: VecDeque<Arc<str>>,
+    waiting: usize,
+}
+
+impl<W> TurnState<W> {
+    pub fn new(slots: usize, max_waiting: usize) -> Self {
+        Self {
+            slots: slots.max(1),
+            busy: 0,
+            max_waiting,
+            resuming: VecDeque::new(),
+            lanes: HashMap::new(),
+            ring: VecDeque::new(),
+            waiting: 0,
+        }
+    }
+
+    /// Turns held now.
+    pub fn busy(&self) -> usize {
+        self.busy
+    }
+
+    /// Requests waiting to start (not counting those resuming).
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// A new request of `tenant` (with its weight) arrives.
+    pub fn arrive(&mut self, tenant: &Arc<str>, weight: u32, waiter: W) -> Arrival<W> {
+        if self.busy < self.slots {
+            self.busy += 1;
+            return Arrival::Run;
+        }
+        let weight = u64::from(weight.max(1));
+        let mut pushed_out = None;
+        if self.waiting >= self.max_waiting {
+            let own = self.lanes.get(tenant).map_or(0, |lane| lane.waiters.len() as u64);
+            // Shares compare as waiters per unit of weight: (own + 1) / weight vs n / w.
+            let heaviest = self
+                .lanes
+                .iter()
+                .filter(|(other, _)| *other != tenant)
+                .max_by_key(|(_, lane)| lane.waiters.len() as u64 * 1_000_000 / lane.weight)
+                .map(|(other, lane)| (other.clone(), lane.waiters.len() as u64, lane.weight));
+            match heaviest {
+                Some((other, count, other_weight)) if (own + 1) * other_weight < count * weight => {
+                    let lane = self.lanes.get_mut(&other).expect("the heaviest lane exists");
+                    pushed_out = lane.waiters.pop_back();
+                    self.waiting -= 1;
+                    self.forget_idle_lanes();
+                }
+                _ => {
+                    let total_weight: u64 =
+                        weight + self.lanes.iter().filter(|(t, _)| *t != tenant).map(|(_, l)| l.weight).sum::<u64>();
+                    let fair = self.max_waiting as u64 * weight / total_weight;
+                    return Arrival::Refused { over_share: own + 1 > fair && total_weight > weight };
+                }
+            }
+        }
+        let lane =
+            self.lanes.entry(tenant.clone()).or_insert_with(|| Lane { waiters: VecDeque::new(), weight, credit: 0 });
+        lane.weight = weight;
+        if lane.waiters.is_empty() {
+            self.ring.push_back(tenant.clone());
+        }
+        lane.waiters.push_back(waiter);
+        self.waiting += 1;
+        match pushed_out {
+            Some(waiter) => Arrival::WaitPushingOut(waiter),
+            None => Arrival::Wait,
+        }
+    }
+
+    /// A request that gave its turn up for a model call wants one again: `true` if it runs
+    /// now, else it is queued to be handed the next turn before any new arrival.
+    pub fn resume(&mut self, waiter: W) -> bool {
+        if self.busy < self.slots {
+            self.busy += 1;
+            return true;
+        }
+        self.resuming.push_back(waiter);
+        false
+    }
+
+    /// A turn is given back; returns the waiter it passes to, if any (already counted busy).
+    pub fn release(&mut self) -> Option<W> {
+        self.busy = self.busy.saturating_sub(1);
+        let next = self.resuming.pop_front().or_else(|| self.next_waiter())?;
+        self.busy += 1;
+        Some(next)
+    }
+
+    /// Take a waiter out (its request went away); `true` if it was still waiting.
+    pub fn remove(&mut self, tenant: &Arc<str>, is_it: impl Fn(&W) -> bool) -> bool {
+        if let Some(position) = self.resuming.iter().position(&is_it) {
+            self.resuming.remove(position);
+            return true;
+        }
+        let Some(lane) = self.lanes.get_mut(tenant) else { return false };
+        let Some(position) = lane.waiters.iter().position(&is_it) else { return false };
+        lane.waiters.remove(position);
+        self.waiting -= 1;
+        self.forget_idle_lanes();
+        true
+    }
+
+    /// Weighted deficit round robin with unit cost: the tenant at the front of the ring is
+    /// served while it has credit; otherwise it earns its weight and the next one's turn comes.
+    fn next_waiter(&mut self) -> Option<W> {
+        loop {
+            let tenant = self.ring.front()?.clone();
+            let lane = self.lanes.get_mut(&tenant)?;
+            if lane.credit >= 1 {
+                lane.credit -= 1;
+                let waiter = lane.waiters.pop_front();
+                self.waiting -= 1;
+                self.forget_idle_lanes();
+                return waiter;
+            }
+            lane.credit += lane.weight;
+            self.ring.rotate_left(1);
+        }
+    }
+
+    /// Lanes without waiters leave the ring and lose their credit.
+    fn forget_idle_lanes(&mut self) {
+        self.lanes.retain(|_, lane| !lane.waiters.is_empty());
+        let lanes = &self.lanes;
+        self.ring.retain(|tenant| lanes.contains_key(tenant));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(name: &str) -> Arc<str> {
+        name.into()
+    }
+
+    #[test]
+    fn turns_are_free_until_every_slot_is_busy() {
+        let mut state = TurnState::new(2, 8);
+        assert_eq!(state.arrive(&tenant("a"), 1, 1), Arrival::Run);
+        assert_eq!(state.arrive(&tenant("a"), 1, 2), Arrival::Run);
+        assert_eq!(state.arrive(&tenant("a"), 1, 3), Arrival::Wait);
+        assert_eq!(state.release(), Some(3), "the waiter takes the freed turn");
+        assert_eq!(state.busy(), 2);
+        assert_eq!(state.release(), None);
+        assert_eq!(state.busy(), 1);
+    }
+
+    #[test]
+    fn waiters_are_served_by_weighted_round_robin_not_arrival_order() {
+        let mut state = TurnState::new(1, 100_000);
+        assert_eq!(state.arrive(&tenant("x"), 1, 0), Arrival::Run);
+        // A floods first; B and C arrive after all of A's requests.
+        for id in 1..=6000 {
+            assert_eq!(state.arrive(&tenant("a"), 1, id), Arrival::Wait);
+        }
+        for id in 10_001..=16_000 {
+            assert_eq!(state.arrive(&tenant("b"), 2, id), Arrival::Wait);
+        }
+        for id in 20_001..=26_000 {
+            assert_eq!(state.arrive(&tenant("c"), 4, id), Arrival::Wait);
+        }
+        let mut served = [0u32; 3];
+        for _ in 0..7000 {
+            let id = state.release().expect("a waiter");
+            served[(id / 10_000) as usize] += 1;
+        }
+        let expected = [1000.0, 2000.0, 4000.0];
+        for (count, expected) in served.iter().zip(expected) {
+            assert!((f64::from(*count) - expected).abs() <= expected * 0.05, "served {served:?}");
+        }
+    }
+
+    #[test]
+    fn a_resuming_request_goes_before_new_arrivals() {
+        let mut state = TurnState::new(1, 8);
+        assert_eq!(state.arrive(&tenant("a"), 1, 1), Arrival::Run);
+        assert_eq!(state.arrive(&tenant("b"), 1, 2), Arrival::Wait);
+        // Request 1 pauses for a model call: its turn goes to 2.
+        assert_eq!(state.release(), Some(2));
+        assert!(!state.resume(1), "no turn free: 1 is queued to resume");
+        assert_eq!(state.arrive(&tenant("c"), 1, 3), Arrival::Wait);
+        assert_eq!(state.release(), Some(1), "1 resumes before 3 starts");
+        assert_eq!(state.release(), Some(3));
+    }
+
+    #[test]
+    fn a_full_waiting_room_pushes_out_the_heaviest_tenant_for_a_light_one() {
+        let mut state = TurnState::new(1, 4);
+        assert_eq!(state.arrive(&tenant("a"), 1, 0), Arrival::Run);
+        for id in 1..=4 {
+            assert_eq!(state.arrive(&tenant("a"), 1, id), Arrival::Wait);
+        }
+        assert_eq!(state.arrive(&tenant("a"), 1, 5), Arrival::Refused { over_share: false }, "only a waits");
+        assert_eq!(state.arrive(&tenant("b"), 1, 6), Arrival::WaitPushingOut(4), "a's newest makes room");
+        assert_eq!(state.arrive(&tenant("b"), 1, 7), Arrival::WaitPushingOut(3));
+        assert_eq!(state.arrive(&tenant("a"), 1, 8), Arrival::Refused { over_share: true });
+        assert_eq!(state.arrive(&tenant("b"), 1, 9), Arrival::Refused { over_share: true }, "even shares: b keeps 2");
+        assert_eq!(state.waiting(), 4);
+    }
+
+    #[test]
+    fn a_removed_waiter_is_never_served() {
+        let mut state = TurnState::new(1, 8);
+        assert_eq!(state.arrive(&tenant("a"), 1, 1), Arrival::Run);
+        assert_eq!(state.arrive(&tenant("a"), 1, 2), Arrival::Wait);
+        assert_eq!(state.arrive(&tenant("b"), 1, 3), Arrival::Wait);
+        assert!(state.remove(&tenant("a"), |id| *id == 2));
+        assert!(!state.remove(&tenant("a"), |id| *id == 2), "already gone");
+        assert_eq!(state.release(), Some(3));
+        assert_eq!(state.release(), None);
+        assert_eq!(state.waiting(), 0);
+    }
+}

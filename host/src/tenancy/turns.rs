@@ -1,0 +1,274 @@
+//! Fair turns on the host's CPU, the async half: a request waits for its turn on a oneshot
+//! channel while [`super::turn_state`] decides who is next (see there for the policy).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::turn_state::{Arrival, TurnState};
+use crate::api::error::{ApiError, ErrorKind};
+
+/// How a waiting request is woken.
+#[derive(Debug)]
+enum Wake {
+    Run,
+    PushedOut,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    wake: oneshot::Sender<Wake>,
+}
+
+/// The host's CPU turns, shared by every request.
+pub struct Turns {
+    state: Mutex<TurnState<Waiter>>,
+    next_id: AtomicU64,
+}
+
+impl Turns {
+    /// `slots` turns (the CPUs the host works on); at most `max_waiting` requests wait.
+    pub fn new(slots: usize, max_waiting: usize) -> Arc<Self> {
+        Arc::new(Self { state: Mutex::new(TurnState::new(slots, max_waiting)), next_id: AtomicU64::new(0) })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TurnState<Waiter>> {
+        // The state stays consistent across a panic elsewhere: every method finishes its update.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wait for a turn for a new request of `tenant`, until `deadline`.
+    pub async fn enter(self: &Arc<Self>, tenant: Arc<str>, weight: u32, deadline: Instant) -> Result<Turn, ApiError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (wake, woken) = oneshot::channel();
+        let arrival = self.lock().arrive(&tenant, weight, Waiter { id, wake });
+        match arrival {
+            Arrival::Run => return Ok(Turn::held(self.clone())),
+            Arrival::Refused { over_share } => return Err(refused(&tenant, over_share)),
+            Arrival::Wait => {}
+            Arrival::WaitPushingOut(other) => {
+                let _ = other.wake.send(Wake::PushedOut);
+            }
+        }
+        let mut waiting = Waiting { turns: self, tenant: tenant.clone(), id, woken, settled: false };
+        let woke = tokio::time::timeout_at(deadline, &mut waiting.woken).await;
+        match woke {
+            Ok(Ok(Wake::Run)) => {
+                waiting.settled = true;
+                Ok(Turn::held(self.clone()))
+            }
+            Ok(Ok(Wake::PushedOut)) => {
+                waiting.settled = true;
+                Err(refused(&tenant, true))
+            }
+            Ok(Err(_)) => {
+                waiting.settled = true;
+                Err(ApiError::new(ErrorKind::Internal, "the request's turn was lost"))
+            }
+            Err(_elapsed) => Err(ApiError::new(
+                ErrorKind::DeadlineExceeded,
+                "the request's deadline passed while it waited for the server to start it",
+            )),
+        }
+    }
+
+    /// Give a turn back, passing it to the next waiter still there.
+    fn release(&self) {
+        loop {
+            let Some(next) = self.lock().release() else { return };
+            if next.wake.send(Wake::Run).is_ok() {
+                return;
+            }
+            // That waiter's request has gone: pass the turn on.
+        }
+    }
+}
+
+fn refused(tenant: &str, over_share: bool) -> ApiError {
+    if over_share {
+        ApiError::new(
+            ErrorKind::QuotaExceeded,
+            format!(
+                "the server is at capacity and tenant '{tenant}' already has its share of the requests \
+                 waiting to start; retry later"
+            ),
+        )
+    } else {
+        ApiError::new(
+            ErrorKind::Overloaded,
+            "the server is at capacity: too many requests waiting to start; retry later",
+        )
+    }
+}
+
+/// A request's place in line; dropped before its wake-up, it leaves the line, and a turn
+/// handed to it in the meantime is passed on.
+struct Waiting<'a> {
+    turns: &'a Arc<Turns>,
+    tenant: Arc<str>,
+    id: u64,
+    woken: oneshot::Receiver<Wake>,
+    settled: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let id = self.id;
+        let removed = self.turns.lock().remove(&self.tenant, |waiter| waiter.id == id);
+        if !removed && matches!(self.woken.try_recv(), Ok(Wake::Run)) {
+            self.turns.release();
+        }
+    }
+}
+
+/// A request's hold on a turn; dropping it gives the turn back.
+pub struct Turn {
+    turns: Option<Arc<Turns>>,
+    holding: bool,
+    detached: bool,
+}
+
+impl Turn {
+    fn held(turns: Arc<Turns>) -> Self {
+        Self { turns: Some(turns), holding: true, detached: false }
+    }
+
+    /// A turn outside any accounting (benchmarks and tools that call the runtime directly).
+    pub fn unmetered() -> Self {
+        Self { turns: None, holding: false, detached: true }
+    }
+
+    /// Give the turn up while the request waits for something else (a model).
+    pub fn pause(&mut self) {
+        if let Some(turns) = &self.turns
+            && std::mem::take(&mut self.holding)
+        {
+            turns.release();
+        }
+    }
+
+    /// Take a turn again after [`Turn::pause`], ahead of requests waiting to start.
+    pub async fn resume(&mut self) {
+        let Some(turns) = self.turns.clone() else { return };
+        if self.holding || self.detached {
+            return;
+        }
+        let id = turns.next_id.fetch_add(1, Ordering::Relaxed);
+        let (wake, woken) = oneshot::channel();
+        if turns.lock().resume(Waiter { id, wake }) {
+            self.holding = true;
+            return;
+        }
+        let mut waiting = Waiting { turns: &turns, tenant: Arc::from(""), id, woken, settled: false };
+        let woke = (&mut waiting.woken).await;
+        waiting.settled = true;
+        self.holding = matches!(woke, Ok(Wake::Run));
+    }
+
+    /// Give the turn up for good (a guest that runs long competes without one).
+    pub fn detach(&mut self) {
+        self.pause();
+        self.detached = true;
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.pause();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[tokio::test]
+    async fn a_released_turn_goes_to_the_next_waiter() {
+        let turns = Turns::new(1, 8);
+        let first = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        let waiting = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("b".into(), 1, far()).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "b waits while a holds the only turn");
+        drop(first);
+        waiting.await.expect("joined").expect("b runs after a");
+        assert_eq!(turns.lock().busy(), 0, "b's turn was given back when it ended");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_past_its_deadline_leaves_the_line() {
+        let turns = Turns::new(1, 8);
+        let _held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        let error = turns
+            .enter("b".into(), 1, Instant::now() + Duration::from_millis(10))
+            .await
+            .err()
+            .expect("b times out waiting");
+        assert_eq!(error.kind, ErrorKind::DeadlineExceeded);
+        assert_eq!(turns.lock().waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_paused_turn_lets_another_request_run_and_resumes_first() {
+        let turns = Turns::new(1, 8);
+        let mut a = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        a.pause();
+        let b = turns.enter("b".into(), 1, far()).await.expect("a's paused turn is free");
+        let c = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("c".into(), 1, far()).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let resumed = tokio::spawn(async move {
+            a.resume().await;
+            a.holding
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(b);
+        assert!(resumed.await.expect("joined"), "a resumes before c starts");
+        c.await.expect("joined").expect("c runs once a is done");
+    }
+
+    #[tokio::test]
+    async fn a_heavy_tenant_is_pushed_out_for_a_light_one() {
+        let turns = Turns::new(1, 2);
+        let held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        let heavy: Vec<_> = (0..2)
+            .map(|_| {
+                let turns = turns.clone();
+                tokio::spawn(async move { turns.enter("a".into(), 1, far()).await.map(|_| ()) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let refused = turns.enter("a".into(), 1, far()).await.err().expect("a's third waiter is refused");
+        assert_eq!(refused.kind, ErrorKind::Overloaded, "only one tenant waits: the server is full");
+        let light = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("b".into(), 1, far()).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(held);
+        let mut kinds = Vec::new();
+        for task in heavy {
+            if let Err(error) = task.await.expect("joined") {
+                kinds.push(error.kind);
+            }
+        }
+        assert_eq!(kinds, vec![ErrorKind::QuotaExceeded], "a's newest waiter made room for b");
+        light.await.expect("joined").expect("b runs");
+    }
+}
