@@ -10,6 +10,9 @@ rate_b="${1:-300}"
 seconds="${2:-10}"
 rate_a=$(( rate_b * 10 ))
 sluice=target/release/sluice
+# The server gets CPU 0 and the load generator CPU 1 (override with SERVER_CPUS/CLIENT_CPUS;
+# SERVE_ARGS adds `sluice serve` options).
+if [ "$(nproc)" -ge 2 ]; then SERVER_CPUS="${SERVER_CPUS-0}"; CLIENT_CPUS="${CLIENT_CPUS-1}"; fi
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 model=examples/digits/model/digits.onnx

@@ -45,6 +45,15 @@ fn micros(d: Duration) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
+    // `cargo bench --bench serving -- raw MODEL BATCH...`: only one model's raw throughput at
+    // the given batch sizes (scripts/bench_batching.sh puts it beside the served figures).
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    if let [mode, model, batches @ ..] = args.as_slice()
+        && mode == "raw"
+    {
+        let batches = batches.iter().map(|b| b.parse()).collect::<Result<Vec<usize>, _>>()?;
+        return raw_throughput(model, &batches);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     println!("## Serving path (`cargo bench --bench serving`)\n");
     runtime.block_on(sandbox_cost())?;
@@ -176,6 +185,22 @@ fn backend_throughput() -> anyhow::Result<()> {
         }
     }
     println!();
+    Ok(())
+}
+
+fn raw_throughput(name: &str, batches: &[usize]) -> anyhow::Result<()> {
+    let model = example_models()
+        .into_iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no example model named {name}"))?;
+    let backends = backend::available(&BackendSettings { onnxruntime_library: onnxruntime_library(), threads: 1 });
+    let backend = backends.preferred().ok_or_else(|| anyhow::anyhow!("no backend: {:?}", backends.unavailable))?;
+    let graph = backend.load(&std::fs::read(&model.path)?)?;
+    println!("| model | backend | batch | raw throughput (inf/s) |\n| --- | --- | --- | --- |");
+    for &batch in batches {
+        let rate = throughput(graph.as_ref(), &batch_input(&model, batch), batch)?;
+        println!("| {name} | {} | {batch} | {rate:.1} |", backend.kind());
+    }
     Ok(())
 }
 

@@ -122,3 +122,29 @@ async fn a_burst_far_above_capacity_is_shed_with_503_and_the_server_keeps_answer
     assert!(burst.iter().any(|(status, _)| *status == 200), "the queue still serves what it admitted");
     assert_eq!(server.get("/v2/health/ready", None).await.0, 200);
 }
+
+#[tokio::test]
+async fn batches_are_cut_to_the_preferred_batch_size() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", ACME, "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    manifest += "[models.digits-mlp.batching]\nmax_batch_size = 64\nmax_queue_delay_us = 2000000\n";
+    manifest += "preferred_batch_sizes = [4]\n\n";
+    tenants.write("acme.toml", &manifest);
+    let server = Server::start(tenants.path(), &[]);
+    let (_, config) = server.get("/v2/models/digits-mlp/config", Some(ACME)).await;
+    assert_eq!(config["dynamic_batching"]["preferred_batch_size"], json!([4]), "{config}");
+
+    let digits = heldout_digits();
+    let requests: Vec<Value> = (0..8).map(|i| rows(&digits[i..=i])).collect();
+    // Eight one-row requests with a 2 s delay: each batch leaves as soon as four rows wait.
+    let started = std::time::Instant::now();
+    let answers = futures::future::join_all(requests.iter().map(|body| server.infer("digits-mlp", ACME, body))).await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "no batch waited for the delay");
+    for (status, response) in &answers {
+        assert_eq!(*status, 200, "{response}");
+    }
+    let (_, stats) = server.get("/v2/models/digits-mlp/stats", Some(ACME)).await;
+    let model = &stats["model_stats"][0];
+    assert_eq!((model["inference_count"].as_u64(), model["execution_count"].as_u64()), (Some(8), Some(2)), "{stats}");
+}

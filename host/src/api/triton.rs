@@ -97,7 +97,12 @@ pub fn config(name: &str, target: &Target<'_>) -> ModelConfig {
                 input: model.signature.inputs.iter().map(|s| tensor(&from_spec(s), batched)).collect(),
                 output: model.signature.outputs.iter().map(|s| tensor(&from_spec(s), batched)).collect(),
                 dynamic_batching: batched.then(|| DynamicBatching {
-                    preferred_batch_size: Vec::new(),
+                    preferred_batch_size: model
+                        .settings
+                        .preferred_batch_rows
+                        .iter()
+                        .map(|&rows| i32::try_from(rows).unwrap_or(i32::MAX))
+                        .collect(),
                     max_queue_delay_microseconds: model.settings.max_delay.as_micros() as u64,
                 }),
                 instance_group: vec![InstanceGroup {

@@ -236,8 +236,13 @@ impl graph::Host for NnView<'_> {
             Err(err) => return self.error(errors::ErrorCode::InvalidEncoding, err.to_string()),
         };
         let graph: Arc<dyn super::backend::Graph> = Arc::from(graph);
-        let settings =
-            QueueSettings { max_batch_rows: 1, max_delay: std::time::Duration::ZERO, capacity: 4, instances: 1 };
+        let settings = QueueSettings {
+            max_batch_rows: 1,
+            preferred_batch_rows: Vec::new(),
+            max_delay: std::time::Duration::ZERO,
+            capacity: 4,
+            instances: 1,
+        };
         let model = Arc::new(LoadedModel::start("raw", String::new(), kind, vec![graph], settings));
         Ok(Ok(self.table.push(HostGraph { name: "raw".to_string(), model })?))
     }

@@ -63,8 +63,8 @@ impl LoadedModel {
             sha256,
             backend,
             signature: graphs.first().map(|g| g.signature().clone()).unwrap_or_default(),
+            queue: ModelQueue::start(name, graphs, settings.clone(), stats.clone()),
             settings,
-            queue: ModelQueue::start(name, graphs, settings, stats.clone()),
             stats,
         }
     }
@@ -147,6 +147,7 @@ impl ModelStore {
             };
             let settings = QueueSettings {
                 max_batch_rows: spec.batching.max_batch_size,
+                preferred_batch_rows: spec.batching.preferred_batch_sizes.clone(),
                 max_delay: Duration::from_micros(spec.batching.max_queue_delay_us),
                 capacity: spec.batching.max_queue_size,
                 instances,

@@ -104,11 +104,21 @@ pub struct Batching {
     pub max_queue_size: usize,
     /// Execution instances: loaded copies of the model that run batches at once.
     pub instances: usize,
+    /// Batch sizes the model runs best at (as Triton's `preferred_batch_size`): a batch is
+    /// cut to the largest of them the waiting rows fill, and formed as soon as the largest
+    /// fills; when none fills, as many rows as wait (up to `max_batch_size`) run.
+    pub preferred_batch_sizes: Vec<usize>,
 }
 
 impl Default for Batching {
     fn default() -> Self {
-        Self { max_batch_size: 32, max_queue_delay_us: 0, max_queue_size: 1024, instances: 1 }
+        Self {
+            max_batch_size: 32,
+            max_queue_delay_us: 0,
+            max_queue_size: 1024,
+            instances: 1,
+            preferred_batch_sizes: Vec::new(),
+        }
     }
 }
 

@@ -193,6 +193,15 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
             message: format!("model '{name}': max_batch_size, max_queue_size and instances must be at least 1"),
         });
     }
+    let max_batch = model.batching.max_batch_size;
+    if let Some(bad) = model.batching.preferred_batch_sizes.iter().find(|&&size| size == 0 || size > max_batch) {
+        return Err(RegistryError::Invalid {
+            path: manifest.to_path_buf(),
+            message: format!(
+                "model '{name}': preferred batch size {bad} must be between 1 and max_batch_size ({max_batch})"
+            ),
+        });
+    }
     Ok(ModelSpec { name, path, sha256: actual, bytes, backend: model.backend, batching: model.batching })
 }
 

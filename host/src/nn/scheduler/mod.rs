@@ -57,9 +57,11 @@ struct Job {
 }
 
 /// Settings of one model's queue.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct QueueSettings {
     pub max_batch_rows: usize,
+    /// Batch sizes to cut batches to (see `QueuePolicy`); empty: none.
+    pub preferred_batch_rows: Vec<usize>,
     pub max_delay: Duration,
     pub capacity: usize,
     /// Execution instances: batches of this model that may run at once.
@@ -83,6 +85,7 @@ impl ModelQueue {
     pub fn start(model: &str, graphs: Vec<Arc<dyn Graph>>, settings: QueueSettings, stats: Arc<ModelStats>) -> Self {
         let policy = QueuePolicy {
             max_batch_rows: settings.max_batch_rows,
+            preferred_batch_rows: settings.preferred_batch_rows.clone(),
             max_delay: settings.max_delay,
             batchable: graphs.first().is_some_and(|g| g.signature().batchable()),
         };
@@ -164,7 +167,7 @@ async fn run_queue(
     mut receiver: mpsc::Receiver<Queued<Job>>,
 ) {
     let execution = Arc::new(execution);
-    let mut state = BatchQueue::new(policy);
+    let mut state = BatchQueue::new(policy.clone());
     // Execution instances free to take a batch; busy ones come back through `running`.
     let mut idle = graphs;
     let mut running: tokio::task::JoinSet<Arc<dyn Graph>> = tokio::task::JoinSet::new();

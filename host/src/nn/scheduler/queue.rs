@@ -44,9 +44,12 @@ pub struct Queued<P> {
 }
 
 /// Settings of one queue.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct QueuePolicy {
     pub max_batch_rows: usize,
+    /// Preferred batch sizes: a batch is formed as soon as the largest fills, and cut to the
+    /// largest the waiting rows fill; when none fills, every waiting row may go.
+    pub preferred_batch_rows: Vec<usize>,
     pub max_delay: Duration,
     /// Whether the model has a batch dimension; if not, jobs run one at a time.
     pub batchable: bool,
@@ -136,7 +139,8 @@ impl<P> BatchQueue<P> {
     /// larger than the limit runs alone).
     pub fn pop_batch(&mut self, now: Instant) -> Option<Vec<Queued<P>>> {
         let due = self.next_due()?;
-        if self.policy.batchable && now < due && self.rows < self.policy.max_batch_rows {
+        let full = self.policy.preferred_batch_rows.iter().copied().max().unwrap_or(self.policy.max_batch_rows);
+        if self.policy.batchable && now < due && self.rows < full {
             return None;
         }
         let first = self.next_job(None, usize::MAX)?;
@@ -145,9 +149,19 @@ impl<P> BatchQueue<P> {
         }
         let key = first.key.clone();
         let mut rows = first.rows;
+        let same_shape_rows = rows + self.rows_with(&key);
+        let target = self
+            .policy
+            .preferred_batch_rows
+            .iter()
+            .copied()
+            .filter(|&preferred| preferred <= same_shape_rows)
+            .max()
+            .unwrap_or(self.policy.max_batch_rows)
+            .min(self.policy.max_batch_rows);
         let mut batch = vec![first];
-        while rows < self.policy.max_batch_rows {
-            let Some(job) = self.next_job(Some(&key), self.policy.max_batch_rows - rows) else { break };
+        while rows < target {
+            let Some(job) = self.next_job(Some(&key), target - rows) else { break };
             rows += job.rows;
             batch.push(job);
         }
@@ -181,6 +195,11 @@ impl<P> BatchQueue<P> {
         }
     }
 
+    /// Rows waiting with shape key `key`.
+    fn rows_with(&self, key: &ShapeKey) -> usize {
+        self.lanes.values().flat_map(|lane| &lane.jobs).filter(|job| &job.key == key).map(|job| job.rows).sum()
+    }
+
     /// Lanes without jobs leave the ring and lose their credit (as DRR prescribes).
     fn forget_idle_lanes(&mut self) {
         self.lanes.retain(|_, lane| !lane.jobs.is_empty());
@@ -194,7 +213,12 @@ mod tests {
     use super::*;
 
     fn policy(max_batch_rows: usize, batchable: bool) -> QueuePolicy {
-        QueuePolicy { max_batch_rows, max_delay: Duration::from_millis(10), batchable }
+        QueuePolicy {
+            max_batch_rows,
+            preferred_batch_rows: Vec::new(),
+            max_delay: Duration::from_millis(10),
+            batchable,
+        }
     }
 
     fn job(id: u32, rows: usize, key: &str, at: Instant) -> Queued<u32> {
@@ -227,6 +251,23 @@ mod tests {
         let batch = queue.pop_batch(t0).expect("four rows fill the batch");
         assert_eq!(ids(&batch), vec![1, 2]);
         assert_eq!(queue.len(), 1);
+    }
+
+    #[test]
+    fn batches_are_cut_to_preferred_sizes() {
+        let t0 = Instant::now();
+        let mut queue = BatchQueue::new(QueuePolicy { preferred_batch_rows: vec![4, 8], ..policy(32, true) });
+        for id in 0..7 {
+            queue.push(job(id, 1, "x", t0));
+        }
+        assert!(queue.pop_batch(t0).is_none(), "seven rows fill no 8-row batch before the delay");
+        let late = t0 + Duration::from_millis(10);
+        assert_eq!(queue.pop_batch(late).expect("delay ran out").len(), 4, "cut to the largest preferred size");
+        assert_eq!(queue.pop_batch(late).expect("the rest").len(), 3, "no preferred size fills: all go");
+        for id in 0..10 {
+            queue.push(job(id, 1, "x", t0));
+        }
+        assert_eq!(queue.pop_batch(t0).expect("the largest preferred size fills").len(), 8);
     }
 
     #[test]
