@@ -7,6 +7,8 @@ mod extensions;
 mod grpc;
 mod hostile;
 mod isolation;
+#[cfg(feature = "tract")]
+mod padding;
 mod serving;
 mod startup;
 mod support;

@@ -242,6 +242,7 @@ impl graph::Host for NnView<'_> {
             max_delay: std::time::Duration::ZERO,
             capacity: 4,
             instances: 1,
+            padding: None,
         };
         let model = Arc::new(LoadedModel::start("raw", String::new(), kind, vec![graph], settings));
         Ok(Ok(self.table.push(HostGraph { name: "raw".to_string(), model })?))

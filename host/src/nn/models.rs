@@ -6,10 +6,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::backend::{Backend, BackendKind, Backends, Graph, Signature};
+use super::backend::{Backend, BackendKind, Backends, Graph, Signature, TensorSpec};
+use super::scheduler::padding::PaddingRule;
 use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Share};
 use crate::registry::ModelSpec;
 use crate::registry::ids::ModelName;
+use crate::registry::manifest::Padding;
 use crate::telemetry::stats::ModelStats;
 
 /// A model loaded on a backend, with its queue.
@@ -145,12 +147,24 @@ impl ModelStore {
                     continue;
                 }
             };
+            let padding = match &spec.batching.padding {
+                None => None,
+                Some(padding) => {
+                    let signature = graphs.first().map(|g| g.signature().clone()).unwrap_or_default();
+                    Some(padding_rule(padding, &signature).map_err(|reason| ModelLoadError::Failed {
+                        model: spec.name.to_string(),
+                        path: spec.path.display().to_string(),
+                        reasons: reason,
+                    })?)
+                }
+            };
             let settings = QueueSettings {
                 max_batch_rows: spec.batching.max_batch_size,
                 preferred_batch_rows: spec.batching.preferred_batch_sizes.clone(),
                 max_delay: Duration::from_micros(spec.batching.max_queue_delay_us),
                 capacity: spec.batching.max_queue_size,
                 instances,
+                padding,
             };
             let model =
                 Arc::new(LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graphs, settings));
@@ -171,6 +185,37 @@ impl ModelStore {
             reasons: reasons.join("; "),
         })
     }
+}
+
+/// The manifest's padding rule, checked against the model: every padded input and cut output
+/// exists and has a dynamic dimension at the padded axis.
+fn padding_rule(padding: &Padding, signature: &Signature) -> Result<PaddingRule, String> {
+    let check = |kind: &str, name: &String, specs: &[TensorSpec]| {
+        let spec = specs.iter().find(|s| &s.name == name).ok_or_else(|| {
+            let known: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+            format!("padding names {kind} '{name}', which the model does not have (its {kind}s: {known:?})")
+        })?;
+        match spec.dims.get(padding.axis) {
+            Some(None) => Ok(()),
+            _ => Err(format!(
+                "padding axis {} of {kind} '{name}' is not a dynamic dimension (dims {:?}); only a variable \
+                 length can be padded",
+                padding.axis, spec.dims
+            )),
+        }
+    };
+    for input in &padding.inputs {
+        check("input", input, &signature.inputs)?;
+    }
+    for output in &padding.outputs {
+        check("output", output, &signature.outputs)?;
+    }
+    Ok(PaddingRule {
+        axis: padding.axis,
+        fill: padding.value,
+        inputs: padding.inputs.clone(),
+        outputs: padding.outputs.clone(),
+    })
 }
 
 /// The models one tenant can load by name: its own, then the platform's shared ones.

@@ -72,6 +72,27 @@ impl ElementType {
     }
 }
 
+impl ElementType {
+    /// One element holding `value` (cast to this type, saturating), little-endian.
+    pub fn encode(self, value: f64) -> Vec<u8> {
+        match self {
+            Self::Bool => vec![u8::from(value != 0.0)],
+            Self::U8 => vec![value as u8],
+            Self::I8 => (value as i8).to_le_bytes().to_vec(),
+            Self::U16 => (value as u16).to_le_bytes().to_vec(),
+            Self::I16 => (value as i16).to_le_bytes().to_vec(),
+            Self::U32 => (value as u32).to_le_bytes().to_vec(),
+            Self::I32 => (value as i32).to_le_bytes().to_vec(),
+            Self::U64 => (value as u64).to_le_bytes().to_vec(),
+            Self::I64 => (value as i64).to_le_bytes().to_vec(),
+            Self::F16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
+            Self::BF16 => half::bf16::from_f64(value).to_le_bytes().to_vec(),
+            Self::F32 => (value as f32).to_le_bytes().to_vec(),
+            Self::F64 => value.to_le_bytes().to_vec(),
+        }
+    }
+}
+
 impl serde::Serialize for ElementType {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.oip_name())
@@ -156,6 +177,27 @@ impl Tensor {
         Some(Tensor { ty: first.ty, dims, data })
     }
 
+    /// The tensor with dimension `axis` made `length` long: cut, or padded with elements of
+    /// `fill`. `None` if the axis does not exist or the result would be too large.
+    pub fn resize_axis(&self, axis: usize, length: usize, fill: f64) -> Option<Tensor> {
+        let current = *self.dims.get(axis)?;
+        if current == length {
+            return Some(self.clone());
+        }
+        let outer: usize = self.dims[..axis].iter().product();
+        let inner = byte_len(self.ty, &self.dims[axis + 1..])?;
+        let mut dims = self.dims.clone();
+        dims[axis] = length;
+        let mut data = Vec::with_capacity(byte_len(self.ty, &dims)?);
+        let padding: Vec<u8> = self.ty.encode(fill).repeat((length.saturating_sub(current)) * inner / self.ty.size());
+        let (block, kept) = (current * inner, current.min(length) * inner);
+        for index in 0..outer {
+            data.extend_from_slice(&self.data[index * block..index * block + kept]);
+            data.extend_from_slice(&padding);
+        }
+        Tensor::new(self.ty, dims, data).ok()
+    }
+
     /// Split along dimension 0 into pieces of the given row counts.
     pub fn split_rows(&self, rows: &[usize]) -> Option<Vec<Tensor>> {
         let total: usize = rows.iter().sum();
@@ -211,6 +253,18 @@ mod tests {
         assert_eq!(joined.dims(), &[3, 2]);
         let parts = joined.split_rows(&[1, 2]).expect("rows add up");
         assert_eq!(parts, vec![a, b]);
+    }
+
+    #[test]
+    fn resizing_an_axis_pads_and_cuts_each_row() {
+        let t = f32s(vec![2, 2, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        let padded = t.resize_axis(1, 3, -1.0).expect("axis exists");
+        assert_eq!(padded, f32s(vec![2, 3, 2], &[1.0, 2.0, 3.0, 4.0, -1.0, -1.0, 5.0, 6.0, 7.0, 8.0, -1.0, -1.0]));
+        assert_eq!(padded.resize_axis(1, 2, 0.0).expect("axis exists"), t, "cutting undoes padding");
+        assert_eq!(t.resize_axis(2, 1, 0.0).expect("last axis"), f32s(vec![2, 2, 1], &[1.0, 3.0, 5.0, 7.0]));
+        assert!(t.resize_axis(3, 1, 0.0).is_none());
+        let ints = Tensor::new(ElementType::I64, vec![1, 1], 7i64.to_le_bytes().to_vec()).expect("valid");
+        assert_eq!(ints.resize_axis(1, 2, 0.0).expect("padded").data()[8..], 0i64.to_le_bytes());
     }
 
     #[test]

@@ -108,6 +108,26 @@ pub struct Batching {
     /// cut to the largest of them the waiting rows fill, and formed as soon as the largest
     /// fills; when none fills, as many rows as wait (up to `max_batch_size`) run.
     pub preferred_batch_sizes: Vec<usize>,
+    /// Lets requests whose inputs differ along one axis share a batch (see `Padding`).
+    pub padding: Option<Padding>,
+}
+
+/// A padding rule: the named inputs may differ in length along `axis` and are padded with
+/// `value` to the longest in a batch; the named outputs are cut back to each request's
+/// length. Declare it only for models that ignore padded positions (an attention mask).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Padding {
+    /// The padded dimension; 1 or more (0 is the batch).
+    pub axis: usize,
+    /// What padded positions hold.
+    #[serde(default)]
+    pub value: f64,
+    /// Inputs padded along `axis`.
+    pub inputs: Vec<String>,
+    /// Outputs cut back along `axis` to each request's length.
+    #[serde(default)]
+    pub outputs: Vec<String>,
 }
 
 impl Default for Batching {
@@ -118,6 +138,7 @@ impl Default for Batching {
             max_queue_size: 1024,
             instances: 1,
             preferred_batch_sizes: Vec::new(),
+            padding: None,
         }
     }
 }

@@ -193,6 +193,14 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
             message: format!("model '{name}': max_batch_size, max_queue_size and instances must be at least 1"),
         });
     }
+    if let Some(padding) = &model.batching.padding
+        && (padding.axis == 0 || padding.inputs.is_empty())
+    {
+        return Err(RegistryError::Invalid {
+            path: manifest.to_path_buf(),
+            message: format!("model '{name}': a padding rule needs axis 1 or more (0 is the batch) and its inputs"),
+        });
+    }
     let max_batch = model.batching.max_batch_size;
     if let Some(bad) = model.batching.preferred_batch_sizes.iter().find(|&&size| size == 0 || size > max_batch) {
         return Err(RegistryError::Invalid {

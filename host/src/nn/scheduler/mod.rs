@@ -9,6 +9,7 @@
 //! [`ComputeError`] (overload, deadline, backend failure).
 
 pub mod admission;
+pub mod padding;
 pub mod queue;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use super::backend::{BackendError, Graph};
 use super::tensor::Tensor;
 use crate::telemetry::stats::ModelStats;
 use admission::{Backlog, Verdict};
+use padding::PaddingRule;
 pub use queue::Share;
 use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
 
@@ -66,6 +68,8 @@ pub struct QueueSettings {
     pub capacity: usize,
     /// Execution instances: batches of this model that may run at once.
     pub instances: usize,
+    /// How inputs of different lengths may share a batch; `None`: only equal shapes do.
+    pub padding: Option<PaddingRule>,
 }
 
 /// Handle to a model's queue; clone freely.
@@ -77,6 +81,7 @@ pub struct ModelQueue {
     max_batch_rows: usize,
     backlog: Arc<Backlog>,
     stats: Arc<ModelStats>,
+    padding: Option<Arc<PaddingRule>>,
 }
 
 impl ModelQueue {
@@ -92,9 +97,23 @@ impl ModelQueue {
         let (sender, receiver) = mpsc::channel(settings.capacity);
         let model: Arc<str> = model.into();
         let backlog = Arc::new(Backlog::default());
-        let execution = Execution { model: model.clone(), stats: stats.clone(), backlog: backlog.clone() };
+        let padding = settings.padding.map(Arc::new);
+        let execution = Execution {
+            model: model.clone(),
+            stats: stats.clone(),
+            backlog: backlog.clone(),
+            padding: padding.clone(),
+        };
         tokio::spawn(run_queue(execution, graphs, policy, receiver));
-        Self { model, sender, capacity: settings.capacity, max_batch_rows: settings.max_batch_rows, backlog, stats }
+        Self {
+            model,
+            sender,
+            capacity: settings.capacity,
+            max_batch_rows: settings.max_batch_rows,
+            backlog,
+            stats,
+            padding,
+        }
     }
 
     /// Queue inputs (already checked against the model's signature) and wait for outputs.
@@ -133,7 +152,7 @@ impl ModelQueue {
         let tenant = share.tenant.clone();
         let (reply, answer) = oneshot::channel();
         let job = Queued {
-            key: shape_key(&inputs),
+            key: shape_key(&inputs, self.padding.as_deref()),
             payload: Job { inputs, reply },
             rows,
             share,
@@ -158,6 +177,7 @@ struct Execution {
     model: Arc<str>,
     stats: Arc<ModelStats>,
     backlog: Arc<Backlog>,
+    padding: Option<Arc<PaddingRule>>,
 }
 
 async fn run_queue(
@@ -222,18 +242,23 @@ async fn sleep_until_due(due: Option<std::time::Instant>) {
 
 /// Run one batch and answer each of its jobs.
 async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
-    let Execution { model, stats, backlog } = execution;
+    let Execution { model, stats, backlog, padding } = execution;
     let started = std::time::Instant::now();
     for job in &batch {
         stats.queue.record(started.saturating_duration_since(job.enqueued));
         backlog.remove(&job.share.tenant, job.rows);
     }
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
-    let (inputs, replies): (Vec<NamedTensors>, Vec<_>) =
+    let (mut inputs, replies): (Vec<NamedTensors>, Vec<_>) =
         batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
     let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
 
-    let stacked = stack(inputs);
+    // Jobs of different lengths along a padded axis share this batch: pad them to the longest.
+    let padded = padding.as_deref().filter(|_| inputs.len() > 1).map(|rule| (rule, rule.pad(&mut inputs)));
+    let stacked = match padded {
+        Some((_, None)) => None,
+        _ => stack(inputs),
+    };
     let stacked_at = std::time::Instant::now();
     let mut infer_time = Duration::ZERO;
     let result = match stacked {
@@ -259,7 +284,15 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
     };
     let unstack_started = std::time::Instant::now();
     let split = result.and_then(|outputs| {
-        unstack(outputs, &rows).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))
+        let mut per_job =
+            unstack(outputs, &rows).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))?;
+        if let Some((rule, Some((lengths, longest)))) = &padded {
+            for (outputs, &length) in per_job.iter_mut().zip(lengths) {
+                rule.cut(outputs, length, *longest)
+                    .ok_or_else(|| backend_error("outputs could not be cut back".into()))?;
+            }
+        }
+        Ok(per_job)
     });
     stats.execution(stacked_at - started, infer_time, unstack_started.elapsed());
     match split {

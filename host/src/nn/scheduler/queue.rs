@@ -12,15 +12,22 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::padding::PaddingRule;
 use crate::nn::tensor::{ElementType, Tensor};
 
 /// What makes two jobs stackable: per input, its name, element type and trailing dims.
 pub type ShapeKey = Vec<(String, ElementType, Vec<usize>)>;
 
-/// The shape key of a job's inputs.
-pub fn shape_key(inputs: &[(String, Tensor)]) -> ShapeKey {
-    let mut key: ShapeKey =
-        inputs.iter().map(|(name, t)| (name.clone(), t.ty(), t.dims().get(1..).unwrap_or_default().to_vec())).collect();
+/// The shape key of a job's inputs; a padded dimension matches any length.
+pub fn shape_key(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> ShapeKey {
+    let trailing = |name: &str, t: &Tensor| {
+        let mut dims = t.dims().get(1..).unwrap_or_default().to_vec();
+        if let Some(rule) = padding.filter(|rule| rule.pads(name, t.dims().len())) {
+            dims[rule.axis - 1] = usize::MAX;
+        }
+        dims
+    };
+    let mut key: ShapeKey = inputs.iter().map(|(name, t)| (name.clone(), t.ty(), trailing(name, t))).collect();
     key.sort();
     key
 }
