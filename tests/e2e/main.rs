@@ -9,6 +9,7 @@ mod hostile;
 mod isolation;
 #[cfg(feature = "tract")]
 mod padding;
+mod rollout;
 mod serving;
 mod startup;
 mod support;

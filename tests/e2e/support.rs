@@ -226,6 +226,22 @@ impl Server {
         self.post_raw(&format!("/v2/models/{model}/infer"), Some(key), serde_json::to_vec(body).expect("json")).await
     }
 
+    /// An infer request with extra HTTP headers.
+    pub async fn infer_with_headers(
+        &self,
+        model: &str,
+        key: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut request =
+            self.client.post(format!("{}/v2/models/{model}/infer", self.base)).bearer_auth(key).json(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        read(request.send().await.expect("POST reaches the server")).await
+    }
+
     pub async fn post_raw(&self, path: &str, key: Option<&str>, body: Vec<u8>) -> (u16, Value) {
         let mut request = self.client.post(format!("{}{path}", self.base)).body(body);
         if let Some(key) = key {

@@ -177,12 +177,13 @@ impl GrpcInferenceService for GrpcApi {
         // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
         let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
         let entry = infer::enter(&self.state, tenant, client_timeout).await?;
-        let message = request.into_inner();
+        let (metadata, _, message) = request.into_parts();
         let limits = TensorLimits { max_elements: tenant.tenant.quotas.max_tensor_elements };
         let name = message.model_name.clone();
         let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());
         let valid = parse_infer_request(message, limits)?;
-        let outcome = infer::infer(&self.state, tenant, entry, &name, pinned.as_deref(), valid).await?;
+        let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let outcome = infer::infer(&self.state, tenant, entry, &name, pinned.as_deref(), valid, &header).await?;
         Ok(Response::new(encode_response(outcome)))
     }
 }

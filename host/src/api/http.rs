@@ -37,6 +37,7 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/models/{model}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
+        .route("/v2/models/{model}/rollout", get(model_rollout))
         .route("/v2/models/{model}/infer", post(model_infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(model_infer))
         .fallback(|| async {
@@ -113,6 +114,22 @@ async fn model_stats(
     describe(&state, &headers, &path, super::triton::statistics)
 }
 
+/// Sluice's extension: an app's traffic split, per-version outcomes and shadow comparison.
+async fn model_rollout(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    match infer::resolve(tenant, &path.model, None)? {
+        infer::Target::App { app, .. } => Ok(Json(crate::rollout::status::status(app)).into_response()),
+        infer::Target::Model { .. } => Err(ApiError::not_found(format!(
+            "'{}' is a plain model; rollout status is kept for apps (components with versions)",
+            path.model
+        ))),
+    }
+}
+
 async fn model_infer(
     State(state): State<Shared>,
     Path(path): Path<ModelPath>,
@@ -142,7 +159,8 @@ async fn model_infer(
         })?),
     };
     let HttpInferRequest { request, encoding } = parse_infer_request(&body, json_length, limits)?;
-    let outcome = infer::infer(&state, tenant, entry, &path.model, path.version.as_deref(), request).await?;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let outcome = infer::infer(&state, tenant, entry, &path.model, path.version.as_deref(), request, &header).await?;
     let encoded = encode_response(outcome, &encoding)?;
     if encoded.binary.is_empty() {
         return Ok(([(header::CONTENT_TYPE, "application/json")], encoded.json).into_response());

@@ -1,5 +1,6 @@
 //! Protocol-neutral inference: resolve the name inside the caller's tenant (an app or a
-//! plain model), pick the version, run it under the tenant's deadline and limits.
+//! plain model), pick the version (pinned, or by the app's traffic), run it under the
+//! tenant's deadline and limits, and mirror a sample to the app's shadow version.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,13 +8,15 @@ use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorKind};
 use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::nn::host::{NnCtx, RawLoad};
 use crate::nn::models::LoadedModel;
 use crate::nn::scheduler::Share;
 use crate::registry::ids::VersionName;
-use crate::runtime::{GuestCall, InferRequest, Prepared};
+use crate::rollout::shadow::ShadowJob;
+use crate::rollout::traffic::Route;
+use crate::runtime::{GuestCall, GuestLog, InferRequest, Prepared};
 use crate::serve::{AppState, ServingState, TenantState};
 use crate::tenancy::turns::Turn;
 
@@ -22,8 +25,18 @@ pub const PLAIN_MODEL_VERSION: &str = "1";
 
 /// What a name resolves to inside a tenant.
 pub enum Target<'a> {
-    App { app: &'a AppState, version: &'a VersionName, prepared: &'a Prepared },
-    Model { name: &'a str, model: &'a Arc<LoadedModel> },
+    /// An app: the pinned version, or (when `pinned` is false) the stable one; unpinned
+    /// requests are routed by the app's traffic when they run.
+    App {
+        app: &'a AppState,
+        version: &'a VersionName,
+        prepared: &'a Prepared,
+        pinned: bool,
+    },
+    Model {
+        name: &'a str,
+        model: &'a Arc<LoadedModel>,
+    },
 }
 
 impl Target<'_> {
@@ -39,8 +52,8 @@ impl Target<'_> {
 /// foreign names get the same answer.
 pub fn resolve<'a>(tenant: &'a TenantState, name: &str, version: Option<&str>) -> Result<Target<'a>, ApiError> {
     if let Some((_, app)) = tenant.apps.iter().find(|(app_name, _)| app_name.as_str() == name) {
-        let (version, prepared) = crate::rollout::select(name, &app.spec.stable, &app.versions, version)?;
-        return Ok(Target::App { app, version, prepared });
+        let (chosen, prepared) = crate::rollout::select(name, &app.traffic().stable, &app.versions, version)?;
+        return Ok(Target::App { app, version: chosen, prepared, pinned: version.is_some() });
     }
     if let Some((model_name, model)) = tenant.models.own.iter().find(|(model_name, _)| model_name.as_str() == name) {
         if let Some(pinned) = version
@@ -104,6 +117,7 @@ pub async fn infer(
     name: &str,
     version: Option<&str>,
     request: ValidInferRequest,
+    header: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<InferOutcome, ApiError> {
     let Entry { _in_flight, mut turn, arrived, client_timeout } = entry;
     let target = resolve(tenant, name, version)?;
@@ -120,9 +134,8 @@ pub async fn infer(
     let budget_ms = budget.as_millis() as u64;
     let requested = request.requested_outputs.clone();
     let share = Share { tenant: tenant.tenant.id.as_str().into(), weight: quotas.compute_weight };
-    let version = target.version().to_string();
 
-    let (outputs, parameters) = match target {
+    let (outputs, parameters, version) = match target {
         Target::Model { model, .. } => {
             let inputs =
                 request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
@@ -130,7 +143,7 @@ pub async fn infer(
             let computed = tokio::time::timeout_at(deadline, model.compute(inputs, deadline, share)).await;
             let outputs = computed.map_err(|_| {
                 ApiError::new(
-                    super::error::ErrorKind::DeadlineExceeded,
+                    ErrorKind::DeadlineExceeded,
                     format!("the request exceeded its deadline of {budget_ms} ms"),
                 )
             })??;
@@ -138,10 +151,30 @@ pub async fn infer(
             (
                 outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect(),
                 Vec::new(),
+                PLAIN_MODEL_VERSION.to_string(),
             )
         }
-        Target::App { app, version, prepared } => {
+        Target::App { app, version: resolved, prepared: resolved_prepared, pinned } => {
+            let (route, prepared) = if pinned {
+                (Route { version: resolved.clone(), shadow: None }, resolved_prepared)
+            } else {
+                let traffic = app.traffic();
+                let key = traffic.sticky_header.as_deref().and_then(header);
+                let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
+                let prepared = app.versions.get(&route.version).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorKind::Internal,
+                        format!("routed to version '{}', which is not loaded", route.version),
+                    )
+                })?;
+                (route, prepared)
+            };
             let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
+            let mirror = route.shadow.as_ref().and_then(|shadow| {
+                let prepared = app.versions.get(shadow)?.clone();
+                let call = shadow_call(tenant, app, shadow, &share, &request, memory_bytes);
+                Some((prepared, call))
+            });
             let raw_load = tenant.raw_backend.clone().map(|backend| RawLoad {
                 backend,
                 max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
@@ -149,11 +182,7 @@ pub async fn infer(
             let call = GuestCall {
                 nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes, turn),
                 memory_bytes,
-                log: crate::runtime::GuestLog {
-                    tenant: tenant.tenant.id.to_string(),
-                    app: app.spec.name.to_string(),
-                    version: version.to_string(),
-                },
+                log: guest_log(tenant, app, &route.version),
                 deadline,
                 deadline_ms: budget_ms,
                 request: InferRequest {
@@ -164,21 +193,63 @@ pub async fn infer(
             };
             let started = std::time::Instant::now();
             let response = state.runtime.invoke(prepared, call).await;
+            let elapsed = started.elapsed();
             let rows = response.as_ref().ok().and_then(|r| r.outputs.first()).and_then(|t| t.shape.first().copied());
-            app.stats.request(response.is_ok(), started.elapsed(), rows.unwrap_or(1));
+            app.stats.request(response.is_ok(), elapsed, rows.unwrap_or(1));
+            let server_error =
+                response.as_ref().err().is_some_and(|e| ApiError::from(e.clone()).kind.status().is_server_error());
+            if let Some(stats) = app.version_stats.get(&route.version) {
+                stats.record(server_error, elapsed);
+            }
             let response = response?;
             let outputs =
                 response.outputs.into_iter().map(ValidTensor::from_guest).collect::<Result<Vec<_>, _>>().map_err(
                     |e| {
-                        ApiError::new(
-                            super::error::ErrorKind::GuestFailure,
-                            format!("the component returned an invalid output: {e}"),
-                        )
+                        ApiError::new(ErrorKind::GuestFailure, format!("the component returned an invalid output: {e}"))
                     },
                 )?;
-            (outputs, response.parameters)
+            if let Some((prepared, call)) = mirror {
+                let job = ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone() };
+                state.shadows.mirror(job);
+            }
+            (outputs, response.parameters, route.version.to_string())
         }
     };
     InferOutcome { model_name: name.to_string(), model_version: version, id: request.id, outputs, parameters }
         .select(requested.as_deref())
+}
+
+fn guest_log(tenant: &TenantState, app: &AppState, version: &VersionName) -> GuestLog {
+    GuestLog { tenant: tenant.tenant.id.to_string(), app: app.spec.name.to_string(), version: version.to_string() }
+}
+
+/// How to build a shadow's guest call when the shadow thread gets to it: the same request,
+/// the tenant's own namespace and limits, a fresh deadline, and no CPU turn (the shadow
+/// thread runs at the lowest priority instead).
+fn shadow_call(
+    tenant: &TenantState,
+    app: &AppState,
+    version: &VersionName,
+    share: &Share,
+    request: &ValidInferRequest,
+    memory_bytes: usize,
+) -> Box<dyn FnOnce() -> GuestCall + Send> {
+    let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(tenant, app, version));
+    let budget = Duration::from_millis(tenant.tenant.quotas.guest_deadline_ms);
+    let request = InferRequest {
+        id: request.id.clone(),
+        inputs: request.inputs.iter().cloned().map(ValidTensor::into_guest).collect(),
+        parameters: request.parameters.clone(),
+    };
+    Box::new(move || {
+        let deadline = Instant::now() + budget;
+        GuestCall {
+            nn: NnCtx::new(models, share, deadline, None, memory_bytes, Turn::unmetered()),
+            memory_bytes,
+            log,
+            deadline,
+            deadline_ms: budget.as_millis() as u64,
+            request,
+        }
+    })
 }

@@ -71,7 +71,11 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
                     tasks.push(tokio::spawn(async move {
                         while Instant::now() < stop_at {
                             let outcome = client.infer(&request, key.as_deref()).await;
-                            if outcome.started >= measure_from && Instant::now() <= stop_at {
+                            // Closed loop: what completes inside the window counts, as in
+                            // perf_analyzer (counting by start would miss the first latency's
+                            // worth of completions when requests are slow).
+                            let completed = outcome.started + outcome.latency;
+                            if completed >= measure_from && completed <= stop_at {
                                 report.lock().await.record(outcome);
                             }
                         }

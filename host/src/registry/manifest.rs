@@ -156,6 +156,36 @@ pub struct AppManifest {
     /// Declared outputs, reported by model metadata.
     #[serde(default)]
     pub outputs: Vec<TensorMetadata>,
+    /// Canary and shadow traffic beside the stable version.
+    #[serde(default)]
+    pub traffic: TrafficManifest,
+}
+
+/// `[apps.X.traffic]`: a canary taking `weight` percent of unpinned requests, a shadow
+/// mirroring a `sample` fraction of them, and a header whose value keeps a caller on one
+/// side of the split.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrafficManifest {
+    pub canary: Option<CanaryManifest>,
+    pub shadow: Option<ShadowManifest>,
+    pub sticky_header: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryManifest {
+    pub version: VersionName,
+    /// Percent of unpinned requests, 0 to 100.
+    pub weight: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowManifest {
+    pub version: VersionName,
+    /// Fraction of unpinned requests mirrored, 0 to 1.
+    pub sample: f64,
 }
 
 /// One version of an app.

@@ -20,6 +20,7 @@ use manifest::{
 };
 
 use crate::nn::backend::BackendKind;
+use crate::rollout::traffic::{Canary, Shadow, Traffic};
 
 const PLATFORM_MANIFEST: &str = "platform.toml";
 
@@ -57,7 +58,8 @@ pub struct ComponentSpec {
 #[derive(Debug, Clone)]
 pub struct AppSpec {
     pub name: AppName,
-    pub stable: VersionName,
+    /// The initial split (`stable` is the version serving unpinned requests).
+    pub traffic: Traffic,
     pub versions: BTreeMap<VersionName, ComponentSpec>,
     pub inputs: Vec<TensorMetadata>,
     pub outputs: Vec<TensorMetadata>,
@@ -226,10 +228,33 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
             )));
         }
     }
+    let known = |version: &VersionName, role: &str| {
+        if app.versions.contains_key(version) {
+            Ok(())
+        } else {
+            Err(invalid(format!("app '{name}': {role} version '{version}' is not among its versions")))
+        }
+    };
+    let mut traffic = Traffic::stable_only(app.stable.clone());
+    if let Some(canary) = &app.traffic.canary {
+        known(&canary.version, "canary")?;
+        if !(0.0..=100.0).contains(&canary.weight) {
+            return Err(invalid(format!("app '{name}': canary weight {} must be 0 to 100 (percent)", canary.weight)));
+        }
+        traffic.canary = Some(Canary { version: canary.version.clone(), weight: canary.weight });
+    }
+    if let Some(shadow) = &app.traffic.shadow {
+        known(&shadow.version, "shadow")?;
+        if !(0.0..=1.0).contains(&shadow.sample) {
+            return Err(invalid(format!("app '{name}': shadow sample {} must be 0 to 1 (a fraction)", shadow.sample)));
+        }
+        traffic.shadow = Some(Shadow { version: shadow.version.clone(), sample: shadow.sample });
+    }
+    traffic.sticky_header = app.traffic.sticky_header.clone().map(|h| h.to_ascii_lowercase());
     let mut versions = BTreeMap::new();
     for (version, spec) in app.versions {
         let (path, bytes, sha256) = read_beside(manifest, &spec.component)?;
         versions.insert(version, ComponentSpec { path, sha256, bytes });
     }
-    Ok(AppSpec { name, stable: app.stable, versions, inputs: app.inputs, outputs: app.outputs })
+    Ok(AppSpec { name, traffic, versions, inputs: app.inputs, outputs: app.outputs })
 }

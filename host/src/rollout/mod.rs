@@ -1,13 +1,20 @@
 //! Rollout: which version of an app serves a request. A version named in the request path
-//! pins it; otherwise the app's stable version serves.
+//! pins it; otherwise the app's traffic decides (stable, a weighted canary with an optional
+//! sticky key), and a sample may be mirrored to a shadow version whose answers are compared
+//! with the primary's.
+
+pub mod compare;
+pub mod shadow;
+pub mod status;
+pub mod traffic;
 
 use crate::api::error::ApiError;
 use crate::registry::ids::VersionName;
 
-/// The version to run: the pinned one if it exists, else the stable one.
+/// The version to run: the pinned one if it exists, else `stable`.
 pub fn select<'a, V>(
     app: &str,
-    stable: &'a VersionName,
+    stable: &VersionName,
     versions: &'a std::collections::BTreeMap<VersionName, V>,
     pinned: Option<&str>,
 ) -> Result<(&'a VersionName, &'a V), ApiError> {

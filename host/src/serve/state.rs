@@ -2,7 +2,7 @@
 //! (its namespace for `load-by-name`) and its apps' prepared component versions.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
 
@@ -10,16 +10,33 @@ use crate::nn::backend::{Backend, BackendKind, Backends};
 use crate::nn::models::{ModelStore, TenantModels};
 use crate::registry::ids::{AppName, TenantId, VersionName};
 use crate::registry::{AppSpec, Registry, Tenant};
+use crate::rollout::shadow::{ShadowStats, Shadows};
+use crate::rollout::traffic::Traffic;
 use crate::runtime::{Prepared, Runtime};
 use crate::telemetry::stats::ModelStats;
+use crate::telemetry::versions::VersionStats;
 use crate::tenancy::Admission;
 use crate::tenancy::turns::Turns;
+
+/// Mirrors waiting for the shadow thread before new ones are dropped.
+const SHADOW_QUEUE: usize = 64;
 
 /// One app with each version pre-linked.
 pub struct AppState {
     pub spec: AppSpec,
     pub versions: BTreeMap<VersionName, Prepared>,
     pub stats: ModelStats,
+    /// The current split; changed by promotion and rollback while serving.
+    pub traffic: RwLock<Traffic>,
+    pub version_stats: BTreeMap<VersionName, Arc<VersionStats>>,
+    pub shadow: Arc<ShadowStats>,
+}
+
+impl AppState {
+    /// The current traffic (a copy: the lock is held only to clone it).
+    pub fn traffic(&self) -> Traffic {
+        self.traffic.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 /// One tenant's serving state.
@@ -34,11 +51,13 @@ pub struct TenantState {
 /// Everything a request needs.
 pub struct ServingState {
     pub registry: Registry,
-    pub runtime: Runtime,
+    pub runtime: Arc<Runtime>,
     pub tenants: HashMap<TenantId, TenantState>,
     pub admission: Admission,
     /// Fair turns on the host CPU across all tenants.
     pub turns: Arc<Turns>,
+    /// Mirrors of sampled requests to shadow versions.
+    pub shadows: Shadows,
 }
 
 impl ServingState {
@@ -74,8 +93,19 @@ impl ServingState {
                         .with_context(|| format!("tenant '{}', app '{name}', version '{version}'", tenant.id))?;
                     versions.insert(version.clone(), prepared);
                 }
-                tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.stable, versions = spec.versions.len(), "app serves");
-                apps.insert(name.clone(), AppState { spec: spec.clone(), versions, stats: ModelStats::default() });
+                tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
+                let version_stats = versions.keys().map(|v| (v.clone(), Arc::default())).collect();
+                apps.insert(
+                    name.clone(),
+                    AppState {
+                        spec: spec.clone(),
+                        versions,
+                        stats: ModelStats::default(),
+                        traffic: RwLock::new(spec.traffic.clone()),
+                        version_stats,
+                        shadow: Arc::default(),
+                    },
+                );
             }
             let raw_backend = if tenant.quotas.allow_raw_model_load {
                 default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred())
@@ -86,6 +116,8 @@ impl ServingState {
             tenants.insert(tenant.id.clone(), TenantState { tenant: tenant.clone(), models, apps, raw_backend });
         }
         let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
-        Ok(Self { registry, runtime, tenants, admission, turns })
+        let runtime = Arc::new(runtime);
+        let shadows = Shadows::start(runtime.clone(), SHADOW_QUEUE).context("starting the shadow thread")?;
+        Ok(Self { registry, runtime, tenants, admission, turns, shadows })
     }
 }

@@ -1,4 +1,6 @@
 //! Telemetry: what Sluice measures about itself. [`stats`] keeps the per-model counters
-//! that Triton's statistics extension reports.
+//! that Triton's statistics extension reports; [`versions`] the per app-version outcomes the
+//! rollout analysis compares.
 
 pub mod stats;
+pub mod versions;

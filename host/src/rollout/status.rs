@@ -1,0 +1,66 @@
+//! An app's rollout status as the API reports it: its traffic, each version's outcomes so
+//! far, and how the shadow compares with the primary.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::shadow::ShadowReport;
+use crate::serve::AppState;
+
+#[derive(Debug, Serialize)]
+pub struct RolloutStatus {
+    pub name: String,
+    pub stable: String,
+    pub canary: Option<Weighted>,
+    pub shadow: Option<Sampled>,
+    pub sticky_header: Option<String>,
+    pub versions: BTreeMap<String, VersionStatus>,
+    pub shadow_comparison: ShadowReport,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Weighted {
+    pub version: String,
+    pub weight: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Sampled {
+    pub version: String,
+    pub sample: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VersionStatus {
+    pub requests: u64,
+    pub errors: u64,
+    /// Upper bound of the latency bucket holding the 99th percentile, in ms.
+    pub p99_ms: Option<f64>,
+}
+
+pub fn status(app: &AppState) -> RolloutStatus {
+    let traffic = app.traffic();
+    let versions = app
+        .version_stats
+        .iter()
+        .map(|(version, stats)| {
+            let snapshot = stats.snapshot();
+            let status = VersionStatus {
+                requests: snapshot.requests,
+                errors: snapshot.errors,
+                p99_ms: snapshot.quantile_ms(0.99).filter(|ms| ms.is_finite()),
+            };
+            (version.to_string(), status)
+        })
+        .collect();
+    RolloutStatus {
+        name: app.spec.name.to_string(),
+        stable: traffic.stable.to_string(),
+        canary: traffic.canary.map(|c| Weighted { version: c.version.to_string(), weight: c.weight }),
+        shadow: traffic.shadow.map(|s| Sampled { version: s.version.to_string(), sample: s.sample }),
+        sticky_header: traffic.sticky_header,
+        versions,
+        shadow_comparison: app.shadow.report(),
+    }
+}
