@@ -159,3 +159,75 @@ async fn a_failing_or_spinning_shadow_leaves_the_primary_answers_alone() {
     let bound = baseline * 3 + Duration::from_millis(20);
     assert!(beside_traps <= bound && beside_spinners <= bound, "{baseline:?} {beside_traps:?} {beside_spinners:?}");
 }
+
+/// Digits as stable and `canary` as a canary at `weight` percent, analysed every 300 ms.
+/// The p99 bound is loose: a window of a few requests on a busy test machine is too noisy
+/// to judge latency by (the latency rule is unit-tested in `rollout::analysis`).
+fn analysed(canary: &str, weight: u32) -> Tenants {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", KEY, "max_concurrent_requests = 64");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    manifest += &format!(
+        "[apps.digits]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\nversions.\"2\".component = \"{}\"\n\
+         [apps.digits.traffic]\ncanary = {{ version = \"2\", weight = {weight} }}\n\
+         [apps.digits.analysis]\ninterval_ms = 300\nmin_requests = 5\nsteps = [10, 25, 50, 100]\n\
+         max_p99_ratio = 1000\n\n",
+        guest("digits").display(),
+        guest(canary).display()
+    );
+    tenants.write("acme.toml", &manifest);
+    tenants
+}
+
+/// Send requests in rounds until `done` holds for the rollout status (or 20 s pass).
+async fn drive_until(server: &Server, body: &Value, done: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        futures::future::join_all((0..20).map(|_| server.infer("digits", KEY, body))).await;
+        let status = rollout(server, "digits").await;
+        if done(&status) || started.elapsed() > Duration::from_secs(20) {
+            return status;
+        }
+    }
+}
+
+fn decisions(status: &Value) -> Vec<(String, f64)> {
+    status["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["action"] != "wait")
+        .map(|e| (e["action"].as_str().expect("action").to_string(), e["weight_after"].as_f64().expect("weight")))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_failing_canary_is_rolled_back_with_an_event_saying_why() {
+    let tenants = analysed("hostile_guest", 50);
+    let server = Server::start(tenants.path(), &[]);
+    // The hostile canary traps on `mode = trap`; digits (stable) ignores the parameter.
+    let body = digit_request(json!({ "mode": "trap" }));
+    let status = drive_until(&server, &body, |s| s["canary"].is_null()).await;
+    assert!(status["canary"].is_null(), "the canary was not rolled back: {status}");
+    assert_eq!(status["stable"], "1");
+    assert_eq!(decisions(&status), vec![("rollback".to_string(), 0.0)], "{status}");
+    let rollback = status["events"].as_array().expect("events").iter().find(|e| e["action"] == "rollback").cloned();
+    let rollback = rollback.expect("a rollback event");
+    assert!(rollback["reason"].as_str().expect("reason").contains("canary error rate"), "{rollback}");
+    assert!(rollback["canary"]["errors"].as_u64().expect("errors") > 0, "{rollback}");
+    for _ in 0..20 {
+        let (status, answer) = server.infer("digits", KEY, &body).await;
+        assert_eq!((status, answer["model_version"].as_str()), (200, Some("1")), "{answer}");
+    }
+}
+
+#[tokio::test]
+async fn a_healthy_canary_is_promoted_step_by_step_to_stable() {
+    let tenants = analysed("digits", 10);
+    let server = Server::start(tenants.path(), &[]);
+    let status = drive_until(&server, &digit_request(json!({})), |s| s["stable"] == "2").await;
+    assert_eq!((status["stable"].as_str(), status["canary"].is_null()), (Some("2"), true), "{status}");
+    let expected: Vec<(String, f64)> =
+        [("promote", 25.0), ("promote", 50.0), ("complete", 100.0)].map(|(a, w)| (a.to_string(), w)).to_vec();
+    assert_eq!(decisions(&status), expected, "{status}");
+}

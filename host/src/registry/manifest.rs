@@ -159,6 +159,42 @@ pub struct AppManifest {
     /// Canary and shadow traffic beside the stable version.
     #[serde(default)]
     pub traffic: TrafficManifest,
+    /// How a canary is judged, promoted and rolled back.
+    #[serde(default)]
+    pub analysis: Analysis,
+}
+
+/// `[apps.X.analysis]`: every `interval_ms`, the canary's window is compared with stable's.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Analysis {
+    pub interval_ms: u64,
+    /// Canary requests a window needs before it can promote.
+    pub min_requests: u64,
+    /// How far the canary's error rate may exceed stable's (a fraction: 0.01 = one point).
+    pub max_error_rate_increase: f64,
+    /// How many times stable's p99 the canary's p99 may be.
+    pub max_p99_ratio: f64,
+    /// Canary weights (percent) to climb through; past the last, the canary becomes stable.
+    pub steps: Vec<f64>,
+}
+
+impl Default for Analysis {
+    fn default() -> Self {
+        Self {
+            interval_ms: 60_000,
+            min_requests: 100,
+            max_error_rate_increase: 0.01,
+            max_p99_ratio: 1.5,
+            steps: vec![10.0, 25.0, 50.0, 100.0],
+        }
+    }
+}
+
+impl Analysis {
+    pub fn interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.interval_ms.max(1))
+    }
 }
 
 /// `[apps.X.traffic]`: a canary taking `weight` percent of unpinned requests, a shadow

@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 
 use ids::{AppName, ModelName, TenantId, VersionName};
 use manifest::{
-    AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, TenantManifest, TensorMetadata,
+    Analysis, AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, TenantManifest,
+    TensorMetadata,
 };
 
 use crate::nn::backend::BackendKind;
@@ -60,6 +61,7 @@ pub struct AppSpec {
     pub name: AppName,
     /// The initial split (`stable` is the version serving unpinned requests).
     pub traffic: Traffic,
+    pub analysis: Analysis,
     pub versions: BTreeMap<VersionName, ComponentSpec>,
     pub inputs: Vec<TensorMetadata>,
     pub outputs: Vec<TensorMetadata>,
@@ -256,5 +258,16 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
         let (path, bytes, sha256) = read_beside(manifest, &spec.component)?;
         versions.insert(version, ComponentSpec { path, sha256, bytes });
     }
-    Ok(AppSpec { name, traffic, versions, inputs: app.inputs, outputs: app.outputs })
+    let analysis = app.analysis;
+    if analysis.steps.is_empty()
+        || analysis.steps.iter().any(|s| !(0.0..=100.0).contains(s))
+        || analysis.max_p99_ratio < 1.0
+        || analysis.max_error_rate_increase < 0.0
+    {
+        return Err(invalid(format!(
+            "app '{name}': analysis needs steps between 0 and 100, max_p99_ratio of at least 1 and a \
+             non-negative max_error_rate_increase"
+        )));
+    }
+    Ok(AppSpec { name, traffic, analysis, versions, inputs: app.inputs, outputs: app.outputs })
 }

@@ -3,6 +3,7 @@
 //! sticky key), and a sample may be mirrored to a shadow version whose answers are compared
 //! with the primary's.
 
+pub mod analysis;
 pub mod compare;
 pub mod shadow;
 pub mod status;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::analysis::Event;
 use super::shadow::ShadowReport;
 use crate::serve::AppState;
 
@@ -17,6 +18,8 @@ pub struct RolloutStatus {
     pub sticky_header: Option<String>,
     pub versions: BTreeMap<String, VersionStatus>,
     pub shadow_comparison: ShadowReport,
+    /// The canary analysis' decisions, oldest first.
+    pub events: Vec<Event>,
 }
 
 #[derive(Debug, Serialize)]
@@ -62,5 +65,6 @@ pub fn status(app: &AppState) -> RolloutStatus {
         sticky_header: traffic.sticky_header,
         versions,
         shadow_comparison: app.shadow.report(),
+        events: app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events.iter().cloned().collect(),
     }
 }

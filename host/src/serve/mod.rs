@@ -17,6 +17,9 @@ use crate::nn::backend::{self, BackendKind, BackendSettings};
 use crate::registry::Registry;
 use crate::runtime::{Runtime, RuntimeSettings};
 
+/// How often the canary analysis checks whether an app's interval has passed.
+const ANALYSIS_TICK: Duration = Duration::from_millis(100);
+
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -47,6 +50,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Tests and scripts read these lines to find the ports.
     println!("listening on http://{http_address}");
     println!("grpc listening on {grpc_address}");
+
+    // Canary analysis: each app's own interval is checked every tick.
+    tokio::spawn(crate::rollout::analysis::run(state.clone(), ANALYSIS_TICK));
 
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut http_stop = stop.subscribe();

@@ -2,7 +2,7 @@
 //! (its namespace for `load-by-name`) and its apps' prepared component versions.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use anyhow::Context;
 
@@ -10,6 +10,7 @@ use crate::nn::backend::{Backend, BackendKind, Backends};
 use crate::nn::models::{ModelStore, TenantModels};
 use crate::registry::ids::{AppName, TenantId, VersionName};
 use crate::registry::{AppSpec, Registry, Tenant};
+use crate::rollout::analysis::AnalysisState;
 use crate::rollout::shadow::{ShadowStats, Shadows};
 use crate::rollout::traffic::Traffic;
 use crate::runtime::{Prepared, Runtime};
@@ -30,6 +31,8 @@ pub struct AppState {
     pub traffic: RwLock<Traffic>,
     pub version_stats: BTreeMap<VersionName, Arc<VersionStats>>,
     pub shadow: Arc<ShadowStats>,
+    /// The canary analysis' open window and its decisions so far.
+    pub analysis: Mutex<AnalysisState>,
 }
 
 impl AppState {
@@ -104,6 +107,7 @@ impl ServingState {
                         traffic: RwLock::new(spec.traffic.clone()),
                         version_stats,
                         shadow: Arc::default(),
+                        analysis: Mutex::default(),
                     },
                 );
             }

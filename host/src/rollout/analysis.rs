@@ -1,0 +1,271 @@
+//! Automated canary analysis: every interval, the canary's window (error rate, p99) is
+//! compared with the stable version's over the same window. A breach rolls the canary back
+//! at once; a healthy canary with enough requests moves to the next weight step, and past
+//! the last step it becomes the stable version; with too little data the analysis waits and
+//! never promotes. Each decision is recorded as an event with the numbers behind it.
+//!
+//! [`decide`] is a pure function of the settings and the two windows; [`run`] is the loop
+//! that applies decisions to every app with a canary.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::traffic::Traffic;
+use crate::registry::manifest::Analysis;
+use crate::serve::{AppState, ServingState};
+use crate::telemetry::versions::VersionSnapshot;
+
+/// Events kept per app (oldest dropped first).
+const EVENTS_KEPT: usize = 200;
+
+/// What the analysis decided for one window.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Too little data or nothing to do yet.
+    Wait { reason: String },
+    /// Healthy: move the canary to `weight` percent.
+    Promote { weight: f64 },
+    /// Healthy at the last step: the canary becomes stable.
+    Complete,
+    /// A breach: all traffic back to stable.
+    Rollback { reason: String },
+}
+
+/// One window's numbers for one version.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WindowFigures {
+    pub requests: u64,
+    pub errors: u64,
+    pub error_rate: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+impl From<&VersionSnapshot> for WindowFigures {
+    fn from(window: &VersionSnapshot) -> Self {
+        Self {
+            requests: window.requests,
+            errors: window.errors,
+            error_rate: window.error_rate(),
+            p99_ms: window.quantile_ms(0.99),
+        }
+    }
+}
+
+/// A decision as the API reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    pub unix_ms: u64,
+    pub action: &'static str,
+    pub canary_version: String,
+    pub weight_before: f64,
+    pub weight_after: f64,
+    pub reason: String,
+    pub canary: WindowFigures,
+    pub stable: WindowFigures,
+}
+
+/// Decide on one window: `canary` and `stable` are what each version did in it.
+pub fn decide(settings: &Analysis, weight: f64, canary: &VersionSnapshot, stable: &VersionSnapshot) -> Decision {
+    let canary_rate = canary.error_rate().unwrap_or(0.0);
+    let stable_rate = stable.error_rate().unwrap_or(0.0);
+    // Errors are judged as soon as they are many enough to mean something, even before the
+    // window has its minimum of requests: a canary failing every request is rolled back now.
+    let errors_needed = (settings.min_requests as f64 * settings.max_error_rate_increase).ceil().max(1.0) as u64;
+    if canary.errors >= errors_needed && canary_rate > stable_rate + settings.max_error_rate_increase {
+        return Decision::Rollback {
+            reason: format!(
+                "canary error rate {:.2}% exceeds stable's {:.2}% by more than {:.2} points",
+                canary_rate * 100.0,
+                stable_rate * 100.0,
+                settings.max_error_rate_increase * 100.0
+            ),
+        };
+    }
+    if canary.requests < settings.min_requests {
+        return Decision::Wait {
+            reason: format!("canary has {} requests in this window; {} needed", canary.requests, settings.min_requests),
+        };
+    }
+    if let (Some(canary_p99), Some(stable_p99)) = (canary.quantile_ms(0.99), stable.quantile_ms(0.99))
+        && stable.requests >= settings.min_requests
+        && canary_p99 > stable_p99 * settings.max_p99_ratio
+    {
+        return Decision::Rollback {
+            reason: format!("canary p99 {canary_p99} ms exceeds {}x stable's {stable_p99} ms", settings.max_p99_ratio),
+        };
+    }
+    match settings.steps.iter().copied().find(|&step| step > weight) {
+        Some(step) if step < 100.0 => Decision::Promote { weight: step },
+        _ => Decision::Complete,
+    }
+}
+
+/// Apply a decision to the traffic; returns the canary's weight after it.
+fn apply(traffic: &mut Traffic, decision: &Decision) -> f64 {
+    let Some(canary) = traffic.canary.as_mut() else { return 0.0 };
+    match decision {
+        Decision::Wait { .. } => canary.weight,
+        Decision::Promote { weight } => {
+            canary.weight = *weight;
+            *weight
+        }
+        Decision::Complete => {
+            traffic.stable = canary.version.clone();
+            traffic.canary = None;
+            100.0
+        }
+        Decision::Rollback { .. } => {
+            traffic.canary = None;
+            0.0
+        }
+    }
+}
+
+/// Per-app analysis state kept between windows.
+#[derive(Debug, Default)]
+pub struct AnalysisState {
+    /// Snapshots at the start of the current window: (canary, stable).
+    window_start: Option<(VersionSnapshot, VersionSnapshot)>,
+    pub events: VecDeque<Event>,
+}
+
+/// Analyse every app with a canary whose interval has passed; run until the process ends.
+pub async fn run(state: Arc<ServingState>, tick: Duration) {
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_window: std::collections::HashMap<(String, String), std::time::Instant> = Default::default();
+    loop {
+        ticker.tick().await;
+        for (tenant_id, tenant) in &state.tenants {
+            for (name, app) in &tenant.apps {
+                let key = (tenant_id.to_string(), name.to_string());
+                let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
+                if due {
+                    last_window.insert(key, std::time::Instant::now());
+                    analyse(app);
+                }
+            }
+        }
+    }
+}
+
+/// Close one app's window and act on it.
+fn analyse(app: &AppState) {
+    let traffic = app.traffic();
+    let mut analysis = app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(canary) = traffic.canary.clone() else {
+        analysis.window_start = None;
+        return;
+    };
+    let snapshot = |version| app.version_stats.get(version).map(|s| s.snapshot()).unwrap_or_default();
+    let now = (snapshot(&canary.version), snapshot(&traffic.stable));
+    // A window accumulates while the analysis waits for data; a decision starts a new one.
+    let Some((canary_start, stable_start)) = analysis.window_start else {
+        analysis.window_start = Some(now);
+        return;
+    };
+    let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
+    let decision = decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
+    let weight_after = {
+        let mut current = app.traffic.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Someone else may have changed the traffic since it was read: act only on the same canary.
+        if current.canary.as_ref() != Some(&canary) {
+            return;
+        }
+        apply(&mut current, &decision)
+    };
+    let (action, reason) = match &decision {
+        Decision::Wait { reason } => ("wait", reason.clone()),
+        Decision::Promote { weight } => ("promote", format!("healthy; weight {} -> {weight}", canary.weight)),
+        Decision::Complete => ("complete", format!("healthy at the last step; version {} is stable", canary.version)),
+        Decision::Rollback { reason } => ("rollback", reason.clone()),
+    };
+    if action != "wait" {
+        tracing::info!(app = %app.spec.name, canary = %canary.version, action, %reason, "rollout decision");
+        analysis.window_start = Some(now);
+    }
+    let event = Event {
+        unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        action,
+        canary_version: canary.version.to_string(),
+        weight_before: canary.weight,
+        weight_after,
+        reason,
+        canary: WindowFigures::from(&canary_window),
+        stable: WindowFigures::from(&stable_window),
+    };
+    if analysis.events.len() == EVENTS_KEPT {
+        analysis.events.pop_front();
+    }
+    analysis.events.push_back(event);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::telemetry::versions::VersionStats;
+
+    fn window(requests: u64, errors: u64, latency: Duration) -> VersionSnapshot {
+        let stats = VersionStats::default();
+        for index in 0..requests {
+            stats.record(index < errors, latency);
+        }
+        stats.snapshot()
+    }
+
+    fn settings() -> Analysis {
+        Analysis { min_requests: 100, ..Analysis::default() }
+    }
+
+    const FAST: Duration = Duration::from_millis(2);
+
+    #[test]
+    fn a_healthy_canary_climbs_the_steps_then_completes() {
+        let healthy = window(200, 0, FAST);
+        assert_eq!(decide(&settings(), 10.0, &healthy, &healthy), Decision::Promote { weight: 25.0 });
+        assert_eq!(decide(&settings(), 25.0, &healthy, &healthy), Decision::Promote { weight: 50.0 });
+        assert_eq!(decide(&settings(), 50.0, &healthy, &healthy), Decision::Complete);
+    }
+
+    #[test]
+    fn too_little_data_waits_and_never_promotes() {
+        let decision = decide(&settings(), 10.0, &window(99, 0, FAST), &window(1000, 0, FAST));
+        assert!(matches!(decision, Decision::Wait { .. }), "{decision:?}");
+    }
+
+    #[test]
+    fn errors_roll_back_even_before_the_minimum_of_requests() {
+        let decision = decide(&settings(), 10.0, &window(20, 20, FAST), &window(200, 0, FAST));
+        let Decision::Rollback { reason } = decision else { panic!("{decision:?}") };
+        assert!(reason.contains("canary error rate 100.00% exceeds stable's 0.00%"), "{reason}");
+        // One error in 150 against a stable rate of 0.5% stays within one point.
+        let decision = decide(&settings(), 10.0, &window(150, 1, FAST), &window(200, 1, FAST));
+        assert_eq!(decision, Decision::Promote { weight: 25.0 });
+    }
+
+    #[test]
+    fn a_slow_canary_is_rolled_back() {
+        let decision = decide(&settings(), 25.0, &window(200, 0, Duration::from_millis(40)), &window(200, 0, FAST));
+        let Decision::Rollback { reason } = decision else { panic!("{decision:?}") };
+        assert!(reason.contains("canary p99 50 ms exceeds 1.5x stable's 2.5 ms"), "{reason}");
+    }
+
+    #[test]
+    fn decisions_change_the_traffic() {
+        use crate::registry::ids::VersionName;
+        use crate::rollout::traffic::Canary;
+        let version = |v: &str| VersionName::new(v).expect("valid");
+        let mut traffic = Traffic {
+            canary: Some(Canary { version: version("2"), weight: 10.0 }),
+            ..Traffic::stable_only(version("1"))
+        };
+        assert_eq!(apply(&mut traffic, &Decision::Promote { weight: 25.0 }), 25.0);
+        assert_eq!(apply(&mut traffic, &Decision::Complete), 100.0);
+        assert_eq!((traffic.stable.as_str(), traffic.canary.is_none()), ("2", true));
+    }
+}
