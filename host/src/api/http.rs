@@ -122,7 +122,7 @@ async fn model_rollout(
 ) -> Result<Response, ApiError> {
     let tenant = authenticate(&state, &headers)?;
     match infer::resolve(tenant, &path.model, None)? {
-        infer::Target::App { app, .. } => Ok(Json(crate::rollout::status::status(app)).into_response()),
+        infer::Target::App { app, .. } => Ok(Json(crate::rollout::status::status(&app)).into_response()),
         infer::Target::Model { .. } => Err(ApiError::not_found(format!(
             "'{}' is a plain model; rollout status is kept for apps (components with versions)",
             path.model

@@ -16,8 +16,8 @@ use crate::nn::scheduler::Share;
 use crate::registry::ids::VersionName;
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
-use crate::runtime::{GuestCall, GuestLog, InferRequest, Prepared};
-use crate::serve::{AppState, ServingState, TenantState};
+use crate::runtime::{GuestCall, GuestLog, InferRequest};
+use crate::serve::{AppState, AppVersion, ServingState, TenantState};
 use crate::tenancy::turns::Turn;
 
 /// The version every plain model reports.
@@ -28,9 +28,9 @@ pub enum Target<'a> {
     /// An app: the pinned version, or (when `pinned` is false) the stable one; unpinned
     /// requests are routed by the app's traffic when they run.
     App {
-        app: &'a AppState,
-        version: &'a VersionName,
-        prepared: &'a Prepared,
+        app: Arc<AppState>,
+        version: VersionName,
+        chosen: AppVersion,
         pinned: bool,
     },
     Model {
@@ -51,9 +51,9 @@ impl Target<'_> {
 /// Resolve `name` (and an optional pinned version) in the tenant's namespace. Unknown and
 /// foreign names get the same answer.
 pub fn resolve<'a>(tenant: &'a TenantState, name: &str, version: Option<&str>) -> Result<Target<'a>, ApiError> {
-    if let Some((_, app)) = tenant.apps.iter().find(|(app_name, _)| app_name.as_str() == name) {
-        let (chosen, prepared) = crate::rollout::select(name, &app.traffic().stable, &app.versions, version)?;
-        return Ok(Target::App { app, version: chosen, prepared, pinned: version.is_some() });
+    if let Some(app) = tenant.app(name) {
+        let (chosen_name, chosen) = app.select(version)?;
+        return Ok(Target::App { app, version: chosen_name, chosen, pinned: version.is_some() });
     }
     if let Some((model_name, model)) = tenant.models.own.iter().find(|(model_name, _)| model_name.as_str() == name) {
         if let Some(pinned) = version
@@ -65,8 +65,8 @@ pub fn resolve<'a>(tenant: &'a TenantState, name: &str, version: Option<&str>) -
         }
         return Ok(Target::Model { name: model_name.as_str(), model });
     }
-    let mut known: Vec<&str> = tenant.apps.keys().map(|a| a.as_str()).collect();
-    known.extend(tenant.models.own.keys().map(|m| m.as_str()));
+    let mut known: Vec<String> = tenant.apps().into_iter().map(|(a, _)| a.to_string()).collect();
+    known.extend(tenant.models.own.keys().map(|m| m.to_string()));
     Err(ApiError::not_found(format!("model '{name}' not found; this tenant's models: {known:?}")))
 }
 
@@ -154,25 +154,25 @@ pub async fn infer(
                 PLAIN_MODEL_VERSION.to_string(),
             )
         }
-        Target::App { app, version: resolved, prepared: resolved_prepared, pinned } => {
-            let (route, prepared) = if pinned {
-                (Route { version: resolved.clone(), shadow: None }, resolved_prepared)
+        Target::App { app, version: resolved, chosen, pinned } => {
+            let (route, chosen) = if pinned {
+                (Route { version: resolved, shadow: None }, chosen)
             } else {
                 let traffic = app.traffic();
                 let key = traffic.sticky_header.as_deref().and_then(header);
                 let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
-                let prepared = app.versions.get(&route.version).ok_or_else(|| {
+                let chosen = app.version(&route.version).ok_or_else(|| {
                     ApiError::new(
                         ErrorKind::Internal,
                         format!("routed to version '{}', which is not loaded", route.version),
                     )
                 })?;
-                (route, prepared)
+                (route, chosen)
             };
             let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
             let mirror = route.shadow.as_ref().and_then(|shadow| {
-                let prepared = app.versions.get(shadow)?.clone();
-                let call = shadow_call(tenant, app, shadow, &share, &request, memory_bytes);
+                let prepared = app.version(shadow)?.prepared;
+                let call = shadow_call(tenant, &app, shadow, &share, &request, memory_bytes);
                 Some((prepared, call))
             });
             let raw_load = tenant.raw_backend.clone().map(|backend| RawLoad {
@@ -182,7 +182,7 @@ pub async fn infer(
             let call = GuestCall {
                 nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes, turn),
                 memory_bytes,
-                log: guest_log(tenant, app, &route.version),
+                log: guest_log(tenant, &app, &route.version),
                 deadline,
                 deadline_ms: budget_ms,
                 request: InferRequest {
@@ -192,15 +192,13 @@ pub async fn infer(
                 },
             };
             let started = std::time::Instant::now();
-            let response = state.runtime.invoke(prepared, call).await;
+            let response = state.runtime.invoke(&chosen.prepared, call).await;
             let elapsed = started.elapsed();
             let rows = response.as_ref().ok().and_then(|r| r.outputs.first()).and_then(|t| t.shape.first().copied());
             app.stats.request(response.is_ok(), elapsed, rows.unwrap_or(1));
             let server_error =
                 response.as_ref().err().is_some_and(|e| ApiError::from(e.clone()).kind.status().is_server_error());
-            if let Some(stats) = app.version_stats.get(&route.version) {
-                stats.record(server_error, elapsed);
-            }
+            chosen.stats.record(server_error, elapsed);
             let response = response?;
             let outputs =
                 response.outputs.into_iter().map(ValidTensor::from_guest).collect::<Result<Vec<_>, _>>().map_err(

@@ -32,7 +32,7 @@ pub fn model(name: &str, target: &Target<'_>) -> ModelMetadata {
     match target {
         Target::App { app, .. } => ModelMetadata {
             name: name.to_string(),
-            versions: app.versions.keys().map(|v| v.to_string()).collect(),
+            versions: app.version_names().iter().map(|v| v.to_string()).collect(),
             platform: "sluice_wasm".to_string(),
             inputs: app.spec.inputs.clone(),
             outputs: app.spec.outputs.clone(),

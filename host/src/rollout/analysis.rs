@@ -140,12 +140,12 @@ pub async fn run(state: Arc<ServingState>, tick: Duration) {
     loop {
         ticker.tick().await;
         for (tenant_id, tenant) in &state.tenants {
-            for (name, app) in &tenant.apps {
+            for (name, app) in tenant.apps() {
                 let key = (tenant_id.to_string(), name.to_string());
                 let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
                 if due {
                     last_window.insert(key, std::time::Instant::now());
-                    analyse(app);
+                    analyse(&app);
                 }
             }
         }
@@ -160,7 +160,7 @@ fn analyse(app: &AppState) {
         analysis.window_start = None;
         return;
     };
-    let snapshot = |version| app.version_stats.get(version).map(|s| s.snapshot()).unwrap_or_default();
+    let snapshot = |version| app.version(version).map(|v| v.stats.snapshot()).unwrap_or_default();
     let now = (snapshot(&canary.version), snapshot(&traffic.stable));
     // A window accumulates while the analysis waits for data; a decision starts a new one.
     let Some((canary_start, stable_start)) = analysis.window_start else {
@@ -169,14 +169,10 @@ fn analyse(app: &AppState) {
     };
     let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
     let decision = decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
-    let weight_after = {
-        let mut current = app.traffic.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Someone else may have changed the traffic since it was read: act only on the same canary.
-        if current.canary.as_ref() != Some(&canary) {
-            return;
-        }
-        apply(&mut current, &decision)
-    };
+    // Someone else may have changed the traffic since it was read: act only on the same canary.
+    let applied =
+        app.update_traffic(|current| (current.canary.as_ref() == Some(&canary)).then(|| apply(current, &decision)));
+    let Some(weight_after) = applied else { return };
     let (action, reason) = match &decision {
         Decision::Wait { reason } => ("wait", reason.clone()),
         Decision::Promote { weight } => ("promote", format!("healthy; weight {} -> {weight}", canary.weight)),

@@ -45,10 +45,11 @@ pub struct VersionStatus {
 pub fn status(app: &AppState) -> RolloutStatus {
     let traffic = app.traffic();
     let versions = app
-        .version_stats
-        .iter()
-        .map(|(version, stats)| {
-            let snapshot = stats.snapshot();
+        .version_names()
+        .into_iter()
+        .filter_map(|version| Some((version.clone(), app.version(&version)?)))
+        .map(|(version, state)| {
+            let snapshot = state.stats.snapshot();
             let status = VersionStatus {
                 requests: snapshot.requests,
                 errors: snapshot.errors,

@@ -1,6 +1,7 @@
 //! `sluice serve`: load the registry, start the backends and the runtime, build the
 //! serving state and answer OIP over HTTP until asked to stop.
 
+mod app;
 mod state;
 
 use std::net::SocketAddr;
@@ -11,7 +12,8 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-pub use state::{AppState, ServingState, TenantState};
+pub use app::{AppState, AppVersion};
+pub use state::{ServingState, TenantState};
 
 use crate::nn::backend::{self, BackendKind, BackendSettings};
 use crate::registry::Registry;

@@ -2,53 +2,51 @@
 //! (its namespace for `load-by-name`) and its apps' prepared component versions.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use anyhow::Context;
 
+use super::app::{AppState, AppVersion};
 use crate::nn::backend::{Backend, BackendKind, Backends};
 use crate::nn::models::{ModelStore, TenantModels};
-use crate::registry::ids::{AppName, TenantId, VersionName};
-use crate::registry::{AppSpec, Registry, Tenant};
-use crate::rollout::analysis::AnalysisState;
-use crate::rollout::shadow::{ShadowStats, Shadows};
-use crate::rollout::traffic::Traffic;
-use crate::runtime::{Prepared, Runtime};
-use crate::telemetry::stats::ModelStats;
-use crate::telemetry::versions::VersionStats;
+use crate::registry::ids::{AppName, TenantId};
+use crate::registry::{Registry, Tenant};
+use crate::rollout::shadow::Shadows;
+use crate::runtime::Runtime;
 use crate::tenancy::Admission;
 use crate::tenancy::turns::Turns;
 
 /// Mirrors waiting for the shadow thread before new ones are dropped.
 const SHADOW_QUEUE: usize = 64;
 
-/// One app with each version pre-linked.
-pub struct AppState {
-    pub spec: AppSpec,
-    pub versions: BTreeMap<VersionName, Prepared>,
-    pub stats: ModelStats,
-    /// The current split; changed by promotion and rollback while serving.
-    pub traffic: RwLock<Traffic>,
-    pub version_stats: BTreeMap<VersionName, Arc<VersionStats>>,
-    pub shadow: Arc<ShadowStats>,
-    /// The canary analysis' open window and its decisions so far.
-    pub analysis: Mutex<AnalysisState>,
-}
-
-impl AppState {
-    /// The current traffic (a copy: the lock is held only to clone it).
-    pub fn traffic(&self) -> Traffic {
-        self.traffic.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    }
-}
-
 /// One tenant's serving state.
 pub struct TenantState {
     pub tenant: Arc<Tenant>,
     pub models: Arc<TenantModels>,
-    pub apps: BTreeMap<AppName, AppState>,
+    apps: RwLock<BTreeMap<AppName, Arc<AppState>>>,
     /// Backend for guests' raw `load`, when the tenant's quota allows it.
     pub raw_backend: Option<Arc<dyn Backend>>,
+}
+
+impl TenantState {
+    pub fn app(&self, name: &str) -> Option<Arc<AppState>> {
+        self.apps
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, a)| a.clone())
+    }
+
+    /// Every app, by name.
+    pub fn apps(&self) -> Vec<(AppName, Arc<AppState>)> {
+        self.apps.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(n, a)| (n.clone(), a.clone())).collect()
+    }
+
+    /// Add an app; the existing one if the name is taken.
+    pub fn insert_app(&self, name: AppName, app: AppState) -> Arc<AppState> {
+        self.apps.write().unwrap_or_else(PoisonError::into_inner).entry(name).or_insert_with(|| Arc::new(app)).clone()
+    }
 }
 
 /// Everything a request needs.
@@ -94,23 +92,12 @@ impl ServingState {
                     let prepared = runtime
                         .prepare(&component.path, &component.sha256, &component.bytes)
                         .with_context(|| format!("tenant '{}', app '{name}', version '{version}'", tenant.id))?;
-                    versions.insert(version.clone(), prepared);
+                    versions.insert(version.clone(), AppVersion::new(prepared, component.sha256.clone()));
                 }
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
-                let version_stats = versions.keys().map(|v| (v.clone(), Arc::default())).collect();
-                apps.insert(
-                    name.clone(),
-                    AppState {
-                        spec: spec.clone(),
-                        versions,
-                        stats: ModelStats::default(),
-                        traffic: RwLock::new(spec.traffic.clone()),
-                        version_stats,
-                        shadow: Arc::default(),
-                        analysis: Mutex::default(),
-                    },
-                );
+                apps.insert(name.clone(), Arc::new(AppState::new(spec.clone(), versions)));
             }
+            let apps = RwLock::new(apps);
             let raw_backend = if tenant.quotas.allow_raw_model_load {
                 default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred())
             } else {

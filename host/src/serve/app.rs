@@ -1,0 +1,103 @@
+//! One app while serving: its versions (pre-linked components, each with its outcome
+//! counters), its traffic, its shadow comparison and its canary analysis. Versions and
+//! traffic change while serving (uploads, promotion, rollback) behind short locks; readers
+//! take copies.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use crate::api::error::ApiError;
+use crate::registry::AppSpec;
+use crate::registry::ids::VersionName;
+use crate::rollout::analysis::AnalysisState;
+use crate::rollout::shadow::ShadowStats;
+use crate::rollout::traffic::Traffic;
+use crate::runtime::Prepared;
+use crate::telemetry::stats::ModelStats;
+use crate::telemetry::versions::VersionStats;
+
+/// One version of an app: its component, ready to instantiate, and its outcomes.
+#[derive(Clone)]
+pub struct AppVersion {
+    pub prepared: Prepared,
+    pub sha256: String,
+    pub stats: Arc<VersionStats>,
+}
+
+impl AppVersion {
+    pub fn new(prepared: Prepared, sha256: String) -> Self {
+        Self { prepared, sha256, stats: Arc::default() }
+    }
+}
+
+pub struct AppState {
+    /// Name, declared tensors and analysis settings (its versions and traffic are the ones
+    /// the manifest started with).
+    pub spec: AppSpec,
+    versions: RwLock<BTreeMap<VersionName, AppVersion>>,
+    pub stats: ModelStats,
+    traffic: RwLock<Traffic>,
+    pub shadow: Arc<ShadowStats>,
+    /// The canary analysis' open window and its decisions so far.
+    pub analysis: Mutex<AnalysisState>,
+}
+
+impl AppState {
+    pub fn new(spec: AppSpec, versions: BTreeMap<VersionName, AppVersion>) -> Self {
+        let traffic = RwLock::new(spec.traffic.clone());
+        Self {
+            spec,
+            versions: RwLock::new(versions),
+            stats: ModelStats::default(),
+            traffic,
+            shadow: Arc::default(),
+            analysis: Mutex::default(),
+        }
+    }
+
+    /// The current traffic (a copy: the lock is held only to clone it).
+    pub fn traffic(&self) -> Traffic {
+        self.traffic.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Change the traffic with `change`, which sees the current one; returns what it returns.
+    pub fn update_traffic<R>(&self, change: impl FnOnce(&mut Traffic) -> R) -> R {
+        change(&mut self.traffic.write().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub fn version(&self, version: &VersionName) -> Option<AppVersion> {
+        self.versions.read().unwrap_or_else(PoisonError::into_inner).get(version).cloned()
+    }
+
+    pub fn version_names(&self) -> Vec<VersionName> {
+        self.versions.read().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect()
+    }
+
+    /// Add a version; `false` if one of that name exists (versions are immutable).
+    pub fn add_version(&self, name: VersionName, version: AppVersion) -> bool {
+        let mut versions = self.versions.write().unwrap_or_else(PoisonError::into_inner);
+        if versions.contains_key(&name) {
+            return false;
+        }
+        versions.insert(name, version);
+        true
+    }
+
+    /// The pinned version, or the stable one; unknown versions get a 404 naming the known.
+    pub fn select(&self, pinned: Option<&str>) -> Result<(VersionName, AppVersion), ApiError> {
+        let stable = self.traffic().stable;
+        let versions = self.versions.read().unwrap_or_else(PoisonError::into_inner);
+        let chosen = match pinned {
+            None => versions.get_key_value(&stable),
+            Some(version) => versions.iter().find(|(name, _)| name.as_str() == version),
+        };
+        chosen.map(|(name, version)| (name.clone(), version.clone())).ok_or_else(|| {
+            let known: Vec<&str> = versions.keys().map(VersionName::as_str).collect();
+            ApiError::not_found(format!(
+                "version '{}' of model '{}' not found; versions: {known:?}",
+                pinned.unwrap_or(stable.as_str()),
+                self.spec.name
+            ))
+        })
+    }
+}
