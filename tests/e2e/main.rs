@@ -3,6 +3,7 @@
 mod bad_input;
 mod batching;
 mod clients;
+mod control;
 mod extensions;
 mod grpc;
 mod hostile;

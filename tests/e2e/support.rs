@@ -242,6 +242,17 @@ impl Server {
         read(request.send().await.expect("POST reaches the server")).await
     }
 
+    /// Any method with a raw body; the status and the JSON answer.
+    pub async fn send(&self, method: reqwest::Method, path: &str, key: &str, body: Vec<u8>) -> (u16, Value) {
+        let request = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(key).body(body);
+        read(request.send().await.expect("request reaches the server")).await
+    }
+
+    /// The `host:port` the HTTP API listens on.
+    pub fn http_address(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
     pub async fn post_raw(&self, path: &str, key: Option<&str>, body: Vec<u8>) -> (u16, Value) {
         let mut request = self.client.post(format!("{}{path}", self.base)).body(body);
         if let Some(key) = key {

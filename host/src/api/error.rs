@@ -17,6 +17,8 @@ pub enum ErrorKind {
     InvalidInput,
     /// Body larger than the tenant allows.
     PayloadTooLarge,
+    /// The thing to create exists (an app version: versions are immutable).
+    Conflict,
     /// Missing or wrong API key.
     Unauthenticated,
     /// The tenant is over one of its quotas.
@@ -41,6 +43,7 @@ impl ErrorKind {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::InvalidInput => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Conflict => StatusCode::CONFLICT,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
@@ -56,6 +59,7 @@ impl ErrorKind {
         match self {
             Self::NotFound => tonic::Code::NotFound,
             Self::InvalidInput => tonic::Code::InvalidArgument,
+            Self::Conflict => tonic::Code::AlreadyExists,
             Self::Unauthenticated => tonic::Code::Unauthenticated,
             Self::PayloadTooLarge | Self::QuotaExceeded | Self::GuestResource => tonic::Code::ResourceExhausted,
             Self::Overloaded => tonic::Code::Unavailable,
@@ -70,6 +74,7 @@ impl ErrorKind {
             Self::NotFound => "not_found",
             Self::InvalidInput => "invalid_input",
             Self::PayloadTooLarge => "payload_too_large",
+            Self::Conflict => "conflict",
             Self::Unauthenticated => "unauthenticated",
             Self::QuotaExceeded => "quota_exceeded",
             Self::Overloaded => "overloaded",

@@ -40,6 +40,7 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/models/{model}/rollout", get(model_rollout))
         .route("/v2/models/{model}/infer", post(model_infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(model_infer))
+        .merge(super::control::routes())
         .fallback(|| async {
             ApiError::not_found("no such endpoint; see the Open Inference Protocol REST paths under /v2")
         })
@@ -55,7 +56,7 @@ struct ModelPath {
     version: Option<String>,
 }
 
-fn authenticate<'a>(state: &'a ServingState, headers: &HeaderMap) -> Result<&'a TenantState, ApiError> {
+pub(super) fn authenticate<'a>(state: &'a ServingState, headers: &HeaderMap) -> Result<&'a TenantState, ApiError> {
     tenant_for_key(state, headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
 }
 

@@ -2,8 +2,10 @@
 //! extension ([`json`], [`raw`]) and over gRPC ([`grpc`]), the
 //! validated request types every protocol shares ([`types`]), protocol-neutral inference
 //! ([`infer`]), model metadata ([`metadata`]), Triton's configuration and statistics
-//! extensions ([`triton`]) and the one error table ([`error`]).
+//! extensions ([`triton`]), the tenant control API ([`control`]: app versions and traffic)
+//! and the one error table ([`error`]).
 
+pub mod control;
 pub mod error;
 pub mod grpc;
 pub mod http;

@@ -59,6 +59,8 @@ pub struct Quotas {
     pub max_raw_model_bytes: u64,
     /// The tenant's share of shared model queues relative to other tenants (fair share).
     pub compute_weight: u32,
+    /// Largest component the tenant may upload through the control API.
+    pub max_component_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -72,6 +74,7 @@ impl Default for Quotas {
             allow_raw_model_load: false,
             max_raw_model_bytes: 32 << 20,
             compute_weight: 1,
+            max_component_bytes: 64 << 20,
         }
     }
 }

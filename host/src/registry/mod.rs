@@ -7,6 +7,7 @@
 
 pub mod ids;
 pub mod manifest;
+pub mod store;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -230,29 +231,11 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
             )));
         }
     }
-    let known = |version: &VersionName, role: &str| {
-        if app.versions.contains_key(version) {
-            Ok(())
-        } else {
-            Err(invalid(format!("app '{name}': {role} version '{version}' is not among its versions")))
-        }
-    };
     let mut traffic = Traffic::stable_only(app.stable.clone());
-    if let Some(canary) = &app.traffic.canary {
-        known(&canary.version, "canary")?;
-        if !(0.0..=100.0).contains(&canary.weight) {
-            return Err(invalid(format!("app '{name}': canary weight {} must be 0 to 100 (percent)", canary.weight)));
-        }
-        traffic.canary = Some(Canary { version: canary.version.clone(), weight: canary.weight });
-    }
-    if let Some(shadow) = &app.traffic.shadow {
-        known(&shadow.version, "shadow")?;
-        if !(0.0..=1.0).contains(&shadow.sample) {
-            return Err(invalid(format!("app '{name}': shadow sample {} must be 0 to 1 (a fraction)", shadow.sample)));
-        }
-        traffic.shadow = Some(Shadow { version: shadow.version.clone(), sample: shadow.sample });
-    }
+    traffic.canary = app.traffic.canary.as_ref().map(|c| Canary { version: c.version.clone(), weight: c.weight });
+    traffic.shadow = app.traffic.shadow.as_ref().map(|s| Shadow { version: s.version.clone(), sample: s.sample });
     traffic.sticky_header = app.traffic.sticky_header.clone().map(|h| h.to_ascii_lowercase());
+    traffic.check(|version| app.versions.contains_key(version)).map_err(|e| invalid(format!("app '{name}': {e}")))?;
     let mut versions = BTreeMap::new();
     for (version, spec) in app.versions {
         let (path, bytes, sha256) = read_beside(manifest, &spec.component)?;

@@ -132,6 +132,13 @@ pub struct AnalysisState {
     pub events: VecDeque<Event>,
 }
 
+impl AnalysisState {
+    /// Start over at the next interval (the traffic was changed by hand).
+    pub fn restart(&mut self) {
+        self.window_start = None;
+    }
+}
+
 /// Analyse every app with a canary whose interval has passed; run until the process ends.
 pub async fn run(state: Arc<ServingState>, tick: Duration) {
     let mut ticker = tokio::time::interval(tick);
@@ -145,34 +152,38 @@ pub async fn run(state: Arc<ServingState>, tick: Duration) {
                 let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
                 if due {
                     last_window.insert(key, std::time::Instant::now());
-                    analyse(&app);
+                    if analyse(&app)
+                        && let Err(error) = state.save_control(tenant)
+                    {
+                        tracing::error!(app = %name, error = %error.message, "could not save a rollout decision");
+                    }
                 }
             }
         }
     }
 }
 
-/// Close one app's window and act on it.
-fn analyse(app: &AppState) {
+/// Close one app's window and act on it; `true` if the traffic changed.
+fn analyse(app: &AppState) -> bool {
     let traffic = app.traffic();
     let mut analysis = app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some(canary) = traffic.canary.clone() else {
         analysis.window_start = None;
-        return;
+        return false;
     };
     let snapshot = |version| app.version(version).map(|v| v.stats.snapshot()).unwrap_or_default();
     let now = (snapshot(&canary.version), snapshot(&traffic.stable));
     // A window accumulates while the analysis waits for data; a decision starts a new one.
     let Some((canary_start, stable_start)) = analysis.window_start else {
         analysis.window_start = Some(now);
-        return;
+        return false;
     };
     let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
     let decision = decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
     // Someone else may have changed the traffic since it was read: act only on the same canary.
     let applied =
         app.update_traffic(|current| (current.canary.as_ref() == Some(&canary)).then(|| apply(current, &decision)));
-    let Some(weight_after) = applied else { return };
+    let Some(weight_after) = applied else { return false };
     let (action, reason) = match &decision {
         Decision::Wait { reason } => ("wait", reason.clone()),
         Decision::Promote { weight } => ("promote", format!("healthy; weight {} -> {weight}", canary.weight)),
@@ -197,6 +208,7 @@ fn analyse(app: &AppState) {
         analysis.events.pop_front();
     }
     analysis.events.push_back(event);
+    action != "wait"
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! serving state and answer OIP over HTTP until asked to stop.
 
 mod app;
+mod control;
 mod state;
 
 use std::net::SocketAddr;
@@ -110,7 +111,9 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         turns => turns,
     };
     let turns = crate::tenancy::turns::Turns::new(cpu_turns, config.max_waiting_requests);
-    ServingState::build(registry, runtime, &backends, config.default_backend, turns).await
+    let store = crate::registry::store::Store::open(&config.data_dir)
+        .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
+    ServingState::build(registry, runtime, &backends, config.default_backend, turns, store).await
 }
 
 async fn shutdown_signal() {

@@ -2,7 +2,7 @@
 //! (its namespace for `load-by-name`) and its apps' prepared component versions.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use anyhow::Context;
 
@@ -10,6 +10,7 @@ use super::app::{AppState, AppVersion};
 use crate::nn::backend::{Backend, BackendKind, Backends};
 use crate::nn::models::{ModelStore, TenantModels};
 use crate::registry::ids::{AppName, TenantId};
+use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
 use crate::rollout::shadow::Shadows;
 use crate::runtime::Runtime;
@@ -59,6 +60,10 @@ pub struct ServingState {
     pub turns: Arc<Turns>,
     /// Mirrors of sampled requests to shadow versions.
     pub shadows: Shadows,
+    /// Blobs and saved control state in the data directory.
+    pub store: Store,
+    /// Serialises saves of control state, so a later save never loses to an earlier one.
+    pub control_writes: Mutex<()>,
 }
 
 impl ServingState {
@@ -69,11 +74,12 @@ impl ServingState {
         backends: &Backends,
         default_backend: Option<BackendKind>,
         turns: Arc<Turns>,
+        store: Store,
     ) -> anyhow::Result<Self> {
-        let mut store = ModelStore::default();
+        let mut resident = ModelStore::default();
         let mut shared = BTreeMap::new();
         for (name, spec) in registry.shared_models() {
-            shared.insert(name.clone(), store.load(spec, backends, default_backend).await?);
+            shared.insert(name.clone(), resident.load(spec, backends, default_backend).await?);
         }
         let shared = Arc::new(shared);
 
@@ -81,7 +87,7 @@ impl ServingState {
         for tenant in registry.tenants() {
             let mut own = BTreeMap::new();
             for (name, spec) in &tenant.models {
-                let model = store.load(spec, backends, default_backend).await?;
+                let model = resident.load(spec, backends, default_backend).await?;
                 tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");
                 own.insert(name.clone(), model);
             }
@@ -109,6 +115,9 @@ impl ServingState {
         let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
         let runtime = Arc::new(runtime);
         let shadows = Shadows::start(runtime.clone(), SHADOW_QUEUE).context("starting the shadow thread")?;
-        Ok(Self { registry, runtime, tenants, admission, turns, shadows })
+        let state =
+            Self { registry, runtime, tenants, admission, turns, shadows, store, control_writes: Mutex::new(()) };
+        state.restore_control().context("restoring the saved control state")?;
+        Ok(state)
     }
 }

@@ -1,0 +1,148 @@
+//! The tenant control API (HTTP JSON under `/control/v1`, with the tenant's key): upload an
+//! app version, read an app's rollout status, set its traffic, promote or roll back its
+//! canary. Uploads stream to disk within the tenant's `max_component_bytes`; a version is
+//! added only once its component is checked against the tenant world. Changes apply while
+//! serving and are saved in the data directory.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use futures::StreamExt;
+
+use super::error::{ApiError, ErrorKind};
+use super::http::authenticate;
+use crate::registry::ids::{AppName, VersionName};
+use crate::registry::store::UploadError;
+use crate::rollout::status::status;
+use crate::rollout::traffic::Traffic;
+use crate::serve::{AppState, ServingState, TenantState};
+
+type Shared = Arc<ServingState>;
+
+pub fn routes() -> axum::Router<Shared> {
+    axum::Router::new()
+        .route("/control/v1/apps/{app}", get(app_status))
+        .route("/control/v1/apps/{app}/versions/{version}", put(upload_version))
+        .route("/control/v1/apps/{app}/traffic", put(set_traffic))
+        .route("/control/v1/apps/{app}/promote", post(promote))
+        .route("/control/v1/apps/{app}/rollback", post(rollback))
+}
+
+fn app_of(tenant: &TenantState, name: &str) -> Result<Arc<AppState>, ApiError> {
+    tenant.app(name).ok_or_else(|| ApiError::not_found(format!("app '{name}' not found in this tenant")))
+}
+
+fn parse<T>(kind: &str, value: &str, new: fn(&str) -> Result<T, String>) -> Result<T, ApiError> {
+    new(value).map_err(|e| ApiError::invalid(format!("{kind} '{value}': {e}")))
+}
+
+async fn app_status(
+    State(state): State<Shared>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let app = app_of(tenant, &app)?;
+    Ok(Json(status(&app)).into_response())
+}
+
+/// `PUT /control/v1/apps/{app}/versions/{version}` with the component's bytes.
+async fn upload_version(
+    State(state): State<Shared>,
+    Path((app, version)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let app_name = parse("app name", &app, AppName::new)?;
+    let version = parse("version", &version, VersionName::new)?;
+    let max = tenant.tenant.quotas.max_component_bytes;
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::PayloadTooLarge,
+            format!("the component exceeds the tenant's limit of {max} bytes (max_component_bytes)"),
+        )
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max) {
+        return Err(too_large());
+    }
+    let stored = |e: std::io::Error| ApiError::new(ErrorKind::Internal, format!("storing the upload: {e}"));
+    let mut upload = state.store.begin_upload(max).map_err(stored)?;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("the upload was cut off: {e}")))?;
+        upload.write(&chunk).map_err(|e| match e {
+            UploadError::TooLarge { .. } => too_large(),
+            UploadError::Io(e) => stored(e),
+        })?;
+    }
+    let uploaded = upload.finish().map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    let sha256 = uploaded.sha256.clone();
+    let app = state.add_app_version(tenant, app_name, version.clone(), uploaded).await?;
+    let body = serde_json::json!({ "app": app.spec.name, "version": version, "sha256": sha256 });
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `PUT /control/v1/apps/{app}/traffic` with the whole split as JSON.
+async fn set_traffic(
+    State(state): State<Shared>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let app = app_of(tenant, &app)?;
+    let mut traffic: Traffic = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(format!(
+            "traffic must be JSON like {{\"stable\": \"1\", \"canary\": {{\"version\": \"2\", \"weight\": 10}}, \
+             \"shadow\": null, \"sticky_header\": null}}: {e}"
+        ))
+    })?;
+    traffic.sticky_header = traffic.sticky_header.map(|h| h.to_ascii_lowercase());
+    state.set_traffic(tenant, &app, traffic)?;
+    Ok(Json(status(&app)).into_response())
+}
+
+/// `POST /control/v1/apps/{app}/promote`: the canary becomes stable.
+async fn promote(
+    State(state): State<Shared>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    change_canary(&state, &headers, &app, true)
+}
+
+/// `POST /control/v1/apps/{app}/rollback`: all traffic back to stable.
+async fn rollback(
+    State(state): State<Shared>,
+    Path(app): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    change_canary(&state, &headers, &app, false)
+}
+
+fn change_canary(state: &ServingState, headers: &HeaderMap, app: &str, promote: bool) -> Result<Response, ApiError> {
+    let tenant = authenticate(state, headers)?;
+    let app = app_of(tenant, app)?;
+    let mut traffic = app.traffic();
+    let Some(canary) = traffic.canary.take() else {
+        return Err(ApiError::invalid(format!(
+            "app '{}' has no canary; set one with PUT /control/v1/apps/{}/traffic",
+            app.spec.name, app.spec.name
+        )));
+    };
+    if promote {
+        traffic.stable = canary.version;
+    }
+    state.set_traffic(tenant, &app, traffic)?;
+    Ok(Json(status(&app)).into_response())
+}

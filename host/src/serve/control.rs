@@ -1,0 +1,153 @@
+//! The control plane's effect on serving: new app versions (uploaded components, checked
+//! against the tenant world and kept as content-addressed blobs) and traffic changes, applied
+//! while serving and saved in the data directory, so a restart restores them over what the
+//! manifests describe.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::app::{AppState, AppVersion};
+use super::state::{ServingState, TenantState};
+use crate::api::error::{ApiError, ErrorKind};
+use crate::registry::AppSpec;
+use crate::registry::ids::{AppName, VersionName};
+use crate::registry::manifest::Analysis;
+use crate::registry::store::Uploaded;
+use crate::rollout::traffic::Traffic;
+
+/// What is saved per tenant: each app's versions (by component digest) and traffic.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantControl {
+    pub apps: BTreeMap<AppName, AppControl>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppControl {
+    pub versions: BTreeMap<VersionName, String>,
+    pub traffic: Traffic,
+}
+
+fn internal(context: &str, error: impl std::fmt::Display) -> ApiError {
+    ApiError::new(ErrorKind::Internal, format!("{context}: {error}"))
+}
+
+impl ServingState {
+    /// Save a tenant's apps (versions and traffic), atomically.
+    pub fn save_control(&self, tenant: &TenantState) -> Result<(), ApiError> {
+        let _one_writer = self.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let apps = tenant
+            .apps()
+            .into_iter()
+            .map(|(name, app)| {
+                let versions = app
+                    .version_names()
+                    .into_iter()
+                    .filter_map(|v| Some((v.clone(), app.version(&v)?.sha256)))
+                    .collect();
+                (name, AppControl { versions, traffic: app.traffic() })
+            })
+            .collect();
+        self.store
+            .write_state(tenant.tenant.id.as_str(), &TenantControl { apps })
+            .map_err(|e| internal("saving the control state", e))
+    }
+
+    /// Apply each tenant's saved state over what the manifests built: versions the
+    /// manifests lack are prepared from their blobs, and the saved traffic replaces theirs.
+    pub fn restore_control(&self) -> anyhow::Result<()> {
+        for tenant in self.tenants.values() {
+            let id = tenant.tenant.id.as_str();
+            let Some(saved) = self.store.read_state::<TenantControl>(id)? else { continue };
+            for (name, saved_app) in saved.apps {
+                let app = match tenant.app(name.as_str()) {
+                    Some(app) => app,
+                    None => tenant.insert_app(
+                        name.clone(),
+                        AppState::new(new_app_spec(&name, &saved_app.traffic), BTreeMap::new()),
+                    ),
+                };
+                for (version, sha256) in &saved_app.versions {
+                    if app.version(version).is_some() {
+                        continue;
+                    }
+                    let path = self.store.blob_path(sha256);
+                    let bytes = std::fs::read(&path).map_err(|e| {
+                        anyhow::anyhow!("tenant '{id}', app '{name}', version '{version}': {}: {e}", path.display())
+                    })?;
+                    let prepared = self.runtime.prepare(&path, sha256, &bytes)?;
+                    app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone()));
+                }
+                let names = app.version_names();
+                match saved_app.traffic.check(|v| names.contains(v)) {
+                    Ok(()) => app.update_traffic(|traffic| *traffic = saved_app.traffic),
+                    Err(e) => tracing::warn!(tenant = id, app = %name, error = %e, "saved traffic ignored"),
+                }
+                tracing::info!(tenant = id, app = %name, versions = names.len(), "control state restored");
+            }
+        }
+        Ok(())
+    }
+
+    /// Make an uploaded component version `version` of `app_name` (creating the app, with
+    /// this version stable, if it is new), then save.
+    pub async fn add_app_version(
+        &self,
+        tenant: &TenantState,
+        app_name: AppName,
+        version: VersionName,
+        uploaded: Uploaded,
+    ) -> Result<Arc<AppState>, ApiError> {
+        if tenant.app(app_name.as_str()).is_some_and(|app| app.version(&version).is_some()) {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("version '{version}' of app '{app_name}' exists; versions are immutable, upload a new one"),
+            ));
+        }
+        let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
+        let (runtime, sha256) = (self.runtime.clone(), uploaded.sha256.clone());
+        let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
+        let prepared = tokio::task::spawn_blocking(move || runtime.prepare(&label, &sha256, &bytes))
+            .await
+            .map_err(|e| internal("compiling the component", e))?
+            .map_err(|e| ApiError::invalid(format!("not a usable component: {e}")))?;
+        self.store.commit(&uploaded).map_err(|e| internal("storing the component", e))?;
+        let app = match tenant.app(app_name.as_str()) {
+            Some(app) => app,
+            None => {
+                let spec = new_app_spec(&app_name, &Traffic::stable_only(version.clone()));
+                tenant.insert_app(app_name.clone(), AppState::new(spec, BTreeMap::new()))
+            }
+        };
+        if !app.add_version(version.clone(), AppVersion::new(prepared, uploaded.sha256.clone())) {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("version '{version}' of app '{app_name}' exists")));
+        }
+        self.save_control(tenant)?;
+        tracing::info!(tenant = %tenant.tenant.id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
+        Ok(app)
+    }
+
+    /// Replace an app's traffic after checking it, then save.
+    pub fn set_traffic(&self, tenant: &TenantState, app: &AppState, traffic: Traffic) -> Result<(), ApiError> {
+        let names = app.version_names();
+        traffic.check(|v| names.contains(v)).map_err(|e| ApiError::invalid(format!("app '{}': {e}", app.spec.name)))?;
+        app.update_traffic(|current| *current = traffic);
+        app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restart();
+        self.save_control(tenant)
+    }
+}
+
+/// The spec of an app created through the API: no declared tensors, default analysis.
+fn new_app_spec(name: &AppName, traffic: &Traffic) -> AppSpec {
+    AppSpec {
+        name: name.clone(),
+        traffic: traffic.clone(),
+        analysis: Analysis::default(),
+        versions: BTreeMap::new(),
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    }
+}
