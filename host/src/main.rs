@@ -24,6 +24,8 @@ enum Command {
     Serve(ServeArgs),
     /// Drive an OIP server with load and report throughput and latency (like perf_analyzer).
     Perf(PerfArgs),
+    #[command(flatten)]
+    Control(sluice::cli::ControlCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -141,6 +143,10 @@ fn main() -> anyhow::Result<()> {
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(serve(config))
+        }
+        Command::Control(command) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(sluice::cli::run(command))
         }
         Command::Perf(args) => {
             let config = perf_config(args)?;

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod batching;
+mod cli;
 mod clients;
 mod control;
 mod extensions;

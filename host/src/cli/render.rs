@@ -1,0 +1,88 @@
+//! Text renderings of the control API's answers.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+fn number(value: &Value) -> String {
+    value.as_f64().map_or_else(|| "-".to_string(), |n| format!("{n}"))
+}
+
+/// An app's rollout status as a few aligned lines.
+pub fn status(app: &str, status: &Value) -> String {
+    let mut text = format!("app {app}\n  stable   {}\n", status["stable"].as_str().unwrap_or("-"));
+    if let Some(canary) = status["canary"].as_object() {
+        let _ = writeln!(
+            text,
+            "  canary   {} at {}%",
+            canary["version"].as_str().unwrap_or("?"),
+            number(&canary["weight"])
+        );
+    }
+    if let Some(shadow) = status["shadow"].as_object() {
+        let _ = writeln!(
+            text,
+            "  shadow   {} sampling {}",
+            shadow["version"].as_str().unwrap_or("?"),
+            number(&shadow["sample"])
+        );
+    }
+    if let Some(header) = status["sticky_header"].as_str() {
+        let _ = writeln!(text, "  sticky   {header}");
+    }
+    text += "  VERSION  REQUESTS  ERRORS  P99 (ms)\n";
+    for (version, figures) in status["versions"].as_object().into_iter().flatten() {
+        let _ = writeln!(
+            text,
+            "  {version:<8} {:>8}  {:>6}  {:>8}",
+            figures["requests"],
+            figures["errors"],
+            number(&figures["p99_ms"])
+        );
+    }
+    let shadow = &status["shadow_comparison"];
+    if shadow["mirrored"].as_u64().unwrap_or(0) > 0 {
+        let _ = writeln!(
+            text,
+            "  shadow: {} mirrored, {} dropped, {} failed, label agreement {}, max |diff| {}",
+            shadow["mirrored"],
+            shadow["dropped"],
+            shadow["failed"],
+            number(&shadow["label_agreement"]),
+            number(&shadow["max_abs_diff"])
+        );
+    }
+    text
+}
+
+/// The analysis' decisions, one per line, waits folded into a count.
+pub fn events(status: &Value) -> String {
+    let mut text = String::new();
+    let mut waits = 0;
+    for event in status["events"].as_array().into_iter().flatten() {
+        if event["action"] == "wait" {
+            waits += 1;
+            continue;
+        }
+        let _ = writeln!(
+            text,
+            "{:<9} {} {}% -> {}%: {} (canary {} requests, {} errors; stable {} requests, {} errors)",
+            event["action"].as_str().unwrap_or("?"),
+            event["canary_version"].as_str().unwrap_or("?"),
+            number(&event["weight_before"]),
+            number(&event["weight_after"]),
+            event["reason"].as_str().unwrap_or(""),
+            event["canary"]["requests"],
+            event["canary"]["errors"],
+            event["stable"]["requests"],
+            event["stable"]["errors"],
+        );
+    }
+    if waits > 0 {
+        let _ = writeln!(text, "({waits} windows waited for data)");
+    }
+    if text.is_empty() {
+        text = "no decisions yet\n".to_string();
+    }
+    text
+}
