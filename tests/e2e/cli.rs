@@ -60,5 +60,5 @@ async fn push_traffic_status_and_promote_from_the_command_line() {
     assert!(!missing.status.success() && message.contains("cannot read /no/such/file.wasm"), "{message}");
     let conflict = sluice(&server, KEY, &["app", "push", "digits", "2", &component]);
     let message = String::from_utf8_lossy(&conflict.stderr);
-    assert!(message.contains("409") && message.contains("push under a new version name"), "{message}");
+    assert!(message.contains("409") && message.contains("push under a new name"), "{message}");
 }

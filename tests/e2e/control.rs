@@ -147,3 +147,34 @@ async fn a_kill_in_the_middle_of_an_upload_leaves_the_previous_state_serving() {
     assert_eq!(leftovers, 0, "the partial upload was cleared at start");
     assert_eq!(std::fs::read_dir(data.path().join("registry/blobs/sha256")).expect("blobs").count(), 0);
 }
+
+#[tokio::test]
+async fn uploaded_weights_serve_by_name_survive_a_restart_and_corrupt_ones_are_refused() {
+    let tenants = tenants("max_model_bytes = 10000000");
+    let data = tempfile::tempdir().expect("tmp");
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
+    let weights = std::fs::read(digits_model()).expect("weights");
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/digits-v2", KEY, weights.clone()).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["sha256"], sha256_file(&digits_model()));
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/digits-v2", KEY, weights).await;
+    assert_eq!(code, 409, "model names are immutable: {body}");
+
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/broken", KEY, b"\x08\x07garbage".to_vec()).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(error_message(&body).contains("not a usable model"), "{body}");
+    let (code, _) = server.get("/v2/models/broken", Some(KEY)).await;
+    assert_eq!(code, 404, "a refused model does not exist");
+
+    let (pixels, label) = &heldout_digits()[0];
+    let scaled: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+    let request = json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled }] });
+    let (code, answer) = server.infer("digits-v2", KEY, &request).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(output(&answer, "label")["data"], json!([label]));
+
+    drop(server);
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("restarts");
+    let (code, answer) = server.infer("digits-v2", KEY, &request).await;
+    assert_eq!((code, &output(&answer, "label")["data"]), (200, &json!([label])), "{answer}");
+}

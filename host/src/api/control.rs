@@ -1,8 +1,9 @@
-//! The tenant control API (HTTP JSON under `/control/v1`, with the tenant's key): upload an
-//! app version, read an app's rollout status, set its traffic, promote or roll back its
-//! canary. Uploads stream to disk within the tenant's `max_component_bytes`; a version is
-//! added only once its component is checked against the tenant world. Changes apply while
-//! serving and are saved in the data directory.
+//! The tenant control API (HTTP JSON under `/control/v1`, with the tenant's key): upload a
+//! model or an app version, read an app's rollout status, set its traffic, promote or roll
+//! back its canary. Uploads stream to disk within the tenant's `max_model_bytes` or
+//! `max_component_bytes`; a model is added only once a backend has built its plan, a version
+//! only once its component is checked against the tenant world. Changes apply while serving
+//! and are saved in the data directory.
 
 use std::sync::Arc;
 
@@ -16,8 +17,8 @@ use futures::StreamExt;
 
 use super::error::{ApiError, ErrorKind};
 use super::http::authenticate;
-use crate::registry::ids::{AppName, VersionName};
-use crate::registry::store::UploadError;
+use crate::registry::ids::{AppName, ModelName, VersionName};
+use crate::registry::store::{UploadError, Uploaded};
 use crate::rollout::status::status;
 use crate::rollout::traffic::Traffic;
 use crate::serve::{AppState, ServingState, TenantState};
@@ -31,6 +32,7 @@ pub fn routes() -> axum::Router<Shared> {
         .route("/control/v1/apps/{app}/traffic", put(set_traffic))
         .route("/control/v1/apps/{app}/promote", post(promote))
         .route("/control/v1/apps/{app}/rollback", post(rollback))
+        .route("/control/v1/models/{model}", put(upload_model))
 }
 
 fn app_of(tenant: &TenantState, name: &str) -> Result<Arc<AppState>, ApiError> {
@@ -51,21 +53,18 @@ async fn app_status(
     Ok(Json(status(&app)).into_response())
 }
 
-/// `PUT /control/v1/apps/{app}/versions/{version}` with the component's bytes.
-async fn upload_version(
-    State(state): State<Shared>,
-    Path((app, version)): Path<(String, String)>,
-    headers: HeaderMap,
+/// Stream a body to a temp file within `max` bytes (the quota named `quota`).
+async fn receive(
+    state: &ServingState,
+    headers: &HeaderMap,
     body: Body,
-) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
-    let app_name = parse("app name", &app, AppName::new)?;
-    let version = parse("version", &version, VersionName::new)?;
-    let max = tenant.tenant.quotas.max_component_bytes;
+    max: u64,
+    quota: &str,
+) -> Result<Uploaded, ApiError> {
     let too_large = || {
         ApiError::new(
             ErrorKind::PayloadTooLarge,
-            format!("the component exceeds the tenant's limit of {max} bytes (max_component_bytes)"),
+            format!("the upload exceeds the tenant's limit of {max} bytes ({quota})"),
         )
     };
     let declared = headers
@@ -85,10 +84,41 @@ async fn upload_version(
             UploadError::Io(e) => stored(e),
         })?;
     }
-    let uploaded = upload.finish().map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    upload.finish().map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+}
+
+/// `PUT /control/v1/apps/{app}/versions/{version}` with the component's bytes.
+async fn upload_version(
+    State(state): State<Shared>,
+    Path((app, version)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let app_name = parse("app name", &app, AppName::new)?;
+    let version = parse("version", &version, VersionName::new)?;
+    let max = tenant.tenant.quotas.max_component_bytes;
+    let uploaded = receive(&state, &headers, body, max, "max_component_bytes").await?;
     let sha256 = uploaded.sha256.clone();
     let app = state.add_app_version(tenant, app_name, version.clone(), uploaded).await?;
     let body = serde_json::json!({ "app": app.spec.name, "version": version, "sha256": sha256 });
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `PUT /control/v1/models/{model}` with ONNX weights.
+async fn upload_model(
+    State(state): State<Shared>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let tenant = authenticate(&state, &headers)?;
+    let name = parse("model name", &model, ModelName::new)?;
+    let max = tenant.tenant.quotas.max_model_bytes;
+    let uploaded = receive(&state, &headers, body, max, "max_model_bytes").await?;
+    let sha256 = uploaded.sha256.clone();
+    state.add_model(tenant, name.clone(), uploaded).await?;
+    let body = serde_json::json!({ "model": name, "sha256": sha256 });
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 

@@ -76,7 +76,7 @@ fn describe<T: serde::Serialize>(
     state: &ServingState,
     headers: &HeaderMap,
     path: &ModelPath,
-    render: impl FnOnce(&str, &infer::Target<'_>) -> T,
+    render: impl FnOnce(&str, &infer::Target) -> T,
 ) -> Result<Response, ApiError> {
     let tenant = authenticate(state, headers)?;
     let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;

@@ -13,7 +13,7 @@ use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::nn::host::{NnCtx, RawLoad};
 use crate::nn::models::LoadedModel;
 use crate::nn::scheduler::Share;
-use crate::registry::ids::VersionName;
+use crate::registry::ids::{ModelName, VersionName};
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
 use crate::runtime::{GuestCall, GuestLog, InferRequest};
@@ -24,7 +24,7 @@ use crate::tenancy::turns::Turn;
 pub const PLAIN_MODEL_VERSION: &str = "1";
 
 /// What a name resolves to inside a tenant.
-pub enum Target<'a> {
+pub enum Target {
     /// An app: the pinned version, or (when `pinned` is false) the stable one; unpinned
     /// requests are routed by the app's traffic when they run.
     App {
@@ -34,12 +34,12 @@ pub enum Target<'a> {
         pinned: bool,
     },
     Model {
-        name: &'a str,
-        model: &'a Arc<LoadedModel>,
+        name: ModelName,
+        model: Arc<LoadedModel>,
     },
 }
 
-impl Target<'_> {
+impl Target {
     pub fn version(&self) -> &str {
         match self {
             Self::App { version, .. } => version.as_str(),
@@ -50,12 +50,12 @@ impl Target<'_> {
 
 /// Resolve `name` (and an optional pinned version) in the tenant's namespace. Unknown and
 /// foreign names get the same answer.
-pub fn resolve<'a>(tenant: &'a TenantState, name: &str, version: Option<&str>) -> Result<Target<'a>, ApiError> {
+pub fn resolve(tenant: &TenantState, name: &str, version: Option<&str>) -> Result<Target, ApiError> {
     if let Some(app) = tenant.app(name) {
         let (chosen_name, chosen) = app.select(version)?;
         return Ok(Target::App { app, version: chosen_name, chosen, pinned: version.is_some() });
     }
-    if let Some((model_name, model)) = tenant.models.own.iter().find(|(model_name, _)| model_name.as_str() == name) {
+    if let Some((model_name, model)) = tenant.models.own(name) {
         if let Some(pinned) = version
             && pinned != PLAIN_MODEL_VERSION
         {
@@ -63,10 +63,10 @@ pub fn resolve<'a>(tenant: &'a TenantState, name: &str, version: Option<&str>) -
                 "version '{pinned}' of model '{name}' not found; versions: [\"{PLAIN_MODEL_VERSION}\"]"
             )));
         }
-        return Ok(Target::Model { name: model_name.as_str(), model });
+        return Ok(Target::Model { name: model_name, model });
     }
     let mut known: Vec<String> = tenant.apps().into_iter().map(|(a, _)| a.to_string()).collect();
-    known.extend(tenant.models.own.keys().map(|m| m.to_string()));
+    known.extend(tenant.models.own_digests().into_iter().map(|(m, _)| m.to_string()));
     Err(ApiError::not_found(format!("model '{name}' not found; this tenant's models: {known:?}")))
 }
 

@@ -28,7 +28,7 @@ pub struct ModelMetadata {
 }
 
 /// Metadata of a resolved model or app.
-pub fn model(name: &str, target: &Target<'_>) -> ModelMetadata {
+pub fn model(name: &str, target: &Target) -> ModelMetadata {
     match target {
         Target::App { app, .. } => ModelMetadata {
             name: name.to_string(),

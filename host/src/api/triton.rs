@@ -67,7 +67,7 @@ pub fn triton_type(datatype: &str) -> (&'static str, i32) {
 }
 
 /// The configuration Triton would report for this model or app.
-pub fn config(name: &str, target: &Target<'_>) -> ModelConfig {
+pub fn config(name: &str, target: &Target) -> ModelConfig {
     let tensor = |spec: &TensorMetadata, batched: bool| TensorConfig {
         name: spec.name.clone(),
         data_type: triton_type(&spec.datatype).0.to_string(),
@@ -167,7 +167,7 @@ impl From<&DurationCounter> for Duration {
 }
 
 /// The statistics of this model or app.
-pub fn statistics(name: &str, target: &Target<'_>) -> StatisticsResponse {
+pub fn statistics(name: &str, target: &Target) -> StatisticsResponse {
     let stats: &ModelStats = match target {
         Target::Model { model, .. } => &model.stats,
         Target::App { app, .. } => &app.stats,

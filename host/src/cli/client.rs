@@ -79,8 +79,8 @@ impl ControlClient {
         let hint = match status.as_u16() {
             401 => " (check --key / SLUICE_KEY: it must be a key of your tenant)",
             404 => " (check the app name: `sluice status APP` lists what exists)",
-            409 => " (versions are immutable: push under a new version name)",
-            413 => " (the file is over your tenant's max_component_bytes quota)",
+            409 => " (versions and model names are immutable: push under a new name)",
+            413 => " (the file is over your tenant's upload quota)",
             _ => "",
         };
         anyhow::bail!("{status}: {message}{hint}")

@@ -39,6 +39,9 @@ pub enum ControlCommand {
     /// Upload a component as a new version of an app (the app is created if new).
     #[command(subcommand)]
     App(AppCommand),
+    /// Upload ONNX weights as a new model of the tenant (components load it by name).
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Set an app's traffic split.
     #[command(subcommand)]
     Traffic(TrafficCommand),
@@ -81,6 +84,17 @@ pub enum AppCommand {
 }
 
 #[derive(Debug, clap::Subcommand)]
+pub enum ModelCommand {
+    /// `sluice model push NAME MODEL.onnx`
+    Push {
+        name: String,
+        weights: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
 pub enum TrafficCommand {
     /// `sluice traffic set APP --stable 1 [--canary 2:10] [--shadow 3:0.05] [--sticky-header H]`
     Set {
@@ -106,6 +120,7 @@ impl ControlCommand {
     fn connection(&self) -> &Connection {
         match self {
             Self::App(AppCommand::Push { connection, .. })
+            | Self::Model(ModelCommand::Push { connection, .. })
             | Self::Traffic(TrafficCommand::Set { connection, .. })
             | Self::Promote { connection, .. }
             | Self::Rollback { connection, .. }
@@ -130,6 +145,16 @@ pub async fn run(command: ControlCommand) -> anyhow::Result<()> {
                 return Ok(());
             }
             (app, answer)
+        }
+        ControlCommand::Model(ModelCommand::Push { name, weights, .. }) => {
+            let bytes = std::fs::read(&weights)
+                .with_context(|| format!("cannot read {}: pass the path of an ONNX model", weights.display()))?;
+            let answer = client.upload(&format!("/control/v1/models/{name}"), bytes, output).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
+                Output::Text => println!("model {name} added (sha256 {})", answer["sha256"].as_str().unwrap_or("?")),
+            }
+            return Ok(());
         }
         ControlCommand::Traffic(TrafficCommand::Set { app, stable, canary, shadow, sticky_header, .. }) => {
             let body = json!({

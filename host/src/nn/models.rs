@@ -3,7 +3,7 @@
 //! one queue. Tenants reach them only through their own namespace ([`TenantModels`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, BackendKind, Backends, Graph, Signature, TensorSpec};
@@ -218,16 +218,46 @@ fn padding_rule(padding: &Padding, signature: &Signature) -> Result<PaddingRule,
     })
 }
 
-/// The models one tenant can load by name: its own, then the platform's shared ones.
-#[derive(Clone, Default)]
+/// The models one tenant can load by name: its own (which uploads add to while serving),
+/// then the platform's shared ones.
+#[derive(Default)]
 pub struct TenantModels {
-    pub own: BTreeMap<ModelName, Arc<LoadedModel>>,
-    pub shared: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>,
+    own: RwLock<BTreeMap<ModelName, Arc<LoadedModel>>>,
+    shared: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>,
 }
 
 impl TenantModels {
-    pub fn resolve(&self, name: &str) -> Option<&Arc<LoadedModel>> {
+    pub fn new(own: BTreeMap<ModelName, Arc<LoadedModel>>, shared: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>) -> Self {
+        Self { own: RwLock::new(own), shared }
+    }
+
+    fn own_models(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ModelName, Arc<LoadedModel>>> {
+        self.own.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A model by name for `load-by-name`: the tenant's own first, then the shared ones.
+    pub fn resolve(&self, name: &str) -> Option<Arc<LoadedModel>> {
         let name = ModelName::new(name).ok()?;
-        self.own.get(&name).or_else(|| self.shared.get(&name))
+        self.own_models().get(&name).or_else(|| self.shared.get(&name)).cloned()
+    }
+
+    /// One of the tenant's own models (the ones its plain-model endpoints serve).
+    pub fn own(&self, name: &str) -> Option<(ModelName, Arc<LoadedModel>)> {
+        self.own_models().iter().find(|(n, _)| n.as_str() == name).map(|(n, m)| (n.clone(), m.clone()))
+    }
+
+    /// The tenant's own models with the digest of their weights.
+    pub fn own_digests(&self) -> Vec<(ModelName, String)> {
+        self.own_models().iter().map(|(n, m)| (n.clone(), m.sha256.clone())).collect()
+    }
+
+    /// Add a model; `false` if the name is taken (model names are immutable).
+    pub fn add(&self, name: ModelName, model: Arc<LoadedModel>) -> bool {
+        let mut own = self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if own.contains_key(&name) {
+            return false;
+        }
+        own.insert(name, model);
+        true
     }
 }

@@ -61,6 +61,8 @@ pub struct Quotas {
     pub compute_weight: u32,
     /// Largest component the tenant may upload through the control API.
     pub max_component_bytes: u64,
+    /// Largest model (ONNX weights) the tenant may upload through the control API.
+    pub max_model_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -75,6 +77,7 @@ impl Default for Quotas {
             max_raw_model_bytes: 32 << 20,
             compute_weight: 1,
             max_component_bytes: 64 << 20,
+            max_model_bytes: 256 << 20,
         }
     }
 }

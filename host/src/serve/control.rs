@@ -11,16 +11,22 @@ use serde::{Deserialize, Serialize};
 use super::app::{AppState, AppVersion};
 use super::state::{ServingState, TenantState};
 use crate::api::error::{ApiError, ErrorKind};
-use crate::registry::AppSpec;
-use crate::registry::ids::{AppName, VersionName};
-use crate::registry::manifest::Analysis;
+use anyhow::Context;
+
+use crate::nn::models::LoadedModel;
+use crate::registry::ids::{AppName, ModelName, VersionName};
+use crate::registry::manifest::{Analysis, Batching};
 use crate::registry::store::Uploaded;
+use crate::registry::{AppSpec, ModelSpec};
 use crate::rollout::traffic::Traffic;
 
-/// What is saved per tenant: each app's versions (by component digest) and traffic.
+/// What is saved per tenant: its uploaded models (by weights digest) and each app's
+/// versions (by component digest) and traffic.
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantControl {
+    #[serde(default)]
+    pub models: BTreeMap<ModelName, String>,
     pub apps: BTreeMap<AppName, AppControl>,
 }
 
@@ -51,17 +57,26 @@ impl ServingState {
                 (name, AppControl { versions, traffic: app.traffic() })
             })
             .collect();
+        let models = tenant.models.own_digests().into_iter().collect();
         self.store
-            .write_state(tenant.tenant.id.as_str(), &TenantControl { apps })
+            .write_state(tenant.tenant.id.as_str(), &TenantControl { models, apps })
             .map_err(|e| internal("saving the control state", e))
     }
 
     /// Apply each tenant's saved state over what the manifests built: versions the
     /// manifests lack are prepared from their blobs, and the saved traffic replaces theirs.
-    pub fn restore_control(&self) -> anyhow::Result<()> {
+    pub async fn restore_control(&self) -> anyhow::Result<()> {
         for tenant in self.tenants.values() {
             let id = tenant.tenant.id.as_str();
             let Some(saved) = self.store.read_state::<TenantControl>(id)? else { continue };
+            for (name, sha256) in &saved.models {
+                if tenant.models.own(name.as_str()).is_some() {
+                    continue;
+                }
+                let bytes = self.store.read_blob(sha256).with_context(|| format!("tenant '{id}', model '{name}'"))?;
+                let model = self.load_model(name, sha256, bytes).await.map_err(|e| anyhow::anyhow!("{}", e.message))?;
+                tenant.models.add(name.clone(), model);
+            }
             for (name, saved_app) in saved.apps {
                 let app = match tenant.app(name.as_str()) {
                     Some(app) => app,
@@ -128,6 +143,44 @@ impl ServingState {
         self.save_control(tenant)?;
         tracing::info!(tenant = %tenant.tenant.id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
         Ok(app)
+    }
+
+    /// Load uploaded weights as model `name` on the best backend (building its plan is the
+    /// check that they are a usable model).
+    async fn load_model(&self, name: &ModelName, sha256: &str, bytes: Vec<u8>) -> Result<Arc<LoadedModel>, ApiError> {
+        let spec = ModelSpec {
+            name: name.clone(),
+            path: self.store.blob_path(sha256),
+            sha256: sha256.to_string(),
+            bytes: Arc::from(bytes),
+            backend: None,
+            batching: Batching::default(),
+        };
+        self.resident
+            .lock()
+            .await
+            .load(&spec, &self.backends, self.default_backend)
+            .await
+            .map_err(|e| ApiError::invalid(format!("not a usable model: {e}")))
+    }
+
+    /// Make uploaded weights the tenant's model `name`, then save.
+    pub async fn add_model(&self, tenant: &TenantState, name: ModelName, uploaded: Uploaded) -> Result<(), ApiError> {
+        if tenant.models.own(name.as_str()).is_some() {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("model '{name}' exists; model names are immutable, upload under a new name"),
+            ));
+        }
+        let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
+        let model = self.load_model(&name, &uploaded.sha256, bytes).await?;
+        self.store.commit(&uploaded).map_err(|e| internal("storing the model", e))?;
+        if !tenant.models.add(name.clone(), model) {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("model '{name}' exists")));
+        }
+        self.save_control(tenant)?;
+        tracing::info!(tenant = %tenant.tenant.id, model = %name, sha256 = %uploaded.sha256, "model added");
+        Ok(())
     }
 
     /// Replace an app's traffic after checking it, then save.

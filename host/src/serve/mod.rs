@@ -113,7 +113,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let turns = crate::tenancy::turns::Turns::new(cpu_turns, config.max_waiting_requests);
     let store = crate::registry::store::Store::open(&config.data_dir)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
-    ServingState::build(registry, runtime, &backends, config.default_backend, turns, store).await
+    ServingState::build(registry, runtime, backends, config.default_backend, turns, store).await
 }
 
 async fn shutdown_signal() {

@@ -64,6 +64,10 @@ pub struct ServingState {
     pub store: Store,
     /// Serialises saves of control state, so a later save never loses to an earlier one.
     pub control_writes: Mutex<()>,
+    /// Resident models by weights digest and backend, for models uploaded while serving.
+    pub resident: tokio::sync::Mutex<ModelStore>,
+    pub backends: Backends,
+    pub default_backend: Option<BackendKind>,
 }
 
 impl ServingState {
@@ -71,7 +75,7 @@ impl ServingState {
     pub async fn build(
         registry: Registry,
         runtime: Runtime,
-        backends: &Backends,
+        backends: Backends,
         default_backend: Option<BackendKind>,
         turns: Arc<Turns>,
         store: Store,
@@ -79,7 +83,7 @@ impl ServingState {
         let mut resident = ModelStore::default();
         let mut shared = BTreeMap::new();
         for (name, spec) in registry.shared_models() {
-            shared.insert(name.clone(), resident.load(spec, backends, default_backend).await?);
+            shared.insert(name.clone(), resident.load(spec, &backends, default_backend).await?);
         }
         let shared = Arc::new(shared);
 
@@ -87,7 +91,7 @@ impl ServingState {
         for tenant in registry.tenants() {
             let mut own = BTreeMap::new();
             for (name, spec) in &tenant.models {
-                let model = resident.load(spec, backends, default_backend).await?;
+                let model = resident.load(spec, &backends, default_backend).await?;
                 tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");
                 own.insert(name.clone(), model);
             }
@@ -109,15 +113,26 @@ impl ServingState {
             } else {
                 None
             };
-            let models = Arc::new(TenantModels { own, shared: shared.clone() });
+            let models = Arc::new(TenantModels::new(own, shared.clone()));
             tenants.insert(tenant.id.clone(), TenantState { tenant: tenant.clone(), models, apps, raw_backend });
         }
         let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
         let runtime = Arc::new(runtime);
         let shadows = Shadows::start(runtime.clone(), SHADOW_QUEUE).context("starting the shadow thread")?;
-        let state =
-            Self { registry, runtime, tenants, admission, turns, shadows, store, control_writes: Mutex::new(()) };
-        state.restore_control().context("restoring the saved control state")?;
+        let state = Self {
+            registry,
+            runtime,
+            tenants,
+            admission,
+            turns,
+            shadows,
+            store,
+            control_writes: Mutex::new(()),
+            resident: tokio::sync::Mutex::new(resident),
+            backends,
+            default_backend,
+        };
+        state.restore_control().await.context("restoring the saved control state")?;
         Ok(state)
     }
 }
