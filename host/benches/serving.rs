@@ -245,6 +245,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         epoch_tick: Duration::from_millis(5),
         cpu_turns: 0,
         max_waiting_requests: 1024,
+        admin_token: None,
     };
     let state = match build_state(&config).await {
         Ok(state) => state,

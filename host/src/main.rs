@@ -108,6 +108,10 @@ struct ServeArgs {
     /// Requests waiting to start, at most; past it a tenant over its share gets 429, else 503.
     #[arg(long, env = "SLUICE_MAX_WAITING_REQUESTS", default_value_t = 1024)]
     max_waiting_requests: usize,
+    /// Token for the platform admin API (`/admin/v1`: tenants, keys, quotas); without it the
+    /// admin API is off.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SLUICE_LOG_JSON")]
     log_json: bool,
@@ -140,6 +144,7 @@ fn main() -> anyhow::Result<()> {
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
                 cpu_turns: args.cpu_turns,
                 max_waiting_requests: args.max_waiting_requests,
+                admin_token: args.admin_token,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(serve(config))

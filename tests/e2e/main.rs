@@ -1,5 +1,6 @@
 //! End-to-end tests: each starts the real `sluice serve` on port 0 and calls it over HTTP.
 
+mod admin;
 mod bad_input;
 mod batching;
 mod cli;

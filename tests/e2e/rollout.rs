@@ -22,7 +22,7 @@ fn digit_request(parameters: Value) -> Value {
 }
 
 async fn rollout(server: &Server, app: &str) -> Value {
-    let (status, body) = server.get(&format!("/v2/models/{app}/rollout"), Some(KEY)).await;
+    let (status, body) = server.get(&format!("/control/v1/apps/{app}"), Some(KEY)).await;
     assert_eq!(status, 200, "{body}");
     body
 }

@@ -48,7 +48,7 @@ async fn app_status(
     Path(app): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
+    let tenant = &authenticate(&state, &headers)?;
     let app = app_of(tenant, &app)?;
     Ok(Json(status(&app)).into_response())
 }
@@ -94,10 +94,10 @@ async fn upload_version(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
+    let tenant = &authenticate(&state, &headers)?;
     let app_name = parse("app name", &app, AppName::new)?;
     let version = parse("version", &version, VersionName::new)?;
-    let max = tenant.tenant.quotas.max_component_bytes;
+    let max = tenant.tenant().quotas.max_component_bytes;
     let uploaded = receive(&state, &headers, body, max, "max_component_bytes").await?;
     let sha256 = uploaded.sha256.clone();
     let app = state.add_app_version(tenant, app_name, version.clone(), uploaded).await?;
@@ -112,9 +112,9 @@ async fn upload_model(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
+    let tenant = &authenticate(&state, &headers)?;
     let name = parse("model name", &model, ModelName::new)?;
-    let max = tenant.tenant.quotas.max_model_bytes;
+    let max = tenant.tenant().quotas.max_model_bytes;
     let uploaded = receive(&state, &headers, body, max, "max_model_bytes").await?;
     let sha256 = uploaded.sha256.clone();
     state.add_model(tenant, name.clone(), uploaded).await?;
@@ -129,7 +129,7 @@ async fn set_traffic(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
+    let tenant = &authenticate(&state, &headers)?;
     let app = app_of(tenant, &app)?;
     let mut traffic: Traffic = serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid(format!(
@@ -161,7 +161,7 @@ async fn rollback(
 }
 
 fn change_canary(state: &ServingState, headers: &HeaderMap, app: &str, promote: bool) -> Result<Response, ApiError> {
-    let tenant = authenticate(state, headers)?;
+    let tenant = &authenticate(state, headers)?;
     let app = app_of(tenant, app)?;
     let mut traffic = app.traffic();
     let Some(canary) = traffic.canary.take() else {

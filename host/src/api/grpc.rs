@@ -42,7 +42,7 @@ pub struct GrpcApi {
 }
 
 impl GrpcApi {
-    fn tenant<T>(&self, request: &Request<T>) -> Result<&TenantState, ApiError> {
+    fn tenant<T>(&self, request: &Request<T>) -> Result<Arc<TenantState>, ApiError> {
         let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
         super::http::tenant_for_key(&self.state, authorization)
     }
@@ -59,7 +59,7 @@ impl GrpcInferenceService for GrpcApi {
     }
 
     async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
         infer::resolve(tenant, &message.name, version(&message.version))?;
         Ok(Response::new(ModelReadyResponse { ready: true }))
@@ -81,7 +81,7 @@ impl GrpcInferenceService for GrpcApi {
         &self,
         request: Request<ModelMetadataRequest>,
     ) -> Result<Response<ModelMetadataResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
         let meta = metadata::model(&message.name, &target);
@@ -103,7 +103,7 @@ impl GrpcInferenceService for GrpcApi {
         &self,
         request: Request<ModelConfigRequest>,
     ) -> Result<Response<ModelConfigResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
         let config = triton::config(&message.name, &target);
@@ -143,7 +143,7 @@ impl GrpcInferenceService for GrpcApi {
         &self,
         request: Request<ModelStatisticsRequest>,
     ) -> Result<Response<ModelStatisticsResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
         let duration = |d: triton::Duration| Some(StatisticDuration { count: d.count, ns: d.ns });
@@ -173,12 +173,12 @@ impl GrpcInferenceService for GrpcApi {
     }
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = &self.tenant(&request)?;
         // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
         let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
         let entry = infer::enter(&self.state, tenant, client_timeout).await?;
         let (metadata, _, message) = request.into_parts();
-        let limits = TensorLimits { max_elements: tenant.tenant.quotas.max_tensor_elements };
+        let limits = TensorLimits { max_elements: tenant.tenant().quotas.max_tensor_elements };
         let name = message.model_name.clone();
         let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());
         let valid = parse_infer_request(message, limits)?;

@@ -37,10 +37,10 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/models/{model}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
-        .route("/v2/models/{model}/rollout", get(model_rollout))
         .route("/v2/models/{model}/infer", post(model_infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(model_infer))
         .merge(super::control::routes())
+        .merge(super::admin::routes())
         .fallback(|| async {
             ApiError::not_found("no such endpoint; see the Open Inference Protocol REST paths under /v2")
         })
@@ -56,19 +56,15 @@ struct ModelPath {
     version: Option<String>,
 }
 
-pub(super) fn authenticate<'a>(state: &'a ServingState, headers: &HeaderMap) -> Result<&'a TenantState, ApiError> {
+pub(super) fn authenticate(state: &ServingState, headers: &HeaderMap) -> Result<Arc<TenantState>, ApiError> {
     tenant_for_key(state, headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
 }
 
 /// The tenant owning the key in an `Authorization: Bearer` value (HTTP header or gRPC
 /// metadata).
-pub fn tenant_for_key<'a>(state: &'a ServingState, authorization: Option<&str>) -> Result<&'a TenantState, ApiError> {
+pub fn tenant_for_key(state: &ServingState, authorization: Option<&str>) -> Result<Arc<TenantState>, ApiError> {
     let key = crate::tenancy::bearer_key(authorization)?;
-    let tenant = state.registry.authenticate(key).ok_or_else(crate::tenancy::unknown_key)?;
-    state
-        .tenants
-        .get(&tenant.id)
-        .ok_or_else(|| ApiError::new(ErrorKind::Internal, format!("tenant '{}' is not loaded", tenant.id)))
+    state.authenticate(key).ok_or_else(crate::tenancy::unknown_key)
 }
 
 /// The model a describing request names, in the caller's tenant, rendered as JSON.
@@ -78,7 +74,7 @@ fn describe<T: serde::Serialize>(
     path: &ModelPath,
     render: impl FnOnce(&str, &infer::Target) -> T,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(state, headers)?;
+    let tenant = &authenticate(state, headers)?;
     let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
     Ok(Json(render(&path.model, &target)).into_response())
 }
@@ -115,30 +111,14 @@ async fn model_stats(
     describe(&state, &headers, &path, super::triton::statistics)
 }
 
-/// Sluice's extension: an app's traffic split, per-version outcomes and shadow comparison.
-async fn model_rollout(
-    State(state): State<Shared>,
-    Path(path): Path<ModelPath>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
-    match infer::resolve(tenant, &path.model, None)? {
-        infer::Target::App { app, .. } => Ok(Json(crate::rollout::status::status(&app)).into_response()),
-        infer::Target::Model { .. } => Err(ApiError::not_found(format!(
-            "'{}' is a plain model; rollout status is kept for apps (components with versions)",
-            path.model
-        ))),
-    }
-}
-
 async fn model_infer(
     State(state): State<Shared>,
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let tenant = authenticate(&state, &headers)?;
-    let limit = usize::try_from(tenant.tenant.quotas.max_request_bytes).unwrap_or(usize::MAX);
+    let tenant = &authenticate(&state, &headers)?;
+    let limit = usize::try_from(tenant.tenant().quotas.max_request_bytes).unwrap_or(usize::MAX);
     let too_large = || {
         ApiError::new(
             ErrorKind::PayloadTooLarge,
@@ -152,7 +132,7 @@ async fn model_infer(
     }
     let entry = infer::enter(&state, tenant, None).await?;
     let body = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
-    let limits = TensorLimits { max_elements: tenant.tenant.quotas.max_tensor_elements };
+    let limits = TensorLimits { max_elements: tenant.tenant().quotas.max_tensor_elements };
     let json_length = match headers.get(INFERENCE_HEADER_CONTENT_LENGTH) {
         None => None,
         Some(value) => Some(value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(|| {

@@ -66,7 +66,7 @@ pub fn resolve(tenant: &TenantState, name: &str, version: Option<&str>) -> Resul
         return Ok(Target::Model { name: model_name, model });
     }
     let mut known: Vec<String> = tenant.apps().into_iter().map(|(a, _)| a.to_string()).collect();
-    known.extend(tenant.models.own_digests().into_iter().map(|(m, _)| m.to_string()));
+    known.extend(tenant.models.own_names().iter().map(ToString::to_string));
     Err(ApiError::not_found(format!("model '{name}' not found; this tenant's models: {known:?}")))
 }
 
@@ -101,11 +101,11 @@ pub async fn enter(
     client_timeout: Option<Duration>,
 ) -> Result<Entry, ApiError> {
     let arrived = Instant::now();
-    let in_flight = state.admission.admit(&tenant.tenant.id)?;
-    let quotas = &tenant.tenant.quotas;
+    let in_flight = state.admission.admit(&tenant.tenant().id)?;
+    let quotas = &tenant.tenant().quotas;
     let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout].into_iter().flatten().min();
     let deadline = arrived + budget.unwrap_or_default();
-    let turn = state.turns.enter(tenant.tenant.id.as_str().into(), quotas.compute_weight, deadline).await?;
+    let turn = state.turns.enter(tenant.tenant().id.as_str().into(), quotas.compute_weight, deadline).await?;
     Ok(Entry { _in_flight: in_flight, turn, arrived, client_timeout })
 }
 
@@ -121,7 +121,7 @@ pub async fn infer(
 ) -> Result<InferOutcome, ApiError> {
     let Entry { _in_flight, mut turn, arrived, client_timeout } = entry;
     let target = resolve(tenant, name, version)?;
-    let quotas = &tenant.tenant.quotas;
+    let quotas = &tenant.tenant().quotas;
     // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
     // `timeout` request parameter in microseconds, as Triton reads it), from arrival.
     let requested_timeout = timeout_parameter(&request.parameters)?;
@@ -133,7 +133,7 @@ pub async fn infer(
     let deadline = arrived + budget;
     let budget_ms = budget.as_millis() as u64;
     let requested = request.requested_outputs.clone();
-    let share = Share { tenant: tenant.tenant.id.as_str().into(), weight: quotas.compute_weight };
+    let share = Share { tenant: tenant.tenant().id.as_str().into(), weight: quotas.compute_weight };
 
     let (outputs, parameters, version) = match target {
         Target::Model { model, .. } => {
@@ -218,7 +218,7 @@ pub async fn infer(
 }
 
 fn guest_log(tenant: &TenantState, app: &AppState, version: &VersionName) -> GuestLog {
-    GuestLog { tenant: tenant.tenant.id.to_string(), app: app.spec.name.to_string(), version: version.to_string() }
+    GuestLog { tenant: tenant.tenant().id.to_string(), app: app.spec.name.to_string(), version: version.to_string() }
 }
 
 /// How to build a shadow's guest call when the shadow thread gets to it: the same request,
@@ -233,7 +233,7 @@ fn shadow_call(
     memory_bytes: usize,
 ) -> Box<dyn FnOnce() -> GuestCall + Send> {
     let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(tenant, app, version));
-    let budget = Duration::from_millis(tenant.tenant.quotas.guest_deadline_ms);
+    let budget = Duration::from_millis(tenant.tenant().quotas.guest_deadline_ms);
     let request = InferRequest {
         id: request.id.clone(),
         inputs: request.inputs.iter().cloned().map(ValidTensor::into_guest).collect(),

@@ -2,9 +2,11 @@
 //! extension ([`json`], [`raw`]) and over gRPC ([`grpc`]), the
 //! validated request types every protocol shares ([`types`]), protocol-neutral inference
 //! ([`infer`]), model metadata ([`metadata`]), Triton's configuration and statistics
-//! extensions ([`triton`]), the tenant control API ([`control`]: app versions and traffic)
-//! and the one error table ([`error`]).
+//! extensions ([`triton`]), the tenant control API ([`control`]: models, app versions and
+//! traffic), the platform admin API ([`admin`]: tenants, keys, quotas) and the one error
+//! table ([`error`]).
 
+pub mod admin;
 pub mod control;
 pub mod error;
 pub mod grpc;

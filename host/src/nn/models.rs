@@ -246,6 +246,10 @@ impl TenantModels {
         self.own_models().iter().find(|(n, _)| n.as_str() == name).map(|(n, m)| (n.clone(), m.clone()))
     }
 
+    pub fn own_names(&self) -> Vec<ModelName> {
+        self.own_models().keys().cloned().collect()
+    }
+
     /// The tenant's own models with the digest of their weights.
     pub fn own_digests(&self) -> Vec<(ModelName, String)> {
         self.own_models().iter().map(|(n, m)| (n.clone(), m.sha256.clone())).collect()

@@ -156,6 +156,11 @@ impl Registry {
         self.tenants.get(id).cloned()
     }
 
+    /// API key digests and the tenant each belongs to.
+    pub fn key_digests(&self) -> &HashMap<String, TenantId> {
+        &self.key_digests
+    }
+
     pub fn tenants(&self) -> impl Iterator<Item = &Arc<Tenant>> {
         self.tenants.values()
     }

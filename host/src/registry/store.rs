@@ -149,6 +149,19 @@ impl Store {
         }
     }
 
+    /// Tenants with saved control-plane state.
+    pub fn saved_tenants(&self) -> io::Result<Vec<String>> {
+        let mut tenants = Vec::new();
+        for entry in fs::read_dir(&self.control)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if let Some(tenant) = name.strip_suffix(".json") {
+                tenants.push(tenant.to_string());
+            }
+        }
+        tenants.sort();
+        Ok(tenants)
+    }
+
     /// Replace a tenant's control-plane state atomically.
     pub fn write_state<T: Serialize>(&self, tenant: &str, state: &T) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;

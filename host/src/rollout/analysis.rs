@@ -146,14 +146,15 @@ pub async fn run(state: Arc<ServingState>, tick: Duration) {
     let mut last_window: std::collections::HashMap<(String, String), std::time::Instant> = Default::default();
     loop {
         ticker.tick().await;
-        for (tenant_id, tenant) in &state.tenants {
+        for tenant in state.all_tenants() {
+            let tenant_id = tenant.tenant().id.clone();
             for (name, app) in tenant.apps() {
                 let key = (tenant_id.to_string(), name.to_string());
                 let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
                 if due {
                     last_window.insert(key, std::time::Instant::now());
                     if analyse(&app)
-                        && let Err(error) = state.save_control(tenant)
+                        && let Err(error) = state.save_control(&tenant)
                     {
                         tracing::error!(app = %name, error = %error.message, "could not save a rollout decision");
                     }

@@ -99,6 +99,11 @@ impl Runtime {
         Prepared::new(instance_pre).map_err(|e| component_error(format!("{e:#}")))
     }
 
+    /// The most linear memory one guest may have (the pool's slot size).
+    pub fn max_memory_bytes(&self) -> usize {
+        self.settings.max_memory_bytes
+    }
+
     pub fn epoch_tick(&self) -> Duration {
         self.settings.epoch_tick
     }

@@ -1,23 +1,23 @@
-//! The control plane's effect on serving: new app versions (uploaded components, checked
-//! against the tenant world and kept as content-addressed blobs) and traffic changes, applied
-//! while serving and saved in the data directory, so a restart restores them over what the
-//! manifests describe.
+//! The control plane's effect on serving: uploaded models and app versions (kept as
+//! content-addressed blobs), traffic changes, and admin-managed tenants' keys and quotas,
+//! applied while serving and saved in the data directory, so a restart restores them over
+//! what the manifests describe.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::app::{AppState, AppVersion};
 use super::state::{ServingState, TenantState};
 use crate::api::error::{ApiError, ErrorKind};
-use anyhow::Context;
-
 use crate::nn::models::LoadedModel;
-use crate::registry::ids::{AppName, ModelName, VersionName};
-use crate::registry::manifest::{Analysis, Batching};
+use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
+use crate::registry::manifest::{Analysis, Batching, Quotas};
 use crate::registry::store::Uploaded;
-use crate::registry::{AppSpec, ModelSpec};
+use crate::registry::{AppSpec, ModelSpec, Tenant};
 use crate::rollout::traffic::Traffic;
 
 /// What is saved per tenant: its uploaded models (by weights digest) and each app's
@@ -25,6 +25,12 @@ use crate::rollout::traffic::Traffic;
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantControl {
+    /// Set for admin-managed tenants (created or changed through the admin API): their
+    /// quotas and key digests, which replace the manifest's at start.
+    #[serde(default)]
+    pub quotas: Option<Quotas>,
+    #[serde(default)]
+    pub keys: Option<Vec<String>>,
     #[serde(default)]
     pub models: BTreeMap<ModelName, String>,
     pub apps: BTreeMap<AppName, AppControl>,
@@ -58,17 +64,43 @@ impl ServingState {
             })
             .collect();
         let models = tenant.models.own_digests().into_iter().collect();
+        let spec = tenant.tenant();
+        let (quotas, keys) = if tenant.admin_managed.load(Ordering::Relaxed) {
+            (Some(spec.quotas.clone()), Some(self.key_digests_of(&spec.id)))
+        } else {
+            (None, None)
+        };
         self.store
-            .write_state(tenant.tenant.id.as_str(), &TenantControl { models, apps })
+            .write_state(spec.id.as_str(), &TenantControl { quotas, keys, models, apps })
             .map_err(|e| internal("saving the control state", e))
     }
 
     /// Apply each tenant's saved state over what the manifests built: versions the
     /// manifests lack are prepared from their blobs, and the saved traffic replaces theirs.
     pub async fn restore_control(&self) -> anyhow::Result<()> {
-        for tenant in self.tenants.values() {
-            let id = tenant.tenant.id.as_str();
+        // Tenants created through the admin API have saved state and no manifest.
+        for id in self.store.saved_tenants()? {
+            let id = TenantId::new(&id).map_err(|e| anyhow::anyhow!("saved tenant '{id}': {e}"))?;
+            if self.tenant(&id).is_none() {
+                let quotas =
+                    self.store.read_state::<TenantControl>(id.as_str())?.and_then(|s| s.quotas).unwrap_or_default();
+                let spec = Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() };
+                self.insert_tenant(spec);
+            }
+        }
+        for tenant in self.all_tenants() {
+            let spec = tenant.tenant();
+            let id = spec.id.as_str();
             let Some(saved) = self.store.read_state::<TenantControl>(id)? else { continue };
+            if let Some(quotas) = saved.quotas {
+                self.admission.set_limit(spec.id.clone(), quotas.max_concurrent_requests);
+                tenant.set_quotas(quotas);
+                tenant.admin_managed.store(true, Ordering::Relaxed);
+            }
+            if let Some(keys) = &saved.keys {
+                self.restore_keys(&spec.id, keys);
+                tenant.admin_managed.store(true, Ordering::Relaxed);
+            }
             for (name, sha256) in &saved.models {
                 if tenant.models.own(name.as_str()).is_some() {
                     continue;
@@ -141,7 +173,7 @@ impl ServingState {
             return Err(ApiError::new(ErrorKind::Conflict, format!("version '{version}' of app '{app_name}' exists")));
         }
         self.save_control(tenant)?;
-        tracing::info!(tenant = %tenant.tenant.id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
+        tracing::info!(tenant = %tenant.tenant().id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
         Ok(app)
     }
 
@@ -179,7 +211,7 @@ impl ServingState {
             return Err(ApiError::new(ErrorKind::Conflict, format!("model '{name}' exists")));
         }
         self.save_control(tenant)?;
-        tracing::info!(tenant = %tenant.tenant.id, model = %name, sha256 = %uploaded.sha256, "model added");
+        tracing::info!(tenant = %tenant.tenant().id, model = %name, sha256 = %uploaded.sha256, "model added");
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! `sluice serve`: load the registry, start the backends and the runtime, build the
 //! serving state and answer OIP over HTTP until asked to stop.
 
+mod admin;
 mod app;
 mod control;
 mod state;
@@ -41,6 +42,8 @@ pub struct ServeConfig {
     /// Requests worked on at once (0: one per CPU); see `tenancy::turn_state`.
     pub cpu_turns: usize,
     pub max_waiting_requests: usize,
+    /// The platform admin's token for `/admin/v1`; `None` turns the admin API off.
+    pub admin_token: Option<String>,
 }
 
 /// Build everything, bind the listeners and serve HTTP and gRPC until Ctrl-C / SIGTERM.
@@ -113,7 +116,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let turns = crate::tenancy::turns::Turns::new(cpu_turns, config.max_waiting_requests);
     let store = crate::registry::store::Store::open(&config.data_dir)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
-    ServingState::build(registry, runtime, backends, config.default_backend, turns, store).await
+    let admin_token = config.admin_token.as_deref();
+    ServingState::build(registry, runtime, backends, config.default_backend, turns, store, admin_token).await
 }
 
 async fn shutdown_signal() {

@@ -2,14 +2,17 @@
 //! (its namespace for `load-by-name`) and its apps' prepared component versions.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use anyhow::Context;
+use sha2::{Digest, Sha256};
 
 use super::app::{AppState, AppVersion};
 use crate::nn::backend::{Backend, BackendKind, Backends};
-use crate::nn::models::{ModelStore, TenantModels};
-use crate::registry::ids::{AppName, TenantId};
+use crate::nn::models::{LoadedModel, ModelStore, TenantModels};
+use crate::registry::ids::{AppName, ModelName, TenantId};
+use crate::registry::manifest::Quotas;
 use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
 use crate::rollout::shadow::Shadows;
@@ -22,14 +25,45 @@ const SHADOW_QUEUE: usize = 64;
 
 /// One tenant's serving state.
 pub struct TenantState {
-    pub tenant: Arc<Tenant>,
+    /// Id, keys and quotas; quotas change through the admin API.
+    spec: RwLock<Arc<Tenant>>,
     pub models: Arc<TenantModels>,
     apps: RwLock<BTreeMap<AppName, Arc<AppState>>>,
     /// Backend for guests' raw `load`, when the tenant's quota allows it.
     pub raw_backend: Option<Arc<dyn Backend>>,
+    /// Keys or quotas were set through the admin API: they are saved and win over the manifest.
+    pub admin_managed: AtomicBool,
 }
 
 impl TenantState {
+    pub fn new(
+        spec: Arc<Tenant>,
+        models: Arc<TenantModels>,
+        apps: BTreeMap<AppName, Arc<AppState>>,
+        raw_backend: Option<Arc<dyn Backend>>,
+    ) -> Self {
+        Self {
+            spec: RwLock::new(spec),
+            models,
+            apps: RwLock::new(apps),
+            raw_backend,
+            admin_managed: AtomicBool::new(false),
+        }
+    }
+
+    /// The tenant's id and current quotas.
+    pub fn tenant(&self) -> Arc<Tenant> {
+        self.spec.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Replace the tenant's quotas.
+    pub fn set_quotas(&self, quotas: Quotas) {
+        let mut spec = self.spec.write().unwrap_or_else(PoisonError::into_inner);
+        let mut updated = Tenant::clone(&spec);
+        updated.quotas = quotas;
+        *spec = Arc::new(updated);
+    }
+
     pub fn app(&self, name: &str) -> Option<Arc<AppState>> {
         self.apps
             .read()
@@ -54,7 +88,9 @@ impl TenantState {
 pub struct ServingState {
     pub registry: Registry,
     pub runtime: Arc<Runtime>,
-    pub tenants: HashMap<TenantId, TenantState>,
+    tenants: RwLock<HashMap<TenantId, Arc<TenantState>>>,
+    /// API key digests (SHA-256, hex) and the tenant each belongs to.
+    keys: RwLock<HashMap<String, TenantId>>,
     pub admission: Admission,
     /// Fair turns on the host CPU across all tenants.
     pub turns: Arc<Turns>,
@@ -68,9 +104,46 @@ pub struct ServingState {
     pub resident: tokio::sync::Mutex<ModelStore>,
     pub backends: Backends,
     pub default_backend: Option<BackendKind>,
+    /// The platform's shared models, for tenants created while serving.
+    pub shared_models: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>,
+    /// SHA-256 (hex) of the admin token; `None` turns the admin API off.
+    pub admin_token_sha256: Option<String>,
 }
 
 impl ServingState {
+    pub fn tenant(&self, id: &TenantId) -> Option<Arc<TenantState>> {
+        self.tenants.read().unwrap_or_else(PoisonError::into_inner).get(id).cloned()
+    }
+
+    /// Every tenant.
+    pub fn all_tenants(&self) -> Vec<Arc<TenantState>> {
+        self.tenants.read().unwrap_or_else(PoisonError::into_inner).values().cloned().collect()
+    }
+
+    pub(super) fn keys_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, TenantId>> {
+        self.keys.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn keys_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, TenantId>> {
+        self.keys.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn tenants_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TenantId, Arc<TenantState>>> {
+        self.tenants.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The backend a tenant allowed raw `load` uses.
+    pub(super) fn raw_backend(&self) -> Option<Arc<dyn Backend>> {
+        self.default_backend.and_then(|kind| self.backends.get(kind)).or_else(|| self.backends.preferred())
+    }
+
+    /// The tenant owning an API key.
+    pub fn authenticate(&self, api_key: &str) -> Option<Arc<TenantState>> {
+        let digest = hex::encode(Sha256::digest(api_key.as_bytes()));
+        let id = self.keys.read().unwrap_or_else(PoisonError::into_inner).get(&digest)?.clone();
+        self.tenant(&id)
+    }
+
     /// Load every model and prepare every component the registry names.
     pub async fn build(
         registry: Registry,
@@ -79,6 +152,7 @@ impl ServingState {
         default_backend: Option<BackendKind>,
         turns: Arc<Turns>,
         store: Store,
+        admin_token: Option<&str>,
     ) -> anyhow::Result<Self> {
         let mut resident = ModelStore::default();
         let mut shared = BTreeMap::new();
@@ -107,22 +181,26 @@ impl ServingState {
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
                 apps.insert(name.clone(), Arc::new(AppState::new(spec.clone(), versions)));
             }
-            let apps = RwLock::new(apps);
             let raw_backend = if tenant.quotas.allow_raw_model_load {
                 default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred())
             } else {
                 None
             };
             let models = Arc::new(TenantModels::new(own, shared.clone()));
-            tenants.insert(tenant.id.clone(), TenantState { tenant: tenant.clone(), models, apps, raw_backend });
+            let state = TenantState::new(tenant.clone(), models, apps, raw_backend);
+            tenants.insert(tenant.id.clone(), Arc::new(state));
         }
         let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
         let runtime = Arc::new(runtime);
         let shadows = Shadows::start(runtime.clone(), SHADOW_QUEUE).context("starting the shadow thread")?;
+        let keys = RwLock::new(registry.key_digests().clone());
         let state = Self {
+            shared_models: shared,
+            admin_token_sha256: admin_token.map(|t| hex::encode(Sha256::digest(t.as_bytes()))),
+            keys,
             registry,
             runtime,
-            tenants,
+            tenants: RwLock::new(tenants),
             admission,
             turns,
             shadows,

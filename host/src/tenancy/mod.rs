@@ -5,7 +5,7 @@ pub mod turn_state;
 pub mod turns;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -35,20 +35,28 @@ pub fn unknown_key() -> ApiError {
 /// Per-tenant limits on requests in flight.
 #[derive(Default)]
 pub struct Admission {
-    in_flight: HashMap<TenantId, (Arc<Semaphore>, u32)>,
+    in_flight: RwLock<HashMap<TenantId, (Arc<Semaphore>, u32)>>,
 }
 
 impl Admission {
     pub fn new(limits: impl IntoIterator<Item = (TenantId, u32)>) -> Self {
-        let in_flight =
-            limits.into_iter().map(|(tenant, max)| (tenant, (Arc::new(Semaphore::new(max as usize)), max))).collect();
-        Self { in_flight }
+        let admission = Self::default();
+        for (tenant, max) in limits {
+            admission.set_limit(tenant, max);
+        }
+        admission
+    }
+
+    /// Set (or change) a tenant's limit; requests in flight under an old limit finish.
+    pub fn set_limit(&self, tenant: TenantId, max: u32) {
+        let mut in_flight = self.in_flight.write().unwrap_or_else(PoisonError::into_inner);
+        in_flight.insert(tenant, (Arc::new(Semaphore::new(max as usize)), max));
     }
 
     /// A permit for one request; dropping it frees the slot.
     pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, ApiError> {
-        let (semaphore, max) = self
-            .in_flight
+        let in_flight = self.in_flight.read().unwrap_or_else(PoisonError::into_inner);
+        let (semaphore, max) = in_flight
             .get(tenant)
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, format!("tenant '{tenant}' has no admission state")))?;
         semaphore.clone().try_acquire_owned().map_err(|_| {

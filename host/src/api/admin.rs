@@ -1,0 +1,108 @@
+//! The platform admin API (HTTP JSON under `/admin/v1`, with the admin token as a bearer
+//! token): list and create tenants, issue and revoke their API keys, set their quotas.
+//! Without `--admin-token` the whole API answers 404, as if it did not exist.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::error::{ApiError, ErrorKind};
+use crate::registry::ids::TenantId;
+use crate::registry::manifest::Quotas;
+use crate::serve::ServingState;
+
+type Shared = Arc<ServingState>;
+
+pub fn routes() -> axum::Router<Shared> {
+    axum::Router::new()
+        .route("/admin/v1/tenants", get(list_tenants).post(create_tenant))
+        .route("/admin/v1/tenants/{tenant}/quotas", put(set_quotas))
+        .route("/admin/v1/tenants/{tenant}/keys", post(issue_key))
+        .route("/admin/v1/tenants/{tenant}/keys/{key_id}", delete(revoke_key))
+}
+
+/// Check the admin token; a server without one has no admin API.
+fn admin(state: &ServingState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = &state.admin_token_sha256 else {
+        return Err(ApiError::not_found("the admin API is off: start `sluice serve` with --admin-token"));
+    };
+    let token = crate::tenancy::bearer_key(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))?;
+    if &hex::encode(Sha256::digest(token.as_bytes())) != expected {
+        return Err(ApiError::new(ErrorKind::Unauthenticated, "invalid admin token"));
+    }
+    Ok(())
+}
+
+fn tenant_id(value: &str) -> Result<TenantId, ApiError> {
+    TenantId::new(value).map_err(|e| ApiError::invalid(format!("tenant id '{value}': {e}")))
+}
+
+fn json<T: serde::de::DeserializeOwned>(body: &[u8], example: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("expected JSON like {example}: {e}")))
+}
+
+async fn list_tenants(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    admin(&state, &headers)?;
+    Ok(Json(state.tenant_summaries()).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTenant {
+    id: String,
+    #[serde(default)]
+    quotas: Quotas,
+}
+
+async fn create_tenant(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers)?;
+    let request: NewTenant = json(&body, r#"{"id": "acme", "quotas": {"max_concurrent_requests": 64}}"#)?;
+    let tenant = state.create_tenant(tenant_id(&request.id)?, request.quotas)?;
+    let created = serde_json::json!({ "id": tenant.tenant().id, "quotas": tenant.tenant().quotas });
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+async fn set_quotas(
+    State(state): State<Shared>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers)?;
+    let quotas: Quotas = json(&body, r#"{"max_concurrent_requests": 64, "compute_weight": 2}"#)?;
+    let id = tenant_id(&tenant)?;
+    state.set_quotas(&id, quotas)?;
+    Ok(Json(serde_json::json!({ "id": id, "quotas": state.tenant(&id).map(|t| t.tenant().quotas.clone()) }))
+        .into_response())
+}
+
+async fn issue_key(
+    State(state): State<Shared>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers)?;
+    let issued = state.issue_key(&tenant_id(&tenant)?)?;
+    Ok((StatusCode::CREATED, Json(issued)).into_response())
+}
+
+async fn revoke_key(
+    State(state): State<Shared>,
+    Path((tenant, key_id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers)?;
+    let id = tenant_id(&tenant)?;
+    state.revoke_key(&id, &key_id)?;
+    Ok(Json(serde_json::json!({ "tenant": id, "revoked": key_id })).into_response())
+}

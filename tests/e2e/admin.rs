@@ -1,0 +1,95 @@
+//! The platform admin API: tenants created, keys issued and revoked, quotas set while
+//! serving, all effective at once and restored after a restart.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+const ADMIN: &str = "admin-secret";
+const ACME: &str = "test-key-acme";
+
+async fn admin(server: &Server, method: Method, path: &str, body: Value) -> (u16, Value) {
+    let body = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };
+    server.send(method, path, ADMIN, body).await
+}
+
+fn tenants() -> Tenants {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", ACME, "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("acme.toml", &manifest);
+    tenants
+}
+
+fn digits_request() -> Value {
+    let (pixels, _) = &heldout_digits()[0];
+    let scaled: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+    json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled }] })
+}
+
+#[tokio::test]
+async fn tenants_keys_and_quotas_change_while_serving_and_survive_a_restart() {
+    let tenants = tenants();
+    let data = tempfile::tempdir().expect("tmp");
+    let server = Server::start_in(tenants.path(), data.path(), &["--admin-token", ADMIN]).expect("starts");
+
+    let (code, _) = server.send(Method::GET, "/admin/v1/tenants", ACME, Vec::new()).await;
+    assert_eq!(code, 401, "a tenant key is not the admin token");
+    let (code, body) = admin(&server, Method::POST, "/admin/v1/tenants", json!({ "id": "initech" })).await;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = admin(&server, Method::POST, "/admin/v1/tenants", json!({ "id": "initech" })).await;
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = admin(&server, Method::POST, "/admin/v1/tenants", json!({ "id": "Bad Id" })).await;
+    assert_eq!(code, 400, "{body}");
+    let too_big = json!({ "id": "huge", "quotas": { "guest_memory_mib": 1_000_000 } });
+    let (code, body) = admin(&server, Method::POST, "/admin/v1/tenants", too_big).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(error_message(&body).contains("guest_memory_mib"), "{body}");
+
+    let (code, issued) = admin(&server, Method::POST, "/admin/v1/tenants/initech/keys", Value::Null).await;
+    assert_eq!(code, 201, "{issued}");
+    let key = issued["key"].as_str().expect("key").to_string();
+    let weights = std::fs::read(digits_model()).expect("weights");
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/digits", &key, weights).await;
+    assert_eq!(code, 201, "the new tenant uploads with its new key: {body}");
+    let (code, answer) = server.infer("digits", &key, &digits_request()).await;
+    assert_eq!(code, 200, "{answer}");
+    let (code, _) = server.infer("digits", ACME, &digits_request()).await;
+    assert_eq!(code, 404, "another tenant does not see initech's model");
+
+    let quotas = json!({ "max_concurrent_requests": 3, "compute_weight": 2 });
+    let (code, body) = admin(&server, Method::PUT, "/admin/v1/tenants/initech/quotas", quotas).await;
+    assert_eq!((code, &body["quotas"]["compute_weight"]), (200, &json!(2)), "{body}");
+
+    // Revoke acme's manifest key: it stops working at once.
+    let (_, listed) = admin(&server, Method::GET, "/admin/v1/tenants", Value::Null).await;
+    let acme = listed.as_array().expect("tenants").iter().find(|t| t["id"] == "acme").expect("acme").clone();
+    let acme_key_id = acme["keys"][0].as_str().expect("a key id").to_string();
+    let (code, body) =
+        admin(&server, Method::DELETE, &format!("/admin/v1/tenants/acme/keys/{acme_key_id}"), Value::Null).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, _) = server.infer("digits-mlp", ACME, &digits_request()).await;
+    assert_eq!(code, 401, "a revoked key is refused");
+    let (code, _) = admin(&server, Method::DELETE, "/admin/v1/tenants/acme/keys/0123456789abcdef", Value::Null).await;
+    assert_eq!(code, 404);
+
+    drop(server);
+    let server = Server::start_in(tenants.path(), data.path(), &["--admin-token", ADMIN]).expect("restarts");
+    let (code, answer) = server.infer("digits", &key, &digits_request()).await;
+    assert_eq!(code, 200, "the created tenant, its key and its model are restored: {answer}");
+    let (code, _) = server.infer("digits-mlp", ACME, &digits_request()).await;
+    assert_eq!(code, 401, "the revoked manifest key stays revoked");
+    let (_, listed) = admin(&server, Method::GET, "/admin/v1/tenants", Value::Null).await;
+    let initech = listed.as_array().expect("tenants").iter().find(|t| t["id"] == "initech").expect("initech").clone();
+    assert_eq!(initech["quotas"]["max_concurrent_requests"], 3, "{initech}");
+}
+
+#[tokio::test]
+async fn without_an_admin_token_there_is_no_admin_api() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let (code, body) = admin(&server, Method::GET, "/admin/v1/tenants", Value::Null).await;
+    assert_eq!(code, 404, "{body}");
+    assert!(error_message(&body).contains("--admin-token"), "{body}");
+}
