@@ -26,6 +26,8 @@ enum Command {
     Perf(PerfArgs),
     #[command(flatten)]
     Control(sluice::cli::ControlCommand),
+    #[command(flatten)]
+    Admin(sluice::cli::AdminCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -152,6 +154,10 @@ fn main() -> anyhow::Result<()> {
         Command::Control(command) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(sluice::cli::run(command))
+        }
+        Command::Admin(command) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(sluice::cli::admin::run(command))
         }
         Command::Perf(args) => {
             let config = perf_config(args)?;

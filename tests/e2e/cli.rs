@@ -62,3 +62,43 @@ async fn push_traffic_status_and_promote_from_the_command_line() {
     let message = String::from_utf8_lossy(&conflict.stderr);
     assert!(message.contains("409") && message.contains("push under a new name"), "{message}");
 }
+
+fn sluice_admin(server: &Server, token: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.args(args).env("SLUICE_SERVER", &server.base).env_remove("SLUICE_ADMIN_TOKEN");
+    if let Some(token) = token {
+        command.env("SLUICE_ADMIN_TOKEN", token);
+    }
+    command.output().expect("runs sluice")
+}
+
+#[tokio::test]
+async fn tenants_keys_and_quotas_from_the_command_line() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", KEY, ""));
+    let server = Server::start(tenants.path(), &["--admin-token", "root-token"]);
+    let token = Some("root-token");
+
+    let created = stdout(&sluice_admin(&server, token, &["tenants", "create", "initech", "--set", "compute_weight=3"]));
+    assert!(created.contains("tenant initech created"), "{created}");
+    let issued = stdout(&sluice_admin(&server, token, &["keys", "issue", "initech", "--output", "json"]));
+    let issued: Value = serde_json::from_str(&issued).expect("json output");
+    let key = issued["key"].as_str().expect("key");
+    let (code, _) = server.get("/v2/models/anything", Some(key)).await;
+    assert_eq!(code, 404, "the issued key authenticates (the model does not exist)");
+
+    stdout(&sluice_admin(&server, token, &["quotas", "set", "initech", "max_concurrent_requests=5"]));
+    let listed = stdout(&sluice_admin(&server, token, &["tenants", "list"]));
+    let line = listed.lines().find(|l| l.starts_with("initech")).expect("initech listed");
+    let columns: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(columns[1..4], ["1", "5", "3"], "one key, 5 concurrent, weight 3 kept: {listed}");
+
+    let key_id = issued["key_id"].as_str().expect("key id");
+    stdout(&sluice_admin(&server, token, &["keys", "revoke", "initech", key_id]));
+    let (code, _) = server.get("/v2/models/anything", Some(key)).await;
+    assert_eq!(code, 401);
+
+    let refused = sluice_admin(&server, None, &["tenants", "list"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("pass --admin-token"), "{message}");
+}

@@ -20,8 +20,13 @@ pub struct ControlClient {
 impl ControlClient {
     pub fn new(connection: &Connection) -> anyhow::Result<Self> {
         let key = connection.key.clone().context("no API key: pass --key or set SLUICE_KEY to your tenant's key")?;
+        Self::with_token(&connection.server, key)
+    }
+
+    /// A client sending `token` as the bearer token (a tenant key or the admin token).
+    pub fn with_token(server: &str, token: String) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).build()?;
-        Ok(Self { http, server: connection.server.trim_end_matches('/').to_string(), key })
+        Ok(Self { http, server: server.trim_end_matches('/').to_string(), key: token })
     }
 
     /// Call `method path` with an optional JSON body; the JSON answer.
@@ -77,7 +82,7 @@ impl ControlClient {
         }
         let message = body["error"].as_str().map_or_else(|| body.to_string(), str::to_string);
         let hint = match status.as_u16() {
-            401 => " (check --key / SLUICE_KEY: it must be a key of your tenant)",
+            401 => " (check --key / SLUICE_KEY, or --admin-token for admin commands)",
             404 => " (check the app name: `sluice status APP` lists what exists)",
             409 => " (versions and model names are immutable: push under a new name)",
             413 => " (the file is over your tenant's upload quota)",

@@ -1,7 +1,9 @@
-//! `sluice` control commands (kubectl-like) over the control API: push an app version,
-//! set traffic, promote, roll back, and read status and events. Text for people by
+//! `sluice` control commands (kubectl-like) over the control API: push a model or an app
+//! version, set traffic, promote, roll back, and read status and events; and the platform
+//! admin's commands ([`admin`]) for tenants, keys and quotas. Text for people by
 //! default, `--output json` for scripts; errors say what to do next.
 
+pub mod admin;
 mod client;
 mod render;
 
@@ -10,6 +12,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::{Value, json};
 
+pub use admin::AdminCommand;
 pub use client::ControlClient;
 
 /// How results are printed.

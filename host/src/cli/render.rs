@@ -86,3 +86,21 @@ pub fn events(status: &Value) -> String {
     }
     text
 }
+
+/// Tenants, one line each.
+pub fn tenants(tenants: &Value) -> String {
+    let mut text = "TENANT           KEYS  CONCURRENT  WEIGHT  MEMORY (MiB)\n".to_string();
+    for tenant in tenants.as_array().into_iter().flatten() {
+        let quotas = &tenant["quotas"];
+        let _ = writeln!(
+            text,
+            "{:<16} {:>4}  {:>10}  {:>6}  {:>12}",
+            tenant["id"].as_str().unwrap_or("?"),
+            tenant["keys"].as_array().map_or(0, Vec::len),
+            quotas["max_concurrent_requests"],
+            quotas["compute_weight"],
+            quotas["guest_memory_mib"]
+        );
+    }
+    text
+}
