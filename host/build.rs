@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const GUESTS: [&str; 4] = ["digits", "magika", "cascade", "hostile-guest"];
+const GUESTS: [&str; 5] = ["digits", "magika", "cascade", "hostile-guest", "other-world-guest"];
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() {

@@ -94,6 +94,10 @@ async fn bad_uploads_get_a_clear_4xx_and_change_nothing() {
     let core_module = b"\0asm\x01\0\0\0".to_vec();
     let (code, body) = upload(&server, "2", core_module).await;
     assert_eq!(code, 400, "a core module is not a component: {body}");
+    let other_world = std::fs::read(guest("other_world_guest")).expect("the wasi:cli/command component");
+    let (code, body) = upload(&server, "2", other_world).await;
+    assert_eq!(code, 400, "a component of another world: {body}");
+    assert!(error_message(&body).contains("sluice:tenant"), "the message names the expected world: {body}");
     let (code, body) = upload(&server, "bad version!", b"x".to_vec()).await;
     assert_eq!(code, 400, "{body}");
 
