@@ -1,5 +1,6 @@
-//! The serving state built at startup from the registry: per tenant, its resident models
-//! (its namespace for `load-by-name`) and its apps' prepared component versions.
+//! The serving state, built at startup from the registry and the saved control state, and
+//! changed while serving by the control and admin APIs: per tenant, its keys and quotas, its
+//! resident models (its namespace for `load-by-name`) and its apps' prepared versions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
@@ -86,7 +87,6 @@ impl TenantState {
 
 /// Everything a request needs.
 pub struct ServingState {
-    pub registry: Registry,
     pub runtime: Arc<Runtime>,
     tenants: RwLock<HashMap<TenantId, Arc<TenantState>>>,
     /// API key digests (SHA-256, hex) and the tenant each belongs to.
@@ -198,7 +198,6 @@ impl ServingState {
             shared_models: shared,
             admin_token_sha256: admin_token.map(|t| hex::encode(Sha256::digest(t.as_bytes()))),
             keys,
-            registry,
             runtime,
             tenants: RwLock::new(tenants),
             admission,
