@@ -68,7 +68,8 @@ async fn create_tenant(
     admin(&state, &headers)?;
     let request: NewTenant = json(&body, r#"{"id": "acme", "quotas": {"max_concurrent_requests": 64}}"#)?;
     let tenant = state.create_tenant(tenant_id(&request.id)?, request.quotas)?;
-    let created = serde_json::json!({ "id": tenant.tenant().id, "quotas": tenant.tenant().quotas });
+    let spec = tenant.tenant();
+    let created = serde_json::json!({ "id": spec.id, "quotas": spec.quotas });
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 

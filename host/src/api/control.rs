@@ -16,7 +16,7 @@ use axum::routing::{get, post, put};
 use futures::StreamExt;
 
 use super::error::{ApiError, ErrorKind};
-use super::http::authenticate;
+use super::http::{authenticate, declared_length};
 use crate::registry::ids::{AppName, ModelName, VersionName};
 use crate::registry::store::{UploadError, Uploaded};
 use crate::rollout::status::status;
@@ -67,11 +67,7 @@ async fn receive(
             format!("the upload exceeds the tenant's limit of {max} bytes ({quota})"),
         )
     };
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > max) {
+    if declared_length(headers).is_some_and(|length| length > max) {
         return Err(too_large());
     }
     let stored = |e: std::io::Error| ApiError::new(ErrorKind::Internal, format!("storing the upload: {e}"));

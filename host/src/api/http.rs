@@ -67,6 +67,11 @@ pub fn tenant_for_key(state: &ServingState, authorization: Option<&str>) -> Resu
     state.authenticate(key).ok_or_else(crate::tenancy::unknown_key)
 }
 
+/// The body length a request declares (`Content-Length`), if it declares one.
+pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
 /// The model a describing request names, in the caller's tenant, rendered as JSON.
 fn describe<T: serde::Serialize>(
     state: &ServingState,
@@ -125,9 +130,7 @@ async fn model_infer(
             format!("request body exceeds the tenant's limit of {limit} bytes (max_request_bytes)"),
         )
     };
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|length| length > limit) {
+    if declared_length(&headers).is_some_and(|length| length > limit as u64) {
         return Err(too_large());
     }
     let entry = infer::enter(&state, tenant, None).await?;

@@ -13,6 +13,7 @@ use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::nn::host::{NnCtx, RawLoad};
 use crate::nn::models::LoadedModel;
 use crate::nn::scheduler::Share;
+use crate::registry::Tenant;
 use crate::registry::ids::{ModelName, VersionName};
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
@@ -101,11 +102,13 @@ pub async fn enter(
     client_timeout: Option<Duration>,
 ) -> Result<Entry, ApiError> {
     let arrived = Instant::now();
-    let in_flight = state.admission.admit(&tenant.tenant().id)?;
-    let quotas = &tenant.tenant().quotas;
+    // One snapshot of id and quotas for the whole request (they may change while serving).
+    let spec = tenant.tenant();
+    let in_flight = state.admission.admit(&spec.id)?;
+    let quotas = &spec.quotas;
     let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout].into_iter().flatten().min();
     let deadline = arrived + budget.unwrap_or_default();
-    let turn = state.turns.enter(tenant.tenant().id.as_str().into(), quotas.compute_weight, deadline).await?;
+    let turn = state.turns.enter(spec.id.as_str().into(), quotas.compute_weight, deadline).await?;
     Ok(Entry { _in_flight: in_flight, turn, arrived, client_timeout })
 }
 
@@ -121,7 +124,8 @@ pub async fn infer(
 ) -> Result<InferOutcome, ApiError> {
     let Entry { _in_flight, mut turn, arrived, client_timeout } = entry;
     let target = resolve(tenant, name, version)?;
-    let quotas = &tenant.tenant().quotas;
+    let spec = tenant.tenant();
+    let quotas = &spec.quotas;
     // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
     // `timeout` request parameter in microseconds, as Triton reads it), from arrival.
     let requested_timeout = timeout_parameter(&request.parameters)?;
@@ -133,7 +137,7 @@ pub async fn infer(
     let deadline = arrived + budget;
     let budget_ms = budget.as_millis() as u64;
     let requested = request.requested_outputs.clone();
-    let share = Share { tenant: tenant.tenant().id.as_str().into(), weight: quotas.compute_weight };
+    let share = Share { tenant: spec.id.as_str().into(), weight: quotas.compute_weight };
 
     let (outputs, parameters, version) = match target {
         Target::Model { model, .. } => {
@@ -172,7 +176,7 @@ pub async fn infer(
             let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
             let mirror = route.shadow.as_ref().and_then(|shadow| {
                 let prepared = app.version(shadow)?.prepared;
-                let call = shadow_call(tenant, &app, shadow, &share, &request, memory_bytes);
+                let call = shadow_call(tenant, &spec, &app, shadow, &share, &request, memory_bytes);
                 Some((prepared, call))
             });
             let raw_load = tenant.raw_backend.clone().map(|backend| RawLoad {
@@ -182,7 +186,7 @@ pub async fn infer(
             let call = GuestCall {
                 nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes, turn),
                 memory_bytes,
-                log: guest_log(tenant, &app, &route.version),
+                log: guest_log(&spec, &app, &route.version),
                 deadline,
                 deadline_ms: budget_ms,
                 request: InferRequest {
@@ -217,8 +221,8 @@ pub async fn infer(
         .select(requested.as_deref())
 }
 
-fn guest_log(tenant: &TenantState, app: &AppState, version: &VersionName) -> GuestLog {
-    GuestLog { tenant: tenant.tenant().id.to_string(), app: app.spec.name.to_string(), version: version.to_string() }
+fn guest_log(tenant: &Tenant, app: &AppState, version: &VersionName) -> GuestLog {
+    GuestLog { tenant: tenant.id.to_string(), app: app.spec.name.to_string(), version: version.to_string() }
 }
 
 /// How to build a shadow's guest call when the shadow thread gets to it: the same request,
@@ -226,14 +230,15 @@ fn guest_log(tenant: &TenantState, app: &AppState, version: &VersionName) -> Gue
 /// thread runs at the lowest priority instead).
 fn shadow_call(
     tenant: &TenantState,
+    spec: &Tenant,
     app: &AppState,
     version: &VersionName,
     share: &Share,
     request: &ValidInferRequest,
     memory_bytes: usize,
 ) -> Box<dyn FnOnce() -> GuestCall + Send> {
-    let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(tenant, app, version));
-    let budget = Duration::from_millis(tenant.tenant().quotas.guest_deadline_ms);
+    let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(spec, app, version));
+    let budget = Duration::from_millis(spec.quotas.guest_deadline_ms);
     let request = InferRequest {
         id: request.id.clone(),
         inputs: request.inputs.iter().cloned().map(ValidTensor::into_guest).collect(),
