@@ -59,6 +59,13 @@ struct PerfArgs {
     /// Several tenants at once: `NAME:KEY:RATE` (requests/s) or `NAME:KEY:cCONCURRENCY`; repeatable.
     #[arg(long = "tenant")]
     tenants: Vec<String>,
+    /// A `--tenant` that sends only in every other period; the others are reported for the
+    /// periods without it and beside it (a noisy-neighbour comparison in one run).
+    #[arg(long)]
+    alternate: Option<String>,
+    /// Length of one `--alternate` period, in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    alternate_period_s: f64,
     /// Seconds of warm-up before measuring.
     #[arg(long, default_value_t = 2.0)]
     warmup_s: f64,
@@ -174,6 +181,7 @@ fn perf_config(args: PerfArgs) -> anyhow::Result<sluice::perf::PerfConfig> {
     } else {
         args.tenants.iter().map(|spec| parse_tenant(spec)).collect::<anyhow::Result<_>>()?
     };
+    anyhow::ensure!(args.alternate_period_s > 0.0, "--alternate-period-s must be above 0");
     Ok(sluice::perf::PerfConfig {
         protocol: if args.grpc { Protocol::Grpc } else { Protocol::Http },
         address: args.address,
@@ -183,6 +191,9 @@ fn perf_config(args: PerfArgs) -> anyhow::Result<sluice::perf::PerfConfig> {
         warmup: Duration::from_secs_f64(args.warmup_s),
         duration: Duration::from_secs_f64(args.duration_s),
         tenants,
+        alternate: args
+            .alternate
+            .map(|tenant| sluice::perf::Alternate { tenant, period: Duration::from_secs_f64(args.alternate_period_s) }),
     })
 }
 

@@ -12,6 +12,7 @@ mod hostile;
 mod isolation;
 #[cfg(feature = "tract")]
 mod padding;
+mod perf;
 mod rollout;
 mod serving;
 mod startup;

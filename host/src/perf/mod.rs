@@ -5,8 +5,12 @@
 //!
 //! The request body comes from a file (an OIP JSON infer request) or is generated from the
 //! model's metadata (dynamic dimensions become 1).
+//!
+//! For noisy-neighbour runs one tenant can alternate: it sends only in every other period, and
+//! the others are reported twice, for the periods without it and the periods beside it.
 
 mod client;
+mod phases;
 mod report;
 
 use std::path::PathBuf;
@@ -18,6 +22,7 @@ use tokio::sync::Mutex;
 
 use client::Client;
 pub use client::Protocol;
+use phases::Phases;
 use report::{Outcome, Report};
 
 /// One tenant's load.
@@ -41,6 +46,31 @@ pub struct PerfConfig {
     pub warmup: Duration,
     pub duration: Duration,
     pub tenants: Vec<TenantLoad>,
+    pub alternate: Option<Alternate>,
+}
+
+/// A tenant that sends only in every other `period` of the measured window.
+#[derive(Debug, Clone)]
+pub struct Alternate {
+    pub tenant: String,
+    pub period: Duration,
+}
+
+/// Where one tenant's outcomes go: one report, or beside an alternating tenant one for the
+/// periods without it and one for the periods with it (by each request's start).
+#[derive(Clone)]
+struct Sink {
+    report: Arc<Mutex<Report>>,
+    beside: Option<(Arc<Mutex<Report>>, Phases)>,
+}
+
+impl Sink {
+    async fn record(&self, outcome: Outcome) {
+        match &self.beside {
+            Some((beside, phases)) if phases.is_on(outcome.started) => beside.lock().await.record(outcome),
+            _ => self.report.lock().await.record(outcome),
+        }
+    }
 }
 
 /// Run the load and return the report per tenant, as Markdown.
@@ -56,27 +86,61 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
     let started = Instant::now();
     let measure_from = started + config.warmup;
     let stop_at = measure_from + config.duration;
+    let alternate = match &config.alternate {
+        Some(alternate) => {
+            anyhow::ensure!(
+                config.tenants.iter().any(|t| t.name == alternate.tenant),
+                "--alternate names no --tenant: {}",
+                alternate.tenant
+            );
+            Some((alternate.tenant.as_str(), Phases::new(measure_from, alternate.period)))
+        }
+        None => None,
+    };
 
     let mut tasks = Vec::new();
+    // Each report with the share of the window it covers.
     let mut reports = Vec::new();
     for tenant in &config.tenants {
         let report = Arc::new(Mutex::new(Report::new(&tenant.name)));
-        reports.push(report.clone());
+        // Only the alternating tenant keeps to its phases; the others are split by them.
+        let (own_phases, beside) = match alternate {
+            Some((name, phases)) if name == tenant.name => (Some(phases), None),
+            Some((name, phases)) => {
+                let beside = Arc::new(Mutex::new(Report::new(&format!("{} ({name} on)", tenant.name))));
+                *report.lock().await = Report::new(&format!("{} ({name} off)", tenant.name));
+                reports.push((report.clone(), phases.time(false, measure_from, stop_at)));
+                reports.push((beside.clone(), phases.time(true, measure_from, stop_at)));
+                (None, Some((beside, phases)))
+            }
+            None => (None, None),
+        };
+        if beside.is_none() {
+            let window = own_phases.map_or(config.duration, |phases| phases.time(true, measure_from, stop_at));
+            reports.push((report.clone(), window));
+        }
+        let sink = Sink { report, beside };
         let client = Client::connect(&config).await?;
         match tenant.rate {
             None => {
                 for _ in 0..tenant.concurrency.max(1) {
-                    let (client, request, report, key) =
-                        (client.clone(), request.clone(), report.clone(), tenant.key.clone());
+                    let (client, request, sink, key) =
+                        (client.clone(), request.clone(), sink.clone(), tenant.key.clone());
                     tasks.push(tokio::spawn(async move {
                         while Instant::now() < stop_at {
+                            if let Some(phases) = own_phases {
+                                tokio::time::sleep_until(phases.next_on(Instant::now()).into()).await;
+                                if Instant::now() >= stop_at {
+                                    break;
+                                }
+                            }
                             let outcome = client.infer(&request, key.as_deref()).await;
                             // Closed loop: what completes inside the window counts, as in
                             // perf_analyzer (counting by start would miss the first latency's
                             // worth of completions when requests are slow).
                             let completed = outcome.started + outcome.latency;
                             if completed >= measure_from && completed <= stop_at {
-                                report.lock().await.record(outcome);
+                                sink.record(outcome).await;
                             }
                         }
                     }));
@@ -84,7 +148,7 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
             }
             Some(rate) => {
                 let interval = Duration::from_secs_f64(1.0 / rate.max(0.001));
-                let (request, report, key) = (request.clone(), report.clone(), tenant.key.clone());
+                let (request, sink, key) = (request.clone(), sink.clone(), tenant.key.clone());
                 let runtime = tokio::runtime::Handle::current();
                 // Requests leave on a thread of their own that sleeps to each send time: the
                 // async runtime's timers tick in milliseconds and would send in bursts.
@@ -92,13 +156,16 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
                     let mut inflight = Vec::new();
                     let mut next = Instant::now();
                     while next < stop_at {
+                        if let Some(phases) = own_phases.filter(|phases| !phases.is_on(next)) {
+                            next = phases.next_on(next);
+                            continue;
+                        }
                         std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                        let (client, request, report, key) =
-                            (client.clone(), request.clone(), report.clone(), key.clone());
+                        let (client, request, sink, key) = (client.clone(), request.clone(), sink.clone(), key.clone());
                         inflight.push(runtime.spawn(async move {
                             let outcome: Outcome = client.infer(&request, key.as_deref()).await;
                             if outcome.started >= measure_from && outcome.started <= stop_at {
-                                report.lock().await.record(outcome);
+                                sink.record(outcome).await;
                             }
                         }));
                         next += interval;
@@ -125,8 +192,8 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
         config.duration,
         Report::header()
     );
-    for report in reports {
-        text += &report.lock().await.row(config.duration);
+    for (report, window) in reports {
+        text += &report.lock().await.row(window);
         text.push('\n');
     }
     Ok(text)

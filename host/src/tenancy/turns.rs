@@ -46,7 +46,15 @@ impl Turns {
         let (wake, woken) = oneshot::channel();
         let arrival = self.lock().arrive(&tenant, weight, Waiter { id, wake });
         match arrival {
-            Arrival::Run => return Ok(Turn::held(self.clone())),
+            Arrival::Run => {
+                let turn = Turn::held(self.clone());
+                // Holding the turn, let the other requests that are ready to run reach the
+                // line: the next turn then goes round robin among them instead of to whichever
+                // the runtime happens to poll first (a burst of one tenant's requests would
+                // otherwise start one after another ahead of a request that came with it).
+                tokio::task::yield_now().await;
+                return Ok(turn);
+            }
             Arrival::Refused { over_share } => return Err(refused(&tenant, over_share)),
             Arrival::Wait => {}
             Arrival::WaitPushingOut(other) => {
