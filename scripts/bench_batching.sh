@@ -45,7 +45,7 @@ sha256 = "$digest"
 [models.m.batching]
 max_batch_size = $max_batch
 TOML
-  $server_cpus "$sluice" serve --http 127.0.0.1:18400 --grpc 127.0.0.1:18401 --tenants "$work/$max_batch" \
+  $server_cpus "$sluice" serve --http 127.0.0.1:18400 --grpc 127.0.0.1:18401 --metrics 127.0.0.1:18402 --tenants "$work/$max_batch" \
     --data-dir "$work/data" >"$work/serve.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do grep -q "grpc listening" "$work/serve.log" 2>/dev/null && break; sleep 0.1; done

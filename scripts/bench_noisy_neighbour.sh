@@ -33,7 +33,7 @@ path = "$PWD/$model"
 sha256 = "$digest"
 TOML
 done
-${SERVER_CPUS:+taskset -c $SERVER_CPUS} "$sluice" serve --http 127.0.0.1:18500 --grpc 127.0.0.1:18501 --tenants "$work" --data-dir "$work/data" ${SERVE_ARGS:-} \
+${SERVER_CPUS:+taskset -c $SERVER_CPUS} "$sluice" serve --http 127.0.0.1:18500 --grpc 127.0.0.1:18501 --metrics 127.0.0.1:18502 --tenants "$work" --data-dir "$work/data" ${SERVE_ARGS:-} \
   >"$work/serve.log" 2>&1 &
 for _ in $(seq 100); do grep -q "grpc listening" "$work/serve.log" 2>/dev/null && break; sleep 0.1; done
 ${CLIENT_CPUS:+taskset -c $CLIENT_CPUS} "$sluice" perf $target --model m --warmup-s 1 \

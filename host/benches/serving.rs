@@ -235,6 +235,7 @@ async fn end_to_end() -> anyhow::Result<()> {
     let config = ServeConfig {
         http: "127.0.0.1:0".parse()?,
         grpc: "127.0.0.1:0".parse()?,
+        metrics: None,
         grpc_max_message_bytes: 64 << 20,
         tenants_dir: tenants.path().to_path_buf(),
         data_dir: data.path().to_path_buf(),

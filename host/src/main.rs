@@ -82,6 +82,12 @@ struct ServeArgs {
     /// Address for the OIP gRPC API (`inference.GRPCInferenceService`).
     #[arg(long, env = "SLUICE_GRPC", default_value = "127.0.0.1:8001")]
     grpc: SocketAddr,
+    /// Address for Prometheus metrics (`GET /metrics`).
+    #[arg(long, env = "SLUICE_METRICS", default_value = "127.0.0.1:8002")]
+    metrics: SocketAddr,
+    /// Serve no metrics and record none on the serving path.
+    #[arg(long, env = "SLUICE_NO_METRICS")]
+    no_metrics: bool,
     /// Largest gRPC message accepted or sent, in MiB.
     #[arg(long, env = "SLUICE_GRPC_MAX_MESSAGE_MIB", default_value_t = 64)]
     grpc_max_message_mib: usize,
@@ -140,6 +146,7 @@ fn main() -> anyhow::Result<()> {
             let config = ServeConfig {
                 http: args.http,
                 grpc: args.grpc,
+                metrics: (!args.no_metrics).then_some(args.metrics),
                 grpc_max_message_bytes: args.grpc_max_message_mib.saturating_mul(1 << 20),
                 tenants_dir: args.tenants,
                 data_dir: args.data_dir,

@@ -10,6 +10,7 @@ mod extensions;
 mod grpc;
 mod hostile;
 mod isolation;
+mod metrics;
 #[cfg(feature = "tract")]
 mod padding;
 mod perf;

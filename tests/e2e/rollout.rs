@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use sluice::telemetry::metrics::names;
 
 use crate::support::*;
 
@@ -116,6 +117,11 @@ async fn shadow_answers_are_compared_and_never_reach_clients() {
     assert_eq!(shadow["label_agreement"], 0.0, "the echo shadow never answers like digits: {status}");
     assert_eq!(status["versions"]["1"]["requests"], 10, "{status}");
     assert_eq!(status["versions"]["2"]["requests"], 0, "shadow runs are not primary requests: {status}");
+    let scrape = crate::metrics::Scrape::of(&server).await;
+    let shadow = |outcome: &str| {
+        scrape.sum(names::SHADOW_COMPARISONS, &[("app", "digits"), ("version", "2"), ("outcome", outcome)])
+    };
+    assert_eq!((shadow("disagree"), shadow("agree"), shadow("failed")), (10.0, 0.0, 0.0));
 }
 
 #[tokio::test]

@@ -140,6 +140,8 @@ pub struct Server {
     pub base: String,
     /// The gRPC address (`host:port`).
     pub grpc: String,
+    /// The metrics base URL, unless started with `--no-metrics`.
+    pub metrics: Option<String>,
     log: PathBuf,
     _data: Option<tempfile::TempDir>,
     client: reqwest::Client,
@@ -165,7 +167,7 @@ impl Server {
         let log_file = std::fs::File::create(&log).expect("creating the server log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .arg("serve")
-            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--tenants"])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--tenants"])
             .arg(tenants)
             .arg("--data-dir")
             .arg(data)
@@ -183,17 +185,19 @@ impl Server {
         let stdout = child.stdout.take().expect("piped stdout");
         let (sender, receiver) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut http = None;
+            let (mut http, mut metrics) = (None, None);
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(address) = line.strip_prefix("listening on ") {
                     http = Some(address.to_string());
+                } else if let Some(address) = line.strip_prefix("metrics listening on ") {
+                    metrics = Some(address.to_string());
                 } else if let (Some(address), Some(http)) = (line.strip_prefix("grpc listening on "), http.take()) {
-                    let _ = sender.send((http, address.to_string()));
+                    let _ = sender.send((http, address.to_string(), metrics.take()));
                 }
             }
         });
         let started = Instant::now();
-        let (base, grpc) = loop {
+        let (base, grpc, metrics) = loop {
             if let Ok(addresses) = receiver.recv_timeout(Duration::from_millis(50)) {
                 break addresses;
             }
@@ -205,7 +209,7 @@ impl Server {
                 return Err(format!("timed out\n{}", std::fs::read_to_string(&log).unwrap_or_default()));
             }
         };
-        Ok(Self { child, base, grpc, log, _data: None, client: reqwest::Client::new() })
+        Ok(Self { child, base, grpc, metrics, log, _data: None, client: reqwest::Client::new() })
     }
 
     pub fn log(&self) -> String {

@@ -15,6 +15,7 @@ use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequ
 use super::{infer, metadata, raw, triton};
 use crate::nn::tensor::ElementType;
 use crate::serve::{ServingState, TenantState};
+use crate::telemetry::metrics::Protocol;
 
 /// Code generated from `proto/grpc_predict_v2.proto`.
 #[allow(missing_docs, clippy::all, unused_qualifications)] // generated code
@@ -174,16 +175,22 @@ impl GrpcInferenceService for GrpcApi {
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let tenant = &self.tenant(&request)?;
-        // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
-        let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
-        let entry = infer::enter(&self.state, tenant, client_timeout).await?;
-        let (metadata, _, message) = request.into_parts();
-        let limits = TensorLimits { max_elements: tenant.tenant().quotas.max_tensor_elements };
-        let name = message.model_name.clone();
-        let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());
-        let valid = parse_infer_request(message, limits)?;
-        let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let outcome = infer::infer(&self.state, tenant, entry, &name, pinned.as_deref(), valid, &header).await?;
+        let spec = tenant.tenant();
+        let routed = infer::Routed::default();
+        let outcome = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, async {
+            // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
+            let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
+            let entry = infer::enter(&self.state, tenant, client_timeout).await?;
+            let (metadata, _, message) = request.into_parts();
+            let limits = TensorLimits { max_elements: spec.quotas.max_tensor_elements };
+            let name = message.model_name.clone();
+            let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());
+            let valid = parse_infer_request(message, limits)?;
+            let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let caller = infer::Caller { header: &header, routed: &routed };
+            infer::infer(&self.state, tenant, entry, &name, pinned.as_deref(), valid, caller).await
+        })
+        .await?;
         Ok(Response::new(encode_response(outcome)))
     }
 }

@@ -13,10 +13,12 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::error::{ApiError, ErrorKind};
+use super::infer::Caller;
 use super::json::{HttpInferRequest, encode_response, parse_infer_request};
 use super::types::TensorLimits;
 use super::{infer, metadata};
 use crate::serve::{ServingState, TenantState};
+use crate::telemetry::metrics::Protocol;
 
 type Shared = Arc<ServingState>;
 
@@ -123,6 +125,25 @@ async fn model_infer(
     body: Body,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
+    let spec = tenant.tenant();
+    let routed = infer::Routed::default();
+    infer::observed(
+        spec.id.as_str(),
+        Protocol::Http,
+        &routed,
+        serve_infer(&state, tenant, &path, &headers, body, &routed),
+    )
+    .await
+}
+
+async fn serve_infer(
+    state: &ServingState,
+    tenant: &TenantState,
+    path: &ModelPath,
+    headers: &HeaderMap,
+    body: Body,
+    routed: &infer::Routed,
+) -> Result<Response, ApiError> {
     let limit = usize::try_from(tenant.tenant().quotas.max_request_bytes).unwrap_or(usize::MAX);
     let too_large = || {
         ApiError::new(
@@ -130,10 +151,10 @@ async fn model_infer(
             format!("request body exceeds the tenant's limit of {limit} bytes (max_request_bytes)"),
         )
     };
-    if declared_length(&headers).is_some_and(|length| length > limit as u64) {
+    if declared_length(headers).is_some_and(|length| length > limit as u64) {
         return Err(too_large());
     }
-    let entry = infer::enter(&state, tenant, None).await?;
+    let entry = infer::enter(state, tenant, None).await?;
     let body = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
     let limits = TensorLimits { max_elements: tenant.tenant().quotas.max_tensor_elements };
     let json_length = match headers.get(INFERENCE_HEADER_CONTENT_LENGTH) {
@@ -144,7 +165,16 @@ async fn model_infer(
     };
     let HttpInferRequest { request, encoding } = parse_infer_request(&body, json_length, limits)?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-    let outcome = infer::infer(&state, tenant, entry, &path.model, path.version.as_deref(), request, &header).await?;
+    let outcome = infer::infer(
+        state,
+        tenant,
+        entry,
+        &path.model,
+        path.version.as_deref(),
+        request,
+        Caller { header: &header, routed },
+    )
+    .await?;
     let encoded = encode_response(outcome, &encoding)?;
     if encoded.binary.is_empty() {
         return Ok(([(header::CONTENT_TYPE, "application/json")], encoded.json).into_response());

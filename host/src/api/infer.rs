@@ -2,7 +2,8 @@
 //! plain model), pick the version (pinned, or by the app's traffic), run it under the
 //! tenant's deadline and limits, and mirror a sample to the app's shadow version.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -17,8 +18,9 @@ use crate::registry::Tenant;
 use crate::registry::ids::{ModelName, VersionName};
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
-use crate::runtime::{GuestCall, GuestLog, InferRequest};
+use crate::runtime::{GuestCall, GuestError, GuestLog, InferRequest};
 use crate::serve::{AppState, AppVersion, ServingState, TenantState};
+use crate::telemetry::metrics::{Protocol, RequestLabels, metrics};
 use crate::tenancy::turns::Turn;
 
 /// The version every plain model reports.
@@ -81,6 +83,50 @@ fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>
     })
 }
 
+/// The app (or plain model) and version a request went to, once known: its metric labels.
+/// Names the tenant does not have stay empty, so clients cannot mint label values.
+#[derive(Debug, Default)]
+pub struct Routed(Mutex<(String, String)>);
+
+impl Routed {
+    fn set(&self, app: &str, version: &str) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = (app.to_string(), version.to_string());
+    }
+
+    fn take(&self) -> (String, String) {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// What the protocol layer passes along with a request besides its body: its headers (for
+/// the sticky traffic key) and where to note what it was routed to.
+#[derive(Clone, Copy)]
+pub struct Caller<'a> {
+    pub header: &'a (dyn Fn(&str) -> Option<String> + Sync),
+    pub routed: &'a Routed,
+}
+
+/// Serve one inference request of `tenant` and record it: in flight while `serve` runs,
+/// then counted by status class with its duration (and its error kind when it failed).
+pub async fn observed<T>(
+    tenant: &str,
+    protocol: Protocol,
+    routed: &Routed,
+    serve: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let _in_flight = metrics().inflight(tenant);
+    let started = std::time::Instant::now();
+    let result = serve.await;
+    let (app, version) = routed.take();
+    let (status, failure) = match &result {
+        Ok(_) => (200, None),
+        Err(err) => (err.kind.status().as_u16(), Some(err.kind.label())),
+    };
+    let labels = RequestLabels { tenant, app: &app, version: &version, protocol };
+    metrics().request(labels, status, failure, started.elapsed());
+    result
+}
+
 /// The request parameter that shortens a request's deadline.
 const TIMEOUT_PARAMETER: &str = "timeout";
 
@@ -120,10 +166,12 @@ pub async fn infer(
     name: &str,
     version: Option<&str>,
     request: ValidInferRequest,
-    header: &(dyn Fn(&str) -> Option<String> + Sync),
+    caller: Caller<'_>,
 ) -> Result<InferOutcome, ApiError> {
+    let Caller { header, routed } = caller;
     let Entry { _in_flight, mut turn, arrived, client_timeout } = entry;
     let target = resolve(tenant, name, version)?;
+    routed.set(name, target.version());
     let spec = tenant.tenant();
     let quotas = &spec.quotas;
     // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
@@ -171,6 +219,7 @@ pub async fn infer(
                         format!("routed to version '{}', which is not loaded", route.version),
                     )
                 })?;
+                routed.set(name, route.version.as_str());
                 (route, chosen)
             };
             let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
@@ -198,6 +247,8 @@ pub async fn infer(
             let started = std::time::Instant::now();
             let response = state.runtime.invoke(&chosen.prepared, call).await;
             let elapsed = started.elapsed();
+            let trap = response.as_ref().err().and_then(GuestError::trap_kind);
+            metrics().guest(spec.id.as_str(), name, route.version.as_str(), elapsed, trap);
             let rows = response.as_ref().ok().and_then(|r| r.outputs.first()).and_then(|t| t.shape.first().copied());
             app.stats.request(response.is_ok(), elapsed, rows.unwrap_or(1));
             let server_error =
@@ -210,8 +261,9 @@ pub async fn infer(
                         ApiError::new(ErrorKind::GuestFailure, format!("the component returned an invalid output: {e}"))
                     },
                 )?;
-            if let Some((prepared, call)) = mirror {
-                let job = ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone() };
+            if let (Some((prepared, call)), Some(shadow_version)) = (mirror, &route.shadow) {
+                let series = metrics().shadow_series(spec.id.as_str(), name, shadow_version.as_str());
+                let job = ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone(), series };
                 state.shadows.mirror(job);
             }
             (outputs, response.parameters, route.version.to_string())

@@ -3,8 +3,8 @@
 //! validated request types every protocol shares ([`types`]), protocol-neutral inference
 //! ([`infer`]), model metadata ([`metadata`]), Triton's configuration and statistics
 //! extensions ([`triton`]), the tenant control API ([`control`]: models, app versions and
-//! traffic), the platform admin API ([`admin`]: tenants, keys, quotas) and the one error
-//! table ([`error`]).
+//! traffic), the platform admin API ([`admin`]: tenants, keys, quotas), the metrics port
+//! ([`metrics`]) and the one error table ([`error`]).
 
 pub mod admin;
 pub mod control;
@@ -14,6 +14,7 @@ pub mod http;
 pub mod infer;
 pub mod json;
 pub mod metadata;
+pub mod metrics;
 pub mod raw;
 pub mod triton;
 pub mod types;

@@ -65,7 +65,7 @@ impl LoadedModel {
             sha256,
             backend,
             signature: graphs.first().map(|g| g.signature().clone()).unwrap_or_default(),
-            queue: ModelQueue::start(name, graphs, settings.clone(), stats.clone()),
+            queue: ModelQueue::start(name, &backend.to_string(), graphs, settings.clone(), stats.clone()),
             settings,
             stats,
         }
@@ -176,6 +176,7 @@ impl ModelStore {
                 load_ms = started.elapsed().as_millis() as u64,
                 "model resident"
             );
+            crate::telemetry::metrics::metrics().model_loaded(&backend.kind().to_string(), started.elapsed());
             self.resident.insert(key, model.clone());
             return Ok(model);
         }

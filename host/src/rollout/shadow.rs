@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use super::compare::compare;
 use crate::api::types::ValidTensor;
 use crate::runtime::{GuestCall, Prepared, Runtime};
+use crate::telemetry::metrics::ShadowSeries;
 
 /// What one app's shadow did.
 #[derive(Debug, Default)]
@@ -59,6 +60,7 @@ pub struct ShadowJob {
     pub call: Box<dyn FnOnce() -> GuestCall + Send>,
     pub primary: Vec<ValidTensor>,
     pub stats: Arc<ShadowStats>,
+    pub series: ShadowSeries,
 }
 
 /// The shadow queue and its worker thread.
@@ -85,16 +87,21 @@ impl Shadows {
 
     /// Queue a mirror, or count it dropped when the queue is full.
     pub fn mirror(&self, job: ShadowJob) {
-        let stats = job.stats.clone();
+        let (stats, series) = (job.stats.clone(), job.series.clone());
         match self.sender.try_send(job) {
-            Ok(()) => stats.mirrored.fetch_add(1, Ordering::Relaxed),
-            Err(_) => stats.dropped.fetch_add(1, Ordering::Relaxed),
-        };
+            Ok(()) => {
+                stats.mirrored.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                series.dropped.inc();
+            }
+        }
     }
 }
 
 async fn run(runtime: &Runtime, job: ShadowJob) {
-    let ShadowJob { prepared, call, primary, stats } = job;
+    let ShadowJob { prepared, call, primary, stats, series } = job;
     let outputs = match runtime.invoke(&prepared, call()).await {
         Ok(response) => response
             .outputs
@@ -107,12 +114,19 @@ async fn run(runtime: &Runtime, job: ShadowJob) {
     match outputs {
         Ok(outputs) => {
             let comparison = compare(&primary, &outputs);
+            // The metric first: whoever sees the status count sees the metric too.
+            if comparison.labels_agree {
+                series.agreed.inc()
+            } else {
+                series.disagreed.inc()
+            }
             stats.compared.fetch_add(1, Ordering::Relaxed);
             stats.agreed.fetch_add(u64::from(comparison.labels_agree), Ordering::Relaxed);
             stats.max_abs_diff.fetch_max(comparison.max_abs_diff.to_bits(), Ordering::Relaxed);
         }
         Err(error) => {
             tracing::debug!(%error, "shadow request failed");
+            series.failed.inc();
             stats.failed.fetch_add(1, Ordering::Relaxed);
         }
     }

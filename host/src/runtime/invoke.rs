@@ -42,6 +42,20 @@ pub enum GuestError {
     Queue(ComputeError),
 }
 
+impl GuestError {
+    /// The kind of trap or limit that ended the call, as a metric label; `None` for errors
+    /// the guest returned or the model queue reported.
+    pub fn trap_kind(&self) -> Option<&'static str> {
+        match self {
+            Self::Deadline { .. } => Some("deadline"),
+            Self::OutOfMemory { .. } => Some("out_of_memory"),
+            Self::StackOverflow => Some("stack_overflow"),
+            Self::Trap(_) => Some("trap"),
+            Self::InvalidInput(_) | Self::Model(_) | Self::Internal(_) | Self::Queue(_) => None,
+        }
+    }
+}
+
 impl Runtime {
     /// Run one request through a component.
     pub async fn invoke(&self, prepared: &Prepared, call: GuestCall) -> Result<InferResponse, GuestError> {

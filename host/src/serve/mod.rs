@@ -29,6 +29,8 @@ const ANALYSIS_TICK: Duration = Duration::from_millis(100);
 pub struct ServeConfig {
     pub http: SocketAddr,
     pub grpc: SocketAddr,
+    /// Where `/metrics` is served; `None` turns metrics off.
+    pub metrics: Option<SocketAddr>,
     /// Largest gRPC message accepted or sent.
     pub grpc_max_message_bytes: usize,
     pub tenants_dir: PathBuf,
@@ -53,8 +55,21 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let grpc = TcpListener::bind(config.grpc).await.with_context(|| format!("cannot listen on {}", config.grpc))?;
     let (http_address, grpc_address) = (http.local_addr()?, grpc.local_addr()?);
     tracing::info!(http = %http_address, grpc = %grpc_address, "sluice is serving the Open Inference Protocol");
-    // Tests and scripts read these lines to find the ports.
+    // Tests and scripts read these lines to find the ports (the gRPC line comes last).
     println!("listening on http://{http_address}");
+    match config.metrics {
+        Some(address) => {
+            let listener =
+                TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address} for metrics"))?;
+            println!("metrics listening on http://{}", listener.local_addr()?);
+            tokio::spawn(async move {
+                if let Err(err) = axum::serve(listener, crate::api::metrics::router()).await {
+                    tracing::error!(error = %err, "the metrics server stopped");
+                }
+            });
+        }
+        None => crate::telemetry::metrics::metrics().set_enabled(false),
+    }
     println!("grpc listening on {grpc_address}");
 
     // Canary analysis: each app's own interval is checked every tick.

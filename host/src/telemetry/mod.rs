@@ -1,6 +1,7 @@
-//! Telemetry: what Sluice measures about itself. [`stats`] keeps the per-model counters
-//! that Triton's statistics extension reports; [`versions`] the per app-version outcomes the
-//! rollout analysis compares.
+//! Telemetry: what Sluice measures about itself. [`metrics`] is the Prometheus export;
+//! [`stats`] keeps the per-model counters that Triton's statistics extension reports;
+//! [`versions`] the per app-version outcomes the rollout analysis compares.
 
+pub mod metrics;
 pub mod stats;
 pub mod versions;

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::backend::{BackendError, Graph};
 use super::tensor::Tensor;
+use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
 use crate::telemetry::stats::ModelStats;
 use admission::{Backlog, Verdict};
 use padding::PaddingRule;
@@ -87,7 +88,13 @@ pub struct ModelQueue {
 impl ModelQueue {
     /// Start the queue's actor on the current runtime; each graph is one execution instance
     /// (batches run on them concurrently).
-    pub fn start(model: &str, graphs: Vec<Arc<dyn Graph>>, settings: QueueSettings, stats: Arc<ModelStats>) -> Self {
+    pub fn start(
+        model: &str,
+        backend: &str,
+        graphs: Vec<Arc<dyn Graph>>,
+        settings: QueueSettings,
+        stats: Arc<ModelStats>,
+    ) -> Self {
         let policy = QueuePolicy {
             max_batch_rows: settings.max_batch_rows,
             preferred_batch_rows: settings.preferred_batch_rows.clone(),
@@ -103,6 +110,7 @@ impl ModelQueue {
             stats: stats.clone(),
             backlog: backlog.clone(),
             padding: padding.clone(),
+            series: metrics().model_series(ModelLabels { model: &model, backend }),
         };
         tokio::spawn(run_queue(execution, graphs, policy, receiver));
         Self {
@@ -123,6 +131,7 @@ impl ModelQueue {
         deadline: Instant,
         share: Share,
     ) -> Result<NamedTensors, ComputeError> {
+        metrics().compute_call(&share.tenant, &self.model);
         let model = self.model.to_string();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
         let outlook = self.backlog.add(&share, rows, self.max_batch_rows, self.stats.mean_execution());
@@ -178,6 +187,7 @@ struct Execution {
     stats: Arc<ModelStats>,
     backlog: Arc<Backlog>,
     padding: Option<Arc<PaddingRule>>,
+    series: ModelSeries,
 }
 
 async fn run_queue(
@@ -242,10 +252,11 @@ async fn sleep_until_due(due: Option<std::time::Instant>) {
 
 /// Run one batch and answer each of its jobs.
 async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
-    let Execution { model, stats, backlog, padding } = execution;
+    let Execution { model, stats, backlog, padding, series } = execution;
     let started = std::time::Instant::now();
-    for job in &batch {
-        stats.queue.record(started.saturating_duration_since(job.enqueued));
+    let waits: Vec<Duration> = batch.iter().map(|job| started.saturating_duration_since(job.enqueued)).collect();
+    for (job, wait) in batch.iter().zip(&waits) {
+        stats.queue.record(*wait);
         backlog.remove(&job.share.tenant, job.rows);
     }
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
@@ -295,6 +306,7 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
         Ok(per_job)
     });
     stats.execution(stacked_at - started, infer_time, unstack_started.elapsed());
+    metrics().batch(series, waits, rows.iter().sum(), infer_time);
     match split {
         Ok(per_job) => {
             for (reply, outputs) in replies.into_iter().zip(per_job) {

@@ -1,0 +1,378 @@
+//! Prometheus metrics, served at `/metrics` on the metrics port. Every metric name, help text
+//! and label set is defined here once; the serving path records through typed methods, and
+//! tests and the shipped dashboard read the names from [`names`]. Label values come from
+//! registry ids (tenants, apps, models, versions) or closed sets (protocols, error kinds,
+//! trap kinds), so the number of series stays bounded whatever clients send.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// The exported metric names.
+pub mod names {
+    pub const REQUESTS: &str = "sluice_requests_total";
+    pub const REQUEST_DURATION: &str = "sluice_request_duration_seconds";
+    pub const INFLIGHT_REQUESTS: &str = "sluice_inflight_requests";
+    pub const REJECTED_REQUESTS: &str = "sluice_rejected_requests_total";
+    pub const GUEST_EXECUTION: &str = "sluice_guest_execution_seconds";
+    pub const GUEST_TRAPS: &str = "sluice_guest_traps_total";
+    pub const NN_COMPUTE_CALLS: &str = "sluice_nn_compute_calls_total";
+    pub const QUEUE_WAIT: &str = "sluice_queue_wait_seconds";
+    pub const BATCH_ROWS: &str = "sluice_batch_rows";
+    pub const COMPUTE_DURATION: &str = "sluice_compute_seconds";
+    pub const MODEL_LOAD_DURATION: &str = "sluice_model_load_seconds";
+    pub const RESIDENT_MODELS: &str = "sluice_resident_models";
+    pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
+}
+
+/// The protocol a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http,
+    Grpc,
+}
+
+impl Protocol {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+/// Status classes of finished requests, by their HTTP status (gRPC requests map through the
+/// same error table).
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Labels of one request's series.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLabels<'a> {
+    pub tenant: &'a str,
+    /// The app or plain model, once the tenant's namespace knew the name ("" before).
+    pub app: &'a str,
+    pub version: &'a str,
+    pub protocol: Protocol,
+}
+
+/// Labels of one resident model's batch queue.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelLabels<'a> {
+    pub model: &'a str,
+    pub backend: &'a str,
+}
+
+/// Handles of one resident model's series, resolved once when the model is loaded.
+#[derive(Clone)]
+pub struct ModelSeries {
+    pub queue_wait: Histogram,
+    pub batch_rows: Histogram,
+    pub compute: Histogram,
+}
+
+/// How mirrored requests of one shadow version ended.
+#[derive(Clone)]
+pub struct ShadowSeries {
+    pub agreed: IntCounter,
+    pub disagreed: IntCounter,
+    pub failed: IntCounter,
+    /// Dropped because the shadow queue was full.
+    pub dropped: IntCounter,
+}
+
+/// Latency buckets (seconds): 100 µs to 10 s.
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Batch sizes in rows.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// Every metric family Sluice exports.
+pub struct Metrics {
+    registry: Registry,
+    enabled: AtomicBool,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    inflight: IntGaugeVec,
+    rejected: IntCounterVec,
+    guest_execution: HistogramVec,
+    guest_traps: IntCounterVec,
+    nn_compute_calls: IntCounterVec,
+    queue_wait: HistogramVec,
+    batch_rows: HistogramVec,
+    compute: HistogramVec,
+    model_load: HistogramVec,
+    resident_models: IntGauge,
+    shadow_comparisons: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let family = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter definition");
+    registry.register(Box::new(family.clone())).expect("each metric registered once");
+    family
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    let family = HistogramVec::new(opts, labels).expect("a valid histogram definition");
+    registry.register(Box::new(family.clone())).expect("each metric registered once");
+    family
+}
+
+impl Metrics {
+    fn new() -> Self {
+        use names::*;
+        let registry = Registry::new();
+        let request = ["tenant", "app", "version", "protocol"];
+        let inflight = IntGaugeVec::new(Opts::new(INFLIGHT_REQUESTS, "Requests being served now."), &["tenant"])
+            .expect("a valid gauge definition");
+        registry.register(Box::new(inflight.clone())).expect("each metric registered once");
+        let resident_models =
+            IntGauge::new(RESIDENT_MODELS, "Models resident in memory (one per weights and backend).")
+                .expect("a valid gauge definition");
+        registry.register(Box::new(resident_models.clone())).expect("each metric registered once");
+        Self {
+            enabled: AtomicBool::new(true),
+            requests: counter(
+                &registry,
+                REQUESTS,
+                "Inference requests finished, by status class.",
+                &["tenant", "app", "version", "protocol", "status"],
+            ),
+            request_duration: histogram(
+                &registry,
+                REQUEST_DURATION,
+                "Inference request duration from admission to answer.",
+                &request,
+                LATENCY_BUCKETS,
+            ),
+            inflight,
+            rejected: counter(
+                &registry,
+                REJECTED_REQUESTS,
+                "Inference requests that failed, by error kind (shed, over quota, bad input, ...).",
+                &["tenant", "reason"],
+            ),
+            guest_execution: histogram(
+                &registry,
+                GUEST_EXECUTION,
+                "Time in a tenant's component per request, model calls included.",
+                &["tenant", "app", "version"],
+                LATENCY_BUCKETS,
+            ),
+            guest_traps: counter(
+                &registry,
+                GUEST_TRAPS,
+                "Component calls that ended in a trap or a limit, by kind.",
+                &["tenant", "app", "version", "kind"],
+            ),
+            nn_compute_calls: counter(
+                &registry,
+                NN_COMPUTE_CALLS,
+                "wasi-nn compute calls (and plain model requests) entering a batch queue.",
+                &["tenant", "model"],
+            ),
+            queue_wait: histogram(
+                &registry,
+                QUEUE_WAIT,
+                "Time a compute call waited in its model's batch queue.",
+                &["model", "backend"],
+                LATENCY_BUCKETS,
+            ),
+            batch_rows: histogram(
+                &registry,
+                BATCH_ROWS,
+                "Rows per executed batch.",
+                &["model", "backend"],
+                BATCH_BUCKETS,
+            ),
+            compute: histogram(
+                &registry,
+                COMPUTE_DURATION,
+                "Backend time per executed batch.",
+                &["model", "backend"],
+                LATENCY_BUCKETS,
+            ),
+            model_load: histogram(
+                &registry,
+                MODEL_LOAD_DURATION,
+                "Time to make a model resident (parse, optimise, plan).",
+                &["backend"],
+                &[0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            ),
+            resident_models,
+            shadow_comparisons: counter(
+                &registry,
+                SHADOW_COMPARISONS,
+                "Shadow answers compared with the primary's: agree, disagree, failed or dropped.",
+                &["tenant", "app", "version", "outcome"],
+            ),
+            registry,
+        }
+    }
+
+    /// Stop (or resume) recording on the serving path; `/metrics` keeps answering.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.enabled.store(enabled, Ordering::Relaxed);
+    }
+
+    fn on(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// A request of `tenant` is being served until the guard drops.
+    pub fn inflight(&self, tenant: &str) -> Option<IntGaugeGuard> {
+        if !self.on() {
+            return None;
+        }
+        let gauge = self.inflight.with_label_values(&[tenant]);
+        gauge.inc();
+        Some(IntGaugeGuard(gauge))
+    }
+
+    /// A finished inference request: its HTTP status (or the gRPC code's equivalent), and
+    /// the error kind's label when it failed.
+    pub fn request(&self, labels: RequestLabels<'_>, status: u16, failure: Option<&str>, duration: Duration) {
+        if !self.on() {
+            return;
+        }
+        let RequestLabels { tenant, app, version, protocol } = labels;
+        self.requests.with_label_values(&[tenant, app, version, protocol.label(), status_class(status)]).inc();
+        self.request_duration
+            .with_label_values(&[tenant, app, version, protocol.label()])
+            .observe(duration.as_secs_f64());
+        if let Some(reason) = failure {
+            self.rejected.with_label_values(&[tenant, reason]).inc();
+        }
+    }
+
+    /// One component call and how it ended (`trap`: the trap kind, if it trapped).
+    pub fn guest(&self, tenant: &str, app: &str, version: &str, duration: Duration, trap: Option<&str>) {
+        if !self.on() {
+            return;
+        }
+        self.guest_execution.with_label_values(&[tenant, app, version]).observe(duration.as_secs_f64());
+        if let Some(kind) = trap {
+            self.guest_traps.with_label_values(&[tenant, app, version, kind]).inc();
+        }
+    }
+
+    /// A compute call of `tenant` on its model `model` entering the batch queue.
+    pub fn compute_call(&self, tenant: &str, model: &str) {
+        if self.on() {
+            self.nn_compute_calls.with_label_values(&[tenant, model]).inc();
+        }
+    }
+
+    /// The series of one resident model's queue.
+    pub fn model_series(&self, labels: ModelLabels<'_>) -> ModelSeries {
+        let values = [labels.model, labels.backend];
+        ModelSeries {
+            queue_wait: self.queue_wait.with_label_values(&values),
+            batch_rows: self.batch_rows.with_label_values(&values),
+            compute: self.compute.with_label_values(&values),
+        }
+    }
+
+    /// One executed batch: each job's queue wait, the rows and the backend time.
+    pub fn batch(
+        &self,
+        series: &ModelSeries,
+        waits: impl IntoIterator<Item = Duration>,
+        rows: usize,
+        compute: Duration,
+    ) {
+        if !self.on() {
+            return;
+        }
+        for wait in waits {
+            series.queue_wait.observe(wait.as_secs_f64());
+        }
+        series.batch_rows.observe(rows as f64);
+        series.compute.observe(compute.as_secs_f64());
+    }
+
+    /// A model made resident.
+    pub fn model_loaded(&self, backend: &str, took: Duration) {
+        self.model_load.with_label_values(&[backend]).observe(took.as_secs_f64());
+        self.resident_models.inc();
+    }
+
+    /// The shadow-comparison counters of one app's shadow version.
+    pub fn shadow_series(&self, tenant: &str, app: &str, version: &str) -> ShadowSeries {
+        let outcome = |outcome: &str| self.shadow_comparisons.with_label_values(&[tenant, app, version, outcome]);
+        ShadowSeries {
+            agreed: outcome("agree"),
+            disagreed: outcome("disagree"),
+            failed: outcome("failed"),
+            dropped: outcome("dropped"),
+        }
+    }
+
+    /// Everything, in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut text = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut text).expect("text encoding into memory");
+        String::from_utf8(text).expect("the text format is UTF-8")
+    }
+}
+
+/// Decrements an in-flight gauge when dropped.
+pub struct IntGaugeGuard(IntGauge);
+
+impl Drop for IntGaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The process's metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_requests_with_bounded_labels_and_bucket_counts() {
+        let metrics = Metrics::new();
+        let labels = RequestLabels { tenant: "acme", app: "digits", version: "1", protocol: Protocol::Http };
+        metrics.request(labels, 200, None, Duration::from_micros(300));
+        metrics.request(labels, 200, None, Duration::from_millis(20));
+        metrics.request(labels, 429, Some("quota_exceeded"), Duration::from_micros(50));
+        let text = metrics.render();
+        let line = |series: &str| text.lines().find(|l| l.starts_with(series)).map(str::to_string);
+        assert_eq!(
+            line(r#"sluice_requests_total{app="digits",protocol="http",status="2xx",tenant="acme",version="1"}"#)
+                .as_deref()
+                .and_then(|l| l.rsplit(' ').next()),
+            Some("2")
+        );
+        let bucket = |le: &str| {
+            line(&format!(
+                r#"sluice_request_duration_seconds_bucket{{app="digits",protocol="http",tenant="acme",version="1",le="{le}"}}"#
+            ))
+            .and_then(|l| l.rsplit(' ').next().map(str::to_string))
+        };
+        assert_eq!(bucket("0.0001").as_deref(), Some("1"));
+        assert_eq!(bucket("0.0005").as_deref(), Some("2"));
+        assert_eq!(bucket("+Inf").as_deref(), Some("3"));
+        assert!(text.contains(r#"sluice_rejected_requests_total{reason="quota_exceeded",tenant="acme"} 1"#), "{text}");
+        metrics.set_enabled(false);
+        metrics.request(labels, 200, None, Duration::from_micros(1));
+        assert!(metrics.render().contains(r#"status="2xx",tenant="acme",version="1"} 2"#));
+    }
+}

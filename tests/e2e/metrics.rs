@@ -1,0 +1,164 @@
+//! `/metrics` on the metrics port after known traffic: exact request counts by status
+//! class, histogram counts and bucket totals, compute calls, batch rows, guest executions and
+//! traps, in-flight requests back to zero. Metric names come from the library's one list.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
+use sluice::api::grpc::proto::*;
+use sluice::telemetry::metrics::names;
+
+use crate::support::*;
+
+const KEY: &str = "test-key-acme";
+
+/// One scrape: each sample line as (metric name, labels) → value.
+pub struct Scrape(Vec<(String, BTreeMap<String, String>, f64)>);
+
+impl Scrape {
+    pub async fn of(server: &Server) -> Self {
+        let base = server.metrics.as_deref().expect("the server serves metrics");
+        let response = reqwest::get(format!("{base}/metrics")).await.expect("scrape");
+        assert_eq!(response.status(), 200);
+        assert!(
+            response.headers()["content-type"].to_str().expect("ascii").starts_with("text/plain; version=0.0.4"),
+            "Prometheus text format"
+        );
+        Self::parse(&response.text().await.expect("body"))
+    }
+
+    pub fn parse(text: &str) -> Self {
+        let samples = text
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.is_empty())
+            .map(|line| {
+                let (series, value) = line.rsplit_once(' ').expect("a sample line");
+                let (name, labels) = match series.split_once('{') {
+                    None => (series, BTreeMap::new()),
+                    Some((name, labels)) => {
+                        let labels = labels
+                            .trim_end_matches('}')
+                            .split("\",")
+                            .filter(|pair| !pair.is_empty())
+                            .map(|pair| {
+                                let (key, value) = pair.split_once('=').expect("label=value");
+                                (key.to_string(), value.trim_matches('"').to_string())
+                            })
+                            .collect();
+                        (name, labels)
+                    }
+                };
+                (name.to_string(), labels, value.parse().expect("a number"))
+            })
+            .collect();
+        Self(samples)
+    }
+
+    /// The sum of `name`'s samples whose labels include all of `labels`.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+            .map(|(_, _, value)| value)
+            .sum()
+    }
+}
+
+fn plain_request(rows: usize) -> serde_json::Value {
+    json!({ "inputs": [{ "name": "X", "shape": [rows, 64], "datatype": "FP32", "data": vec![0.5f32; rows * 64] }] })
+}
+
+#[tokio::test]
+async fn known_traffic_gives_exact_counts_and_histograms() {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += &app_entry("digits", &guest("digits"));
+    acme += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("acme.toml", &acme);
+    let server = Server::start(tenants.path(), &[]);
+
+    for rows in [1, 2, 4] {
+        let (status, body) = server.infer("digits-mlp", KEY, &plain_request(rows)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let wrong_shape =
+        json!({ "inputs": [{ "name": "X", "shape": [1, 63], "datatype": "FP32", "data": vec![0.5f32; 63] }] });
+    assert_eq!(server.infer("digits-mlp", KEY, &wrong_shape).await.0, 400);
+    assert_eq!(server.infer("no-such-model", KEY, &plain_request(1)).await.0, 404);
+    assert_eq!(server.infer("digits-mlp", "wrong-key", &plain_request(1)).await.0, 401);
+    let (pixels, _) = &heldout_digits()[0];
+    for _ in 0..2 {
+        let (status, body) = server.infer("digits", KEY, &image_request(pixels, &[1, 64])).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let trap = json!({ "inputs": [], "parameters": { "mode": "trap" } });
+    assert_eq!(server.infer("hostile", KEY, &trap).await.0, 500);
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects");
+    let image = InferInputTensor {
+        name: "image".into(),
+        datatype: "UINT8".into(),
+        shape: vec![4, 64],
+        parameters: Default::default(),
+        contents: None,
+    };
+    let pixels: Vec<u8> = heldout_digits()[..4].iter().flat_map(|(p, _)| p.clone()).collect();
+    let request = ModelInferRequest {
+        model_name: "digits".into(),
+        inputs: vec![image],
+        raw_input_contents: vec![pixels],
+        ..Default::default()
+    };
+    let mut request = tonic::Request::new(request);
+    request.metadata_mut().insert("authorization", format!("Bearer {KEY}").parse().expect("ascii"));
+    grpc.model_infer(request).await.expect("gRPC infer");
+
+    let scrape = Scrape::of(&server).await;
+    let requests = |app: &str, protocol: &str, status: &str| {
+        scrape.sum(names::REQUESTS, &[("tenant", "acme"), ("app", app), ("protocol", protocol), ("status", status)])
+    };
+    assert_eq!(requests("digits-mlp", "http", "2xx"), 3.0);
+    assert_eq!(requests("digits-mlp", "http", "4xx"), 1.0);
+    assert_eq!(requests("", "http", "4xx"), 1.0, "an unknown name is not a label value");
+    assert_eq!(requests("digits", "http", "2xx"), 2.0);
+    assert_eq!(requests("hostile", "http", "5xx"), 1.0);
+    assert_eq!(requests("digits", "grpc", "2xx"), 1.0);
+    assert_eq!(scrape.sum(names::REQUESTS, &[]), 9.0, "the unauthenticated request has no tenant to count under");
+    let plain = [("tenant", "acme"), ("app", "digits-mlp"), ("version", "1"), ("protocol", "http")];
+    let duration_count = format!("{}_count", names::REQUEST_DURATION);
+    let duration_bucket = format!("{}_bucket", names::REQUEST_DURATION);
+    assert_eq!(scrape.sum(&duration_count, &plain), 4.0);
+    assert_eq!(scrape.sum(&duration_bucket, &[plain.as_slice(), &[("le", "+Inf")]].concat()), 4.0);
+    assert_eq!(scrape.sum(&duration_bucket, &[plain.as_slice(), &[("le", "10")]].concat()), 4.0);
+    assert_eq!(scrape.sum(names::REJECTED_REQUESTS, &[("tenant", "acme"), ("reason", "invalid_input")]), 1.0);
+    assert_eq!(scrape.sum(names::REJECTED_REQUESTS, &[("tenant", "acme"), ("reason", "not_found")]), 1.0);
+    assert_eq!(scrape.sum(names::REJECTED_REQUESTS, &[("tenant", "acme"), ("reason", "guest_failure")]), 1.0);
+    assert_eq!(scrape.sum(names::INFLIGHT_REQUESTS, &[("tenant", "acme")]), 0.0);
+
+    // Three plain requests and three guest calls entered the queue; the bad shape did not.
+    assert_eq!(scrape.sum(names::NN_COMPUTE_CALLS, &[("tenant", "acme"), ("model", "digits-mlp")]), 6.0);
+    let queue = [("model", "digits-mlp")];
+    assert_eq!(scrape.sum(&format!("{}_count", names::QUEUE_WAIT), &queue), 6.0);
+    assert_eq!(scrape.sum(&format!("{}_sum", names::BATCH_ROWS), &queue), 1.0 + 2.0 + 4.0 + 1.0 + 1.0 + 4.0);
+    let batches = scrape.sum(&format!("{}_count", names::BATCH_ROWS), &queue);
+    assert!((1.0..=6.0).contains(&batches), "{batches} batches");
+    assert_eq!(scrape.sum(&format!("{}_count", names::COMPUTE_DURATION), &queue), batches);
+
+    let guest =
+        |app: &str| scrape.sum(&format!("{}_count", names::GUEST_EXECUTION), &[("tenant", "acme"), ("app", app)]);
+    assert_eq!((guest("digits"), guest("hostile")), (3.0, 1.0));
+    assert_eq!(scrape.sum(names::GUEST_TRAPS, &[("app", "hostile"), ("version", "1"), ("kind", "trap")]), 1.0);
+    assert_eq!(scrape.sum(names::RESIDENT_MODELS, &[]), 1.0);
+    assert_eq!(scrape.sum(&format!("{}_count", names::MODEL_LOAD_DURATION), &[]), 1.0);
+}
+
+#[tokio::test]
+async fn no_metrics_serves_none() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &(tenant_header("acme", KEY, "") + &model_entry("digits-mlp", &digits_model(), None)));
+    let server = Server::start(tenants.path(), &["--no-metrics"]);
+    assert!(server.metrics.is_none());
+    assert_eq!(server.infer("digits-mlp", KEY, &plain_request(1)).await.0, 200);
+}
