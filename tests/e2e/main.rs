@@ -14,6 +14,7 @@ mod metrics;
 #[cfg(feature = "tract")]
 mod padding;
 mod perf;
+mod request_ids;
 mod rollout;
 mod serving;
 mod startup;

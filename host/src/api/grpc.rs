@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use super::error::ApiError;
 use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
-use super::{infer, metadata, raw, triton};
+use super::{infer, metadata, raw, request_id, triton};
 use crate::nn::tensor::ElementType;
 use crate::serve::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
@@ -174,6 +175,23 @@ impl GrpcInferenceService for GrpcApi {
     }
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
+        let id = request_id::choose(request.metadata().get(request_id::KEY).and_then(|v| v.to_str().ok()));
+        let span = request_id::span(&id, "grpc", &request.get_ref().model_name);
+        let mut response = self.serve_infer(request).instrument(span).await;
+        let id = tonic::metadata::MetadataValue::try_from(id.as_str()).ok();
+        let metadata = match &mut response {
+            Ok(response) => response.metadata_mut(),
+            Err(status) => status.metadata_mut(),
+        };
+        if let Some(id) = id {
+            metadata.insert(request_id::KEY, id);
+        }
+        response
+    }
+}
+
+impl GrpcApi {
+    async fn serve_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let tenant = &self.tenant(&request)?;
         let spec = tenant.tenant();
         let routed = infer::Routed::default();

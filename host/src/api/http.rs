@@ -49,6 +49,7 @@ pub fn router(state: Shared) -> axum::Router {
         // tritonclient may compress requests and ask for compressed responses.
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
         .layer(tower_http::compression::CompressionLayer::new())
+        .layer(axum::middleware::from_fn(super::request_id::http))
         .with_state(state)
 }
 

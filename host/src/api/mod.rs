@@ -4,7 +4,7 @@
 //! ([`infer`]), model metadata ([`metadata`]), Triton's configuration and statistics
 //! extensions ([`triton`]), the tenant control API ([`control`]: models, app versions and
 //! traffic), the platform admin API ([`admin`]: tenants, keys, quotas), the metrics port
-//! ([`metrics`]) and the one error table ([`error`]).
+//! ([`metrics`]), request ids ([`request_id`]) and the one error table ([`error`]).
 
 pub mod admin;
 pub mod control;
@@ -16,5 +16,6 @@ pub mod json;
 pub mod metadata;
 pub mod metrics;
 pub mod raw;
+pub mod request_id;
 pub mod triton;
 pub mod types;

@@ -1,0 +1,58 @@
+//! Request ids: every HTTP request and gRPC inference carries one, taken from the client's
+//! `x-request-id` when it is a sane token (else made up), sent back on the response and
+//! recorded on a span around the request, so every log line the request causes (the
+//! guest's own included) names it.
+
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+/// The header (HTTP) and metadata key (gRPC).
+pub const KEY: &str = "x-request-id";
+const X_REQUEST_ID: HeaderName = HeaderName::from_static(KEY);
+
+/// The longest client-chosen id kept.
+const MAX_LENGTH: usize = 128;
+
+/// The client's id if it is 1 to 128 visible ASCII characters, else a fresh random one.
+pub fn choose(client: Option<&str>) -> String {
+    match client {
+        Some(id) if !id.is_empty() && id.len() <= MAX_LENGTH && id.bytes().all(|b| b.is_ascii_graphic()) => {
+            id.to_string()
+        }
+        _ => format!("{:032x}", fastrand::u128(..)),
+    }
+}
+
+/// The span every log line of one request is recorded in.
+pub fn span(id: &str, protocol: &'static str, target: &str) -> tracing::Span {
+    tracing::info_span!("request", request_id = %id, protocol, target = %target)
+}
+
+/// Axum middleware: pick the id, run the request in its span, send the id back.
+pub async fn http(request: Request, next: Next) -> Response {
+    let id = choose(request.headers().get(X_REQUEST_ID).and_then(|v| v.to_str().ok()));
+    let span = span(&id, "http", request.uri().path());
+    let mut response = next.run(request).instrument(span).await;
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(X_REQUEST_ID, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_a_sane_client_id_and_replaces_others() {
+        assert_eq!(choose(Some("trace-7f3a")), "trace-7f3a");
+        for bad in [None, Some(""), Some("has space"), Some("new\nline"), Some(&*"x".repeat(129))] {
+            let made = choose(bad);
+            assert!(made.len() == 32 && made.bytes().all(|b| b.is_ascii_hexdigit()), "{bad:?} -> {made}");
+        }
+        assert_ne!(choose(None), choose(None));
+    }
+}
