@@ -17,6 +17,7 @@ use super::infer::Caller;
 use super::json::{HttpInferRequest, encode_response, parse_infer_request};
 use super::types::TensorLimits;
 use super::{infer, metadata};
+use crate::registry::manifest::Quotas;
 use crate::serve::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
 
@@ -132,7 +133,7 @@ async fn model_infer(
         spec.id.as_str(),
         Protocol::Http,
         &routed,
-        serve_infer(&state, tenant, &path, &headers, body, &routed),
+        serve_infer(&state, tenant, &spec.quotas, &path, &headers, body, &routed),
     )
     .await
 }
@@ -140,12 +141,13 @@ async fn model_infer(
 async fn serve_infer(
     state: &ServingState,
     tenant: &TenantState,
+    quotas: &Quotas,
     path: &ModelPath,
     headers: &HeaderMap,
     body: Body,
     routed: &infer::Routed,
 ) -> Result<Response, ApiError> {
-    let limit = usize::try_from(tenant.tenant().quotas.max_request_bytes).unwrap_or(usize::MAX);
+    let limit = usize::try_from(quotas.max_request_bytes).unwrap_or(usize::MAX);
     let too_large = || {
         ApiError::new(
             ErrorKind::PayloadTooLarge,
@@ -157,7 +159,7 @@ async fn serve_infer(
     }
     let entry = infer::enter(state, tenant, None).await?;
     let body = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
-    let limits = TensorLimits { max_elements: tenant.tenant().quotas.max_tensor_elements };
+    let limits = TensorLimits { max_elements: quotas.max_tensor_elements };
     let json_length = match headers.get(INFERENCE_HEADER_CONTENT_LENGTH) {
         None => None,
         Some(value) => Some(value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(|| {

@@ -102,24 +102,26 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
     // Each report with the share of the window it covers.
     let mut reports = Vec::new();
     for tenant in &config.tenants {
-        let report = Arc::new(Mutex::new(Report::new(&tenant.name)));
-        // Only the alternating tenant keeps to its phases; the others are split by them.
-        let (own_phases, beside) = match alternate {
-            Some((name, phases)) if name == tenant.name => (Some(phases), None),
-            Some((name, phases)) => {
-                let beside = Arc::new(Mutex::new(Report::new(&format!("{} ({name} on)", tenant.name))));
-                *report.lock().await = Report::new(&format!("{} ({name} off)", tenant.name));
-                reports.push((report.clone(), phases.time(false, measure_from, stop_at)));
-                reports.push((beside.clone(), phases.time(true, measure_from, stop_at)));
-                (None, Some((beside, phases)))
-            }
-            None => (None, None),
-        };
-        if beside.is_none() {
-            let window = own_phases.map_or(config.duration, |phases| phases.time(true, measure_from, stop_at));
+        let mut new_report = |name: &str, window: Duration| {
+            let report = Arc::new(Mutex::new(Report::new(name)));
             reports.push((report.clone(), window));
-        }
-        let sink = Sink { report, beside };
+            report
+        };
+        // Only the alternating tenant keeps to its phases; the others are split by them.
+        let (own_phases, sink) = match alternate {
+            Some((name, phases)) if name == tenant.name => {
+                let report = new_report(&tenant.name, phases.time(true, measure_from, stop_at));
+                (Some(phases), Sink { report, beside: None })
+            }
+            Some((name, phases)) => {
+                let off = format!("{} ({name} off)", tenant.name);
+                let report = new_report(&off, phases.time(false, measure_from, stop_at));
+                let on = format!("{} ({name} on)", tenant.name);
+                let beside = new_report(&on, phases.time(true, measure_from, stop_at));
+                (None, Sink { report, beside: Some((beside, phases)) })
+            }
+            None => (None, Sink { report: new_report(&tenant.name, config.duration), beside: None }),
+        };
         let client = Client::connect(&config).await?;
         match tenant.rate {
             None => {
