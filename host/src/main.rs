@@ -24,6 +24,8 @@ enum Command {
     Serve(ServeArgs),
     /// Drive an OIP server with load and report throughput and latency (like perf_analyzer).
     Perf(PerfArgs),
+    /// Print the Prometheus alert rules for the apps' SLO burn rates (deploy/prometheus/).
+    SloRules,
     #[command(flatten)]
     Control(sluice::cli::ControlCommand),
     #[command(flatten)]
@@ -172,6 +174,10 @@ fn main() -> anyhow::Result<()> {
         Command::Admin(command) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(sluice::cli::admin::run(command))
+        }
+        Command::SloRules => {
+            print!("{}", sluice::telemetry::slo::alert_rules(sluice::telemetry::metrics::names::SLO_BURN_RATE));
+            Ok(())
         }
         Command::Perf(args) => {
             let config = perf_config(args)?;

@@ -64,6 +64,16 @@ impl Scrape {
             .map(|(_, _, value)| value)
             .sum()
     }
+
+    /// Every metric name with at least one sample (histograms under their family name).
+    pub fn families(&self) -> std::collections::BTreeSet<String> {
+        self.0
+            .iter()
+            .map(|(name, _, _)| {
+                ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name).to_string()
+            })
+            .collect()
+    }
 }
 
 fn plain_request(rows: usize) -> serde_json::Value {

@@ -167,6 +167,15 @@ fn change_canary(state: &ServingState, headers: &HeaderMap, app: &str, promote: 
         )));
     };
     if promote {
+        if let Some(reason) = app.slo.as_ref().and_then(|slo| slo.blocks_promotion()) {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "app '{}' cannot promote version '{}': {reason}; roll back or wait for the budget to recover",
+                    app.spec.name, canary.version
+                ),
+            ));
+        }
         traffic.stable = canary.version;
     }
     state.set_traffic(tenant, &app, traffic)?;

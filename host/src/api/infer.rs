@@ -21,6 +21,7 @@ use crate::rollout::traffic::Route;
 use crate::runtime::{GuestCall, GuestError, GuestLog, InferRequest};
 use crate::serve::{AppState, AppVersion, ServingState, TenantState};
 use crate::telemetry::metrics::{Protocol, RequestLabels, metrics};
+use crate::telemetry::slo::AppSlo;
 use crate::tenancy::turns::Turn;
 
 /// The version every plain model reports.
@@ -83,17 +84,26 @@ fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>
     })
 }
 
-/// The app (or plain model) and version a request went to, once known: its metric labels.
-/// Names the tenant does not have stay empty, so clients cannot mint label values.
+/// The app (or plain model) and version a request went to, once known: its metric labels,
+/// and the app's objectives it counts towards. Names the tenant does not have stay empty, so
+/// clients cannot mint label values.
 #[derive(Debug, Default)]
-pub struct Routed(Mutex<(String, String)>);
+pub struct Routed(Mutex<RoutedTo>);
+
+#[derive(Debug, Default)]
+struct RoutedTo {
+    app: String,
+    version: String,
+    slo: Option<Arc<AppSlo>>,
+}
 
 impl Routed {
-    fn set(&self, app: &str, version: &str) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = (app.to_string(), version.to_string());
+    fn set(&self, app: &str, version: &str, slo: Option<&Arc<AppSlo>>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) =
+            RoutedTo { app: app.to_string(), version: version.to_string(), slo: slo.cloned() };
     }
 
-    fn take(&self) -> (String, String) {
+    fn take(&self) -> RoutedTo {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
@@ -117,13 +127,17 @@ pub async fn observed<T>(
     let _in_flight = metrics().inflight(tenant);
     let started = std::time::Instant::now();
     let result = serve.await;
-    let (app, version) = routed.take();
+    let elapsed = started.elapsed();
+    let RoutedTo { app, version, slo } = routed.take();
     let (status, failure) = match &result {
         Ok(_) => (200, None),
         Err(err) => (err.kind.status().as_u16(), Some(err.kind.label())),
     };
+    if let Some(slo) = slo {
+        slo.record(status, elapsed);
+    }
     let labels = RequestLabels { tenant, app: &app, version: &version, protocol };
-    metrics().request(labels, status, failure, started.elapsed());
+    metrics().request(labels, status, failure, elapsed);
     result
 }
 
@@ -171,7 +185,11 @@ pub async fn infer(
     let Caller { header, routed } = caller;
     let Entry { _in_flight, mut turn, arrived, client_timeout } = entry;
     let target = resolve(tenant, name, version)?;
-    routed.set(name, target.version());
+    let slo = match &target {
+        Target::App { app, .. } => app.slo.clone(),
+        Target::Model { .. } => None,
+    };
+    routed.set(name, target.version(), slo.as_ref());
     let spec = tenant.tenant();
     let quotas = &spec.quotas;
     // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
@@ -219,7 +237,7 @@ pub async fn infer(
                         format!("routed to version '{}', which is not loaded", route.version),
                     )
                 })?;
-                routed.set(name, route.version.as_str());
+                routed.set(name, route.version.as_str(), slo.as_ref());
                 (route, chosen)
             };
             let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);

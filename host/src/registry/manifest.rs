@@ -168,6 +168,37 @@ pub struct AppManifest {
     /// How a canary is judged, promoted and rolled back.
     #[serde(default)]
     pub analysis: Analysis,
+    /// Service-level objectives; none by default.
+    #[serde(default)]
+    pub slo: Option<SloManifest>,
+}
+
+/// `[apps.X.slo]`: availability (requests not failing with a server error) and, with
+/// `latency_ms`, latency (answers within it) targets over a window of days.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SloManifest {
+    /// Target fraction, e.g. 0.999.
+    pub availability: f64,
+    /// Latency threshold; without it there is no latency objective.
+    pub latency_ms: Option<u64>,
+    /// Target fraction of answers within `latency_ms`.
+    pub latency_target: f64,
+    pub window_days: u32,
+}
+
+impl Default for SloManifest {
+    fn default() -> Self {
+        Self { availability: 0.999, latency_ms: None, latency_target: 0.99, window_days: 30 }
+    }
+}
+
+impl SloManifest {
+    /// Targets strictly between 0 and 1 and a window of 1 to 90 days.
+    pub fn is_valid(&self) -> bool {
+        let target = |t: f64| t > 0.0 && t < 1.0;
+        target(self.availability) && target(self.latency_target) && (1..=90).contains(&self.window_days)
+    }
 }
 
 /// `[apps.X.analysis]`: every `interval_ms`, the canary's window is compared with stable's.

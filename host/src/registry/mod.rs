@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 
 use ids::{AppName, ModelName, TenantId, VersionName};
 use manifest::{
-    Analysis, AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, TenantManifest,
-    TensorMetadata,
+    Analysis, AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, SloManifest,
+    TenantManifest, TensorMetadata,
 };
 
 use crate::nn::backend::BackendKind;
@@ -63,6 +63,7 @@ pub struct AppSpec {
     /// The initial split (`stable` is the version serving unpinned requests).
     pub traffic: Traffic,
     pub analysis: Analysis,
+    pub slo: Option<SloManifest>,
     pub versions: BTreeMap<VersionName, ComponentSpec>,
     pub inputs: Vec<TensorMetadata>,
     pub outputs: Vec<TensorMetadata>,
@@ -257,5 +258,11 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
              non-negative max_error_rate_increase"
         )));
     }
-    Ok(AppSpec { name, traffic, analysis, versions, inputs: app.inputs, outputs: app.outputs })
+    if app.slo.as_ref().is_some_and(|slo| !slo.is_valid()) {
+        return Err(invalid(format!(
+            "app '{name}': slo needs availability and latency_target strictly between 0 and 1 and \
+             window_days from 1 to 90"
+        )));
+    }
+    Ok(AppSpec { name, traffic, analysis, slo: app.slo, versions, inputs: app.inputs, outputs: app.outputs })
 }

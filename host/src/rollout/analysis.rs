@@ -180,7 +180,12 @@ fn analyse(app: &AppState) -> bool {
         return false;
     };
     let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
-    let decision = decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
+    let mut decision = decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
+    if matches!(decision, Decision::Promote { .. } | Decision::Complete)
+        && let Some(reason) = app.slo.as_ref().and_then(|slo| slo.blocks_promotion())
+    {
+        decision = Decision::Wait { reason: format!("{reason}; promotion waits") };
+    }
     // Someone else may have changed the traffic since it was read: act only on the same canary.
     let applied =
         app.update_traffic(|current| (current.canary.as_ref() == Some(&canary)).then(|| apply(current, &decision)));

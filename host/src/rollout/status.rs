@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::analysis::Event;
 use super::shadow::ShadowReport;
 use crate::serve::AppState;
+use crate::telemetry::slo::ObjectiveReport;
 
 #[derive(Debug, Serialize)]
 pub struct RolloutStatus {
@@ -20,6 +21,9 @@ pub struct RolloutStatus {
     pub shadow_comparison: ShadowReport,
     /// The canary analysis' decisions, oldest first.
     pub events: Vec<Event>,
+    /// The app's objectives: budget left, burn rates and alert conditions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo: Option<Vec<ObjectiveReport>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -67,5 +71,6 @@ pub fn status(app: &AppState) -> RolloutStatus {
         versions,
         shadow_comparison: app.shadow.report(),
         events: app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events.iter().cloned().collect(),
+        slo: app.slo.as_ref().map(|slo| slo.report()),
     }
 }

@@ -13,6 +13,7 @@ use crate::rollout::analysis::AnalysisState;
 use crate::rollout::shadow::ShadowStats;
 use crate::rollout::traffic::Traffic;
 use crate::runtime::Prepared;
+use crate::telemetry::slo::AppSlo;
 use crate::telemetry::stats::ModelStats;
 use crate::telemetry::versions::VersionStats;
 
@@ -40,11 +41,14 @@ pub struct AppState {
     pub shadow: Arc<ShadowStats>,
     /// The canary analysis' open window and its decisions so far.
     pub analysis: Mutex<AnalysisState>,
+    /// The app's objectives and their counts, when its manifest sets any.
+    pub slo: Option<Arc<AppSlo>>,
 }
 
 impl AppState {
     pub fn new(spec: AppSpec, versions: BTreeMap<VersionName, AppVersion>) -> Self {
         let traffic = RwLock::new(spec.traffic.clone());
+        let slo = spec.slo.clone().map(|slo| Arc::new(AppSlo::new(slo)));
         Self {
             spec,
             versions: RwLock::new(versions),
@@ -52,6 +56,7 @@ impl AppState {
             traffic,
             shadow: Arc::default(),
             analysis: Mutex::default(),
+            slo,
         }
     }
 

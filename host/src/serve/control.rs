@@ -231,6 +231,7 @@ fn new_app_spec(name: &AppName, traffic: &Traffic) -> AppSpec {
         name: name.clone(),
         traffic: traffic.clone(),
         analysis: Analysis::default(),
+        slo: None,
         versions: BTreeMap::new(),
         inputs: Vec::new(),
         outputs: Vec::new(),

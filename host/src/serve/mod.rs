@@ -23,6 +23,8 @@ use crate::runtime::{Runtime, RuntimeSettings};
 
 /// How often the canary analysis checks whether an app's interval has passed.
 const ANALYSIS_TICK: Duration = Duration::from_millis(100);
+/// How often the apps' SLO gauges are brought up to date.
+const SLO_EXPORT_TICK: Duration = Duration::from_secs(1);
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -74,6 +76,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     // Canary analysis: each app's own interval is checked every tick.
     tokio::spawn(crate::rollout::analysis::run(state.clone(), ANALYSIS_TICK));
+    if config.metrics.is_some() {
+        tokio::spawn(export_slos(state.clone(), SLO_EXPORT_TICK));
+    }
 
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut http_stop = stop.subscribe();
@@ -133,6 +138,22 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
     ServingState::build(registry, runtime, backends, config.default_backend, turns, store, admin_token).await
+}
+
+/// Keep every app's SLO gauges current (budgets and burn rates change with time alone).
+async fn export_slos(state: Arc<ServingState>, tick: Duration) {
+    let mut ticker = tokio::time::interval(tick);
+    loop {
+        ticker.tick().await;
+        for tenant in state.all_tenants() {
+            let id = tenant.tenant().id.clone();
+            for (name, app) in tenant.apps() {
+                if let Some(slo) = &app.slo {
+                    crate::telemetry::metrics::metrics().slo(id.as_str(), name.as_str(), &slo.report());
+                }
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -8,9 +8,11 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use super::slo::ObjectiveReport;
+
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// The exported metric names.
@@ -28,6 +30,8 @@ pub mod names {
     pub const MODEL_LOAD_DURATION: &str = "sluice_model_load_seconds";
     pub const RESIDENT_MODELS: &str = "sluice_resident_models";
     pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
+    pub const SLO_BUDGET_REMAINING: &str = "sluice_slo_error_budget_remaining";
+    pub const SLO_BURN_RATE: &str = "sluice_slo_burn_rate";
 }
 
 /// The protocol a request came in on.
@@ -114,10 +118,18 @@ pub struct Metrics {
     model_load: HistogramVec,
     resident_models: IntGauge,
     shadow_comparisons: IntCounterVec,
+    slo_budget: GaugeVec,
+    slo_burn: GaugeVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let family = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter definition");
+    registry.register(Box::new(family.clone())).expect("each metric registered once");
+    family
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let family = GaugeVec::new(Opts::new(name, help), labels).expect("a valid gauge definition");
     registry.register(Box::new(family.clone())).expect("each metric registered once");
     family
 }
@@ -216,6 +228,18 @@ impl Metrics {
                 SHADOW_COMPARISONS,
                 "Shadow answers compared with the primary's: agree, disagree, failed or dropped.",
                 &["tenant", "app", "version", "outcome"],
+            ),
+            slo_budget: gauge(
+                &registry,
+                SLO_BUDGET_REMAINING,
+                "Share of the app's error budget left over its SLO window (negative: overspent).",
+                &["tenant", "app", "sli"],
+            ),
+            slo_burn: gauge(
+                &registry,
+                SLO_BURN_RATE,
+                "How many times faster than allowed the app burns its error budget, per window.",
+                &["tenant", "app", "sli", "window"],
             ),
             registry,
         }
@@ -316,6 +340,17 @@ impl Metrics {
             disagreed: outcome("disagree"),
             failed: outcome("failed"),
             dropped: outcome("dropped"),
+        }
+    }
+
+    /// One app's objectives: budget left and burn rates.
+    pub fn slo(&self, tenant: &str, app: &str, objectives: &[ObjectiveReport]) {
+        for objective in objectives {
+            let sli = objective.sli.label();
+            self.slo_budget.with_label_values(&[tenant, app, sli]).set(objective.budget_remaining);
+            for (window, rate) in &objective.burn_rates {
+                self.slo_burn.with_label_values(&[tenant, app, sli, window]).set(*rate);
+            }
         }
     }
 

@@ -1,7 +1,9 @@
 //! Telemetry: what Sluice measures about itself. [`metrics`] is the Prometheus export;
 //! [`stats`] keeps the per-model counters that Triton's statistics extension reports;
-//! [`versions`] the per app-version outcomes the rollout analysis compares.
+//! [`versions`] the per app-version outcomes the rollout analysis compares; [`slo`] the
+//! apps' objectives, error budgets and burn rates.
 
 pub mod metrics;
+pub mod slo;
 pub mod stats;
 pub mod versions;

@@ -1,0 +1,102 @@
+//! SLOs: an app with injected server errors shows its error budget falling and the fast-burn
+//! alert condition true, in its status and in `/metrics`, and a canary cannot be promoted
+//! while the budget is spent.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sluice::telemetry::metrics::names;
+
+use crate::metrics::Scrape;
+use crate::support::*;
+
+pub const KEY: &str = "test-key-acme";
+
+/// acme: the digits model, and the hostile test guest as an app with a canary, a shadow and
+/// a 99% availability objective (plus 1 s latency at 99%).
+pub fn burning_app() -> (Tenants, Server) {
+    let tenants = Tenants::new();
+    let component = guest("hostile_guest");
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += "[apps.hostile]\nstable = \"1\"\n";
+    for version in 1..=3 {
+        acme += &format!("versions.\"{version}\".component = \"{}\"\n", component.display());
+    }
+    acme += "\n[apps.hostile.traffic]\ncanary = { version = \"2\", weight = 50.0 }\nshadow = { version = \"3\", sample = 1.0 }\n";
+    acme += "\n[apps.hostile.slo]\navailability = 0.99\nlatency_ms = 1000\n";
+    tenants.write("acme.toml", &acme);
+    let server = Server::start(tenants.path(), &[]);
+    (tenants, server)
+}
+
+/// Ten answered requests, then ten that trap (server errors).
+pub async fn half_failing_traffic(server: &Server) {
+    let echo = json!({ "inputs": [{ "name": "x", "shape": [1], "datatype": "INT32", "data": [1] }], "parameters": { "mode": "echo" } });
+    let trap = json!({ "inputs": [], "parameters": { "mode": "trap" } });
+    for (request, expected) in [(&echo, 200), (&trap, 500)] {
+        for _ in 0..10 {
+            let (status, body) = server.infer("hostile", KEY, request).await;
+            assert_eq!(status, expected, "{body}");
+        }
+    }
+}
+
+/// Scrape until `ready` holds (the SLO gauges are refreshed every second).
+pub async fn scrape_until(server: &Server, ready: impl Fn(&Scrape) -> bool) -> Scrape {
+    let started = Instant::now();
+    loop {
+        let scrape = Scrape::of(server).await;
+        if ready(&scrape) || started.elapsed() > Duration::from_secs(10) {
+            return scrape;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn injected_errors_spend_the_budget_fire_the_fast_burn_and_block_promotion() {
+    let (_tenants, server) = burning_app();
+    half_failing_traffic(&server).await;
+
+    let (status, body) = server.get("/control/v1/apps/hostile", Some(KEY)).await;
+    assert_eq!(status, 200, "{body}");
+    let objectives = body["slo"].as_array().expect("the app reports its objectives");
+    let availability = &objectives[0];
+    assert_eq!((availability["sli"].as_str(), availability["target"].as_f64()), (Some("availability"), Some(0.99)));
+    assert_eq!((availability["requests"].as_u64(), availability["bad"].as_u64()), (Some(20), Some(10)));
+    // Half bad against 1% allowed: 50 times the allowed rate, 49 budgets overspent.
+    assert!((availability["budget_remaining"].as_f64().expect("budget") + 49.0).abs() < 1e-9, "{availability}");
+    assert!((availability["burn_rates"]["5m"].as_f64().expect("5m") - 50.0).abs() < 1e-9, "{availability}");
+    let fast_burn = availability["alerts"]
+        .as_array()
+        .expect("alerts")
+        .iter()
+        .find(|a| a["long"] == "1h" && a["short"] == "5m")
+        .expect("the 1h/5m condition");
+    assert_eq!((fast_burn["severity"].as_str(), fast_burn["firing"].as_bool()), (Some("page"), Some(true)));
+    let latency = &objectives[1];
+    assert_eq!(
+        (latency["sli"].as_str(), latency["requests"].as_u64(), latency["bad"].as_u64()),
+        (Some("latency"), Some(10), Some(0)),
+        "server errors count against availability only: {latency}"
+    );
+    assert_eq!(latency["budget_remaining"].as_f64(), Some(1.0));
+
+    let budget = [("tenant", "acme"), ("app", "hostile"), ("sli", "availability")];
+    let scrape = scrape_until(&server, |s| s.sum(names::SLO_BUDGET_REMAINING, &budget) < 0.0).await;
+    assert!((scrape.sum(names::SLO_BUDGET_REMAINING, &budget) + 49.0).abs() < 1e-9);
+    let burn = |window: &str| scrape.sum(names::SLO_BURN_RATE, &[budget.as_slice(), &[("window", window)]].concat());
+    assert!((burn("5m") - 50.0).abs() < 1e-9 && (burn("1h") - 50.0).abs() < 1e-9);
+
+    let (status, body) = send_post(&server, "/control/v1/apps/hostile/promote").await;
+    assert_eq!(status, 409, "{body}");
+    let message = error_message(&body);
+    assert!(message.contains("availability error budget is spent") && message.contains("roll back"), "{message}");
+    let (_, after) = server.get("/control/v1/apps/hostile", Some(KEY)).await;
+    assert_eq!((after["stable"].as_str(), after["canary"]["version"].as_str()), (Some("1"), Some("2")));
+}
+
+async fn send_post(server: &Server, path: &str) -> (u16, Value) {
+    server.send(reqwest::Method::POST, path, KEY, Vec::new()).await
+}
