@@ -27,9 +27,14 @@ async fn dashboard_and_rules_reference_only_exported_metrics() {
     let (_tenants, server) = burning_app();
     half_failing_traffic(&server).await;
     let plain = json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] });
-    assert_eq!(server.infer("digits-mlp", KEY, &plain).await.0, 200);
+    for _ in 0..2 {
+        assert_eq!(server.infer("digits-mlp", KEY, &plain).await.0, 200);
+    }
     let scrape = scrape_until(&server, |s| {
-        s.families().contains(names::SLO_BURN_RATE) && s.families().contains(names::SHADOW_COMPARISONS)
+        let families = s.families();
+        [names::SLO_BURN_RATE, names::SHADOW_COMPARISONS, names::DRIFT_PSI, names::DRIFT_KS]
+            .iter()
+            .all(|name| families.contains(*name))
     })
     .await;
     let exported = scrape.families();
@@ -48,7 +53,9 @@ async fn dashboard_and_rules_reference_only_exported_metrics() {
         let missing: Vec<&String> = names.iter().filter(|name| !exported.contains(*name)).collect();
         assert!(missing.is_empty(), "{file} references metrics /metrics does not export: {missing:?}\n{exported:?}");
     }
-    for needed in [names::REQUEST_DURATION, names::BATCH_ROWS, names::QUEUE_WAIT, names::SLO_BUDGET_REMAINING] {
+    for needed in
+        [names::REQUEST_DURATION, names::BATCH_ROWS, names::QUEUE_WAIT, names::SLO_BUDGET_REMAINING, names::DRIFT_PSI]
+    {
         assert!(files[0].1.contains(needed), "the dashboard shows {needed}");
     }
 

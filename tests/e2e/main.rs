@@ -7,6 +7,7 @@ mod cli;
 mod clients;
 mod control;
 mod deploy;
+mod drift;
 mod extensions;
 mod grpc;
 mod hostile;

@@ -12,13 +12,14 @@ use crate::support::*;
 
 pub const KEY: &str = "test-key-acme";
 
-/// acme: the digits model, and the hostile test guest as an app with a canary, a shadow and
+/// acme: the digits model (every call sampled for drift, one reference row), and the hostile test guest as an app with a canary, a shadow and
 /// a 99% availability objective (plus 1 s latency at 99%).
 pub fn burning_app() -> (Tenants, Server) {
     let tenants = Tenants::new();
     let component = guest("hostile_guest");
     let mut acme = tenant_header("acme", KEY, "");
     acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += "[models.digits-mlp.drift]\nsample_rate = 1.0\nreference_rows = 1\nwindow_rows = 10\n\n";
     acme += "[apps.hostile]\nstable = \"1\"\n";
     for version in 1..=3 {
         acme += &format!("versions.\"{version}\".component = \"{}\"\n", component.display());

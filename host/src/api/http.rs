@@ -19,6 +19,7 @@ use super::types::TensorLimits;
 use super::{infer, metadata};
 use crate::registry::manifest::Quotas;
 use crate::serve::{ServingState, TenantState};
+use crate::telemetry::drift::DriftReport;
 use crate::telemetry::metrics::Protocol;
 
 type Shared = Arc<ServingState>;
@@ -38,6 +39,7 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/models/{model}/config", get(model_config))
         .route("/v2/models/{model}/versions/{version}/config", get(model_config))
         .route("/v2/models/{model}/stats", get(model_stats))
+        .route("/v2/models/{model}/drift", get(model_drift))
         .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
         .route("/v2/models/{model}/infer", post(model_infer))
@@ -118,6 +120,26 @@ async fn model_stats(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     describe(&state, &headers, &path, super::triton::statistics)
+}
+
+/// `GET /v2/models/{model}/drift`: the caller's drift figures for one of its models.
+async fn model_drift(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    let infer::Target::Model { name, model } = infer::resolve(tenant, &path.model, None)? else {
+        return Err(ApiError::invalid(format!(
+            "'{}' is an app; drift is tracked per model: ask for the models it calls",
+            path.model
+        )));
+    };
+    let report = model.drift.get(tenant.tenant().id.as_str()).map(|monitor| monitor.report());
+    let mut body = serde_json::to_value(report.as_deref().unwrap_or(&DriftReport::empty()))
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("drift report: {e}")))?;
+    body["model"] = serde_json::json!(name);
+    Ok(Json(body).into_response())
 }
 
 async fn model_infer(

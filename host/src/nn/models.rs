@@ -11,7 +11,9 @@ use super::scheduler::padding::PaddingRule;
 use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Share};
 use crate::registry::ModelSpec;
 use crate::registry::ids::ModelName;
-use crate::registry::manifest::Padding;
+use crate::registry::manifest::{Drift, Padding};
+use crate::telemetry::drift::DriftMonitors;
+use crate::telemetry::metrics::metrics;
 use crate::telemetry::stats::ModelStats;
 
 /// A model loaded on a backend, with its queue.
@@ -22,6 +24,10 @@ pub struct LoadedModel {
     pub settings: QueueSettings,
     pub queue: ModelQueue,
     pub stats: Arc<ModelStats>,
+    /// What feeds the drift statistics (off unless set with [`LoadedModel::with_drift`]).
+    drift_settings: Drift,
+    /// Drift per calling tenant.
+    pub drift: DriftMonitors,
 }
 
 impl LoadedModel {
@@ -68,7 +74,15 @@ impl LoadedModel {
             queue: ModelQueue::start(name, &backend.to_string(), graphs, settings.clone(), stats.clone()),
             settings,
             stats,
+            drift_settings: Drift { sample_rate: 0.0, ..Drift::default() },
+            drift: DriftMonitors::default(),
         }
+    }
+
+    /// Sample calls for drift statistics as `drift` says.
+    pub fn with_drift(mut self, drift: Drift) -> Self {
+        self.drift_settings = drift;
+        self
     }
 
     /// Check inputs, queue them and wait for outputs; the outcome is counted.
@@ -80,11 +94,17 @@ impl LoadedModel {
     ) -> Result<NamedTensors, ComputeError> {
         let started = Instant::now();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
+        // A sampled call keeps a copy of its inputs for the drift thread (the queue takes them).
+        let drift = (metrics().is_enabled() && self.drift_settings.sample())
+            .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
         let result = match self.check_inputs(&inputs) {
             Ok(()) => self.queue.compute(inputs, deadline, share).await,
             Err(message) => Err(ComputeError::InvalidInput(message)),
         };
         self.stats.request(result.is_ok(), started.elapsed(), rows);
+        if let (Some((monitor, inputs)), Ok(outputs)) = (drift, &result) {
+            monitor.offer(inputs, outputs.clone());
+        }
         result
     }
 }
@@ -166,8 +186,10 @@ impl ModelStore {
                 instances,
                 padding,
             };
-            let model =
-                Arc::new(LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graphs, settings));
+            let model = Arc::new(
+                LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graphs, settings)
+                    .with_drift(spec.drift.clone()),
+            );
             tracing::info!(
                 model = %spec.name,
                 backend = %backend.kind(),
@@ -176,7 +198,7 @@ impl ModelStore {
                 load_ms = started.elapsed().as_millis() as u64,
                 "model resident"
             );
-            crate::telemetry::metrics::metrics().model_loaded(&backend.kind().to_string(), started.elapsed());
+            metrics().model_loaded(&backend.kind().to_string(), started.elapsed());
             self.resident.insert(key, model.clone());
             return Ok(model);
         }

@@ -95,6 +95,45 @@ pub struct ModelManifest {
     pub backend: Option<BackendKind>,
     #[serde(default)]
     pub batching: Batching,
+    #[serde(default)]
+    pub drift: Drift,
+}
+
+/// `[models.X.drift]`: a `sample_rate` share of compute calls feed the drift statistics; the
+/// first `reference_rows` rows are the reference, the latest `window_rows` are compared with it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Drift {
+    pub sample_rate: f64,
+    pub reference_rows: usize,
+    pub window_rows: usize,
+    /// PSI from which drift is moderate.
+    pub psi_moderate: f64,
+    /// PSI from which drift is significant.
+    pub psi_significant: f64,
+}
+
+impl Default for Drift {
+    fn default() -> Self {
+        Self { sample_rate: 0.1, reference_rows: 1000, window_rows: 1000, psi_moderate: 0.1, psi_significant: 0.25 }
+    }
+}
+
+impl Drift {
+    /// A rate from 0 (off) to 1, windows of 1 to 100,000 rows, 0 < moderate <= significant.
+    pub fn is_valid(&self) -> bool {
+        let rows = 1..=100_000;
+        (0.0..=1.0).contains(&self.sample_rate)
+            && rows.contains(&self.reference_rows)
+            && rows.contains(&self.window_rows)
+            && self.psi_moderate > 0.0
+            && self.psi_moderate <= self.psi_significant
+    }
+
+    /// Whether one call is sampled.
+    pub fn sample(&self) -> bool {
+        self.sample_rate >= 1.0 || (self.sample_rate > 0.0 && fastrand::f64() < self.sample_rate)
+    }
 }
 
 /// Batching settings of a model's queue.

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use ids::{AppName, ModelName, TenantId, VersionName};
 use manifest::{
-    Analysis, AppManifest, Batching, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, SloManifest,
+    Analysis, AppManifest, Batching, Drift, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, SloManifest,
     TenantManifest, TensorMetadata,
 };
 
@@ -46,6 +46,7 @@ pub struct ModelSpec {
     pub bytes: Arc<[u8]>,
     pub backend: Option<BackendKind>,
     pub batching: Batching,
+    pub drift: Drift,
 }
 
 /// One app version's component.
@@ -221,7 +222,24 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
             ),
         });
     }
-    Ok(ModelSpec { name, path, sha256: actual, bytes, backend: model.backend, batching: model.batching })
+    if !model.drift.is_valid() {
+        return Err(RegistryError::Invalid {
+            path: manifest.to_path_buf(),
+            message: format!(
+                "model '{name}': drift needs sample_rate from 0 to 1, reference_rows and window_rows from 1 to \
+                 100000, and 0 < psi_moderate <= psi_significant"
+            ),
+        });
+    }
+    Ok(ModelSpec {
+        name,
+        path,
+        sha256: actual,
+        bytes,
+        backend: model.backend,
+        batching: model.batching,
+        drift: model.drift,
+    })
 }
 
 fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec, RegistryError> {

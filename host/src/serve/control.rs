@@ -15,7 +15,7 @@ use super::state::{ServingState, TenantState};
 use crate::api::error::{ApiError, ErrorKind};
 use crate::nn::models::LoadedModel;
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
-use crate::registry::manifest::{Analysis, Batching, Quotas};
+use crate::registry::manifest::{Analysis, Batching, Drift, Quotas};
 use crate::registry::store::Uploaded;
 use crate::registry::{AppSpec, ModelSpec, Tenant};
 use crate::rollout::traffic::Traffic;
@@ -187,6 +187,7 @@ impl ServingState {
             bytes: Arc::from(bytes),
             backend: None,
             batching: Batching::default(),
+            drift: Drift::default(),
         };
         self.resident
             .lock()

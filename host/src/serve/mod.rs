@@ -23,7 +23,7 @@ use crate::runtime::{Runtime, RuntimeSettings};
 
 /// How often the canary analysis checks whether an app's interval has passed.
 const ANALYSIS_TICK: Duration = Duration::from_millis(100);
-/// How often the apps' SLO gauges are brought up to date.
+/// How often the apps' SLO gauges and the models' drift gauges are brought up to date.
 const SLO_EXPORT_TICK: Duration = Duration::from_secs(1);
 
 /// Settings of `sluice serve`.
@@ -140,8 +140,10 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     ServingState::build(registry, runtime, backends, config.default_backend, turns, store, admin_token).await
 }
 
-/// Keep every app's SLO gauges current (budgets and burn rates change with time alone).
+/// Keep every app's SLO gauges (budgets and burn rates change with time alone) and every
+/// model's drift gauges current.
 async fn export_slos(state: Arc<ServingState>, tick: Duration) {
+    let metrics = crate::telemetry::metrics::metrics();
     let mut ticker = tokio::time::interval(tick);
     loop {
         ticker.tick().await;
@@ -149,7 +151,13 @@ async fn export_slos(state: Arc<ServingState>, tick: Duration) {
             let id = tenant.tenant().id.clone();
             for (name, app) in tenant.apps() {
                 if let Some(slo) = &app.slo {
-                    crate::telemetry::metrics::metrics().slo(id.as_str(), name.as_str(), &slo.report());
+                    metrics.slo(id.as_str(), name.as_str(), &slo.report());
+                }
+            }
+            for name in tenant.models.own_names() {
+                let monitor = tenant.models.own(name.as_str()).and_then(|(_, model)| model.drift.get(id.as_str()));
+                if let Some(monitor) = monitor {
+                    metrics.drift(id.as_str(), name.as_str(), &monitor.report());
                 }
             }
         }

@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use super::drift::DriftReport;
 use super::slo::ObjectiveReport;
 
 use prometheus::{
@@ -32,6 +33,8 @@ pub mod names {
     pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
     pub const SLO_BUDGET_REMAINING: &str = "sluice_slo_error_budget_remaining";
     pub const SLO_BURN_RATE: &str = "sluice_slo_burn_rate";
+    pub const DRIFT_PSI: &str = "sluice_drift_psi";
+    pub const DRIFT_KS: &str = "sluice_drift_ks";
 }
 
 /// The protocol a request came in on.
@@ -120,6 +123,8 @@ pub struct Metrics {
     shadow_comparisons: IntCounterVec,
     slo_budget: GaugeVec,
     slo_burn: GaugeVec,
+    drift_psi: GaugeVec,
+    drift_ks: GaugeVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -241,6 +246,18 @@ impl Metrics {
                 "How many times faster than allowed the app burns its error budget, per window.",
                 &["tenant", "app", "sli", "window"],
             ),
+            drift_psi: gauge(
+                &registry,
+                DRIFT_PSI,
+                "Population stability index of a model feature: its sliding window against its reference.",
+                &["tenant", "model", "feature"],
+            ),
+            drift_ks: gauge(
+                &registry,
+                DRIFT_KS,
+                "Two-sample Kolmogorov-Smirnov statistic of a continuous model feature against its reference.",
+                &["tenant", "model", "feature"],
+            ),
             registry,
         }
     }
@@ -250,8 +267,13 @@ impl Metrics {
         self.enabled.store(enabled, Ordering::Relaxed);
     }
 
-    fn on(&self) -> bool {
+    /// Whether the serving path records (metrics and drift samples).
+    pub fn is_enabled(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
+    }
+
+    fn on(&self) -> bool {
+        self.is_enabled()
     }
 
     /// A request of `tenant` is being served until the guard drops.
@@ -350,6 +372,17 @@ impl Metrics {
             self.slo_budget.with_label_values(&[tenant, app, sli]).set(objective.budget_remaining);
             for (window, rate) in &objective.burn_rates {
                 self.slo_burn.with_label_values(&[tenant, app, sli, window]).set(*rate);
+            }
+        }
+    }
+
+    /// One model's drift for one tenant, feature by feature.
+    pub fn drift(&self, tenant: &str, model: &str, report: &DriftReport) {
+        for feature in &report.features {
+            let labels = [tenant, model, feature.feature.as_str()];
+            self.drift_psi.with_label_values(&labels).set(feature.psi);
+            if let Some(ks) = feature.ks {
+                self.drift_ks.with_label_values(&labels).set(ks);
             }
         }
     }

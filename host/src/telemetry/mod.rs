@@ -1,8 +1,10 @@
 //! Telemetry: what Sluice measures about itself. [`metrics`] is the Prometheus export;
+//! [`drift`] compares what each model sees and answers now with what it saw first;
 //! [`stats`] keeps the per-model counters that Triton's statistics extension reports;
 //! [`versions`] the per app-version outcomes the rollout analysis compares; [`slo`] the
 //! apps' objectives, error budgets and burn rates.
 
+pub mod drift;
 pub mod metrics;
 pub mod slo;
 pub mod stats;

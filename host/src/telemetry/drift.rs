@@ -1,0 +1,472 @@
+//! Drift detection per model and tenant, in process and off the request path. A sampled
+//! share of compute calls is handed (inputs and outputs) to one background thread through a
+//! bounded queue (full: the sample is dropped, never the request). The thread turns each row
+//! into features — every column of a small input (`X[0]`…`X[63]`), the mean of a larger one,
+//! the class of an integer output, and the arg-max class and top score of a score output —
+//! and keeps, per feature, a reference window (the first `reference_rows` rows after the
+//! model went live) and a sliding window of the latest `window_rows`. Memory is fixed by
+//! those two numbers and the feature count, however long the stream.
+//!
+//! Each feature's drift is the population stability index (PSI, ten reference-quantile bins
+//! for continuous features, one bin per class for categorical ones) and, for continuous
+//! features, the two-sample Kolmogorov–Smirnov statistic. PSI at or above `psi_moderate`
+//! (0.1) is moderate drift, at or above `psi_significant` (0.25) significant.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+
+use crate::nn::tensor::{ElementType, Tensor};
+use crate::registry::manifest::Drift as DriftSettings;
+
+/// Inputs with at most this many values per row get one feature per column.
+const MAX_COLUMN_FEATURES: usize = 64;
+/// Quantile bins of a continuous feature's PSI.
+const PSI_BINS: usize = 10;
+/// Proportions below this count as this (an empty bin would make PSI infinite).
+const PSI_FLOOR: f64 = 1e-4;
+/// Samples waiting for the drift thread before new ones are dropped.
+const QUEUE: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Continuous,
+    Categorical,
+}
+
+/// One feature's reference and sliding windows.
+#[derive(Debug)]
+struct Series {
+    kind: Kind,
+    reference: Vec<f64>,
+    /// A ring of the latest values; `next` is where the next one goes.
+    window: Vec<f64>,
+    next: usize,
+}
+
+impl Series {
+    fn push(&mut self, value: f64, reference_rows: usize, window_rows: usize) {
+        if self.reference.len() < reference_rows {
+            self.reference.push(value);
+        } else if self.window.len() < window_rows {
+            self.window.push(value);
+        } else if window_rows > 0 {
+            self.window[self.next] = value;
+            self.next = (self.next + 1) % window_rows;
+        }
+    }
+}
+
+/// The drift state of one model for one tenant: a plain struct, fed by the drift thread.
+#[derive(Debug)]
+pub struct DriftState {
+    settings: DriftSettings,
+    features: BTreeMap<String, Series>,
+    rows_observed: u64,
+}
+
+/// One feature's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct FeatureDrift {
+    pub feature: String,
+    pub kind: Kind,
+    pub psi: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ks: Option<f64>,
+    pub level: &'static str,
+}
+
+/// A model's drift, as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct DriftReport {
+    /// `collecting_reference` until the reference window is full and the sliding window has
+    /// rows; then `ready`.
+    pub status: &'static str,
+    pub reference_rows: usize,
+    pub window_rows: usize,
+    /// Sampled rows taken in so far.
+    pub rows_observed: u64,
+    /// The worst feature's level.
+    pub level: &'static str,
+    pub features: Vec<FeatureDrift>,
+}
+
+impl DriftReport {
+    /// Before any call was sampled.
+    pub fn empty() -> Self {
+        Self {
+            status: "collecting_reference",
+            reference_rows: 0,
+            window_rows: 0,
+            rows_observed: 0,
+            level: "none",
+            features: Vec::new(),
+        }
+    }
+}
+
+impl DriftState {
+    pub fn new(settings: DriftSettings) -> Self {
+        Self { settings, features: BTreeMap::new(), rows_observed: 0 }
+    }
+
+    /// Add rows: each feature with one value per row.
+    pub fn observe(&mut self, features: Vec<(String, Kind, Vec<f64>)>) {
+        let (reference_rows, window_rows) = (self.settings.reference_rows, self.settings.window_rows);
+        self.rows_observed += features.first().map_or(0, |(_, _, values)| values.len() as u64);
+        for (name, kind, values) in features {
+            let series = self.features.entry(name).or_insert_with(|| Series {
+                kind,
+                reference: Vec::with_capacity(reference_rows.min(4096)),
+                window: Vec::new(),
+                next: 0,
+            });
+            for value in values {
+                series.push(value, reference_rows, window_rows);
+            }
+        }
+    }
+
+    /// Values held, over every feature (what bounds the memory).
+    pub fn values_held(&self) -> usize {
+        self.features.values().map(|s| s.reference.len() + s.window.len()).sum()
+    }
+
+    pub fn report(&self) -> DriftReport {
+        let first = self.features.values().next();
+        let reference_rows = first.map_or(0, |s| s.reference.len());
+        let window_rows = first.map_or(0, |s| s.window.len());
+        let ready = reference_rows >= self.settings.reference_rows && window_rows > 0;
+        let features: Vec<FeatureDrift> = if ready {
+            self.features
+                .iter()
+                .map(|(name, series)| {
+                    let (psi, ks) = match series.kind {
+                        Kind::Continuous => (
+                            continuous_psi(&series.reference, &series.window),
+                            Some(ks_statistic(&series.reference, &series.window)),
+                        ),
+                        Kind::Categorical => (categorical_psi(&series.reference, &series.window), None),
+                    };
+                    FeatureDrift { feature: name.clone(), kind: series.kind, psi, ks, level: self.level(psi) }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let worst = features.iter().map(|f| f.psi).fold(0.0, f64::max);
+        DriftReport {
+            status: if ready { "ready" } else { "collecting_reference" },
+            reference_rows,
+            window_rows,
+            rows_observed: self.rows_observed,
+            level: self.level(worst),
+            features,
+        }
+    }
+
+    fn level(&self, psi: f64) -> &'static str {
+        if psi >= self.settings.psi_significant {
+            "significant"
+        } else if psi >= self.settings.psi_moderate {
+            "moderate"
+        } else {
+            "none"
+        }
+    }
+}
+
+fn psi_of(reference: &[f64], current: &[f64]) -> f64 {
+    reference
+        .iter()
+        .zip(current)
+        .map(|(&r, &c)| {
+            let (r, c) = (r.max(PSI_FLOOR), c.max(PSI_FLOOR));
+            (c - r) * (c / r).ln()
+        })
+        .sum()
+}
+
+fn proportions(counts: &[usize], total: usize) -> Vec<f64> {
+    counts.iter().map(|&c| c as f64 / total.max(1) as f64).collect()
+}
+
+/// PSI over bins cut at the reference's deciles (ties merge bins; each bin holds the values
+/// up to and including its edge, so a constant reference still tells its value from others).
+pub fn continuous_psi(reference: &[f64], current: &[f64]) -> f64 {
+    let mut sorted = reference.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mut edges: Vec<f64> = (1..PSI_BINS)
+        .filter_map(|i| sorted.get((sorted.len() * i / PSI_BINS).min(sorted.len().saturating_sub(1))).copied())
+        .collect();
+    edges.dedup();
+    let histogram = |values: &[f64]| {
+        let mut counts = vec![0usize; edges.len() + 1];
+        for value in values {
+            counts[edges.partition_point(|edge| edge < value)] += 1;
+        }
+        proportions(&counts, values.len())
+    };
+    psi_of(&histogram(reference), &histogram(current))
+}
+
+/// PSI over the classes seen in either window.
+pub fn categorical_psi(reference: &[f64], current: &[f64]) -> f64 {
+    let classes: BTreeSet<i64> = reference.iter().chain(current).map(|&v| v as i64).collect();
+    let histogram = |values: &[f64]| {
+        let counts: Vec<usize> =
+            classes.iter().map(|&class| values.iter().filter(|&&v| v as i64 == class).count()).collect();
+        proportions(&counts, values.len())
+    };
+    psi_of(&histogram(reference), &histogram(current))
+}
+
+/// The largest gap between the two samples' empirical distribution functions.
+pub fn ks_statistic(reference: &[f64], current: &[f64]) -> f64 {
+    let (mut a, mut b) = (reference.to_vec(), current.to_vec());
+    a.sort_by(f64::total_cmp);
+    b.sort_by(f64::total_cmp);
+    let (mut i, mut j, mut gap) = (0, 0, 0.0f64);
+    while i < a.len() && j < b.len() {
+        let value = a[i].min(b[j]);
+        while i < a.len() && a[i] <= value {
+            i += 1;
+        }
+        while j < b.len() && b[j] <= value {
+            j += 1;
+        }
+        gap = gap.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
+    }
+    gap
+}
+
+/// Every element of a tensor as f64.
+fn values(tensor: &Tensor) -> Vec<f64> {
+    let size = tensor.ty().size();
+    let read = |bytes: &[u8]| -> f64 {
+        match tensor.ty() {
+            ElementType::Bool | ElementType::U8 => f64::from(bytes[0]),
+            ElementType::I8 => f64::from(bytes[0] as i8),
+            ElementType::U16 => f64::from(u16::from_le_bytes([bytes[0], bytes[1]])),
+            ElementType::I16 => f64::from(i16::from_le_bytes([bytes[0], bytes[1]])),
+            ElementType::F16 => half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
+            ElementType::BF16 => half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
+            ElementType::U32 => f64::from(u32::from_le_bytes(bytes.try_into().unwrap_or_default())),
+            ElementType::I32 => f64::from(i32::from_le_bytes(bytes.try_into().unwrap_or_default())),
+            ElementType::F32 => f64::from(f32::from_le_bytes(bytes.try_into().unwrap_or_default())),
+            ElementType::U64 => u64::from_le_bytes(bytes.try_into().unwrap_or_default()) as f64,
+            ElementType::I64 => i64::from_le_bytes(bytes.try_into().unwrap_or_default()) as f64,
+            ElementType::F64 => f64::from_le_bytes(bytes.try_into().unwrap_or_default()),
+        }
+    };
+    tensor.data().chunks_exact(size).map(read).collect()
+}
+
+/// The features of a sampled call: one value per row each.
+pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Vec<(String, Kind, Vec<f64>)> {
+    let mut features = Vec::new();
+    for (name, tensor) in inputs {
+        let values = values(tensor);
+        let per_row = values.len() / tensor.rows().max(1);
+        if per_row == 0 {
+            continue;
+        }
+        if per_row <= MAX_COLUMN_FEATURES {
+            for column in 0..per_row {
+                let column_values = values.iter().skip(column).step_by(per_row).copied().collect();
+                features.push((format!("{name}[{column}]"), Kind::Continuous, column_values));
+            }
+        } else {
+            let means = values.chunks_exact(per_row).map(|row| row.iter().sum::<f64>() / per_row as f64).collect();
+            features.push((format!("{name}:mean"), Kind::Continuous, means));
+        }
+    }
+    for (name, tensor) in outputs {
+        let values = values(tensor);
+        let per_row = values.len() / tensor.rows().max(1);
+        let integer =
+            !matches!(tensor.ty(), ElementType::F16 | ElementType::BF16 | ElementType::F32 | ElementType::F64);
+        match per_row {
+            0 => {}
+            1 if integer => features.push((format!("{name}:class"), Kind::Categorical, values)),
+            1 => features.push((name.clone(), Kind::Continuous, values)),
+            _ => {
+                let top = |row: &[f64]| {
+                    row.iter()
+                        .enumerate()
+                        .fold((0, f64::NEG_INFINITY), |best, (i, &v)| if v > best.1 { (i, v) } else { best })
+                };
+                let tops: Vec<(usize, f64)> = values.chunks_exact(per_row).map(top).collect();
+                features.push((format!("{name}:argmax"), Kind::Categorical, tops.iter().map(|t| t.0 as f64).collect()));
+                features.push((format!("{name}:max"), Kind::Continuous, tops.iter().map(|t| t.1).collect()));
+            }
+        }
+    }
+    features
+}
+
+/// One tenant's drift on one resident model, fed through the drift thread.
+pub struct DriftMonitor {
+    state: Arc<Mutex<DriftState>>,
+    /// The last report and the rows it was computed at (reports cost sorting every window).
+    cached: Mutex<Option<(u64, Arc<DriftReport>)>>,
+    observed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+struct Sample {
+    state: Arc<Mutex<DriftState>>,
+    observed: Arc<std::sync::atomic::AtomicU64>,
+    inputs: Vec<(String, Tensor)>,
+    outputs: Vec<(String, Tensor)>,
+}
+
+fn drift_thread() -> &'static SyncSender<Sample> {
+    static SENDER: std::sync::LazyLock<SyncSender<Sample>> = std::sync::LazyLock::new(|| {
+        let (sender, receiver) = sync_channel::<Sample>(QUEUE);
+        std::thread::Builder::new()
+            .name("sluice-drift".to_string())
+            .spawn(move || {
+                for sample in receiver {
+                    let features = features(&sample.inputs, &sample.outputs);
+                    sample.state.lock().unwrap_or_else(PoisonError::into_inner).observe(features);
+                    sample.observed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+            .expect("spawning the drift thread");
+        sender
+    });
+    &SENDER
+}
+
+impl DriftMonitor {
+    pub fn new(settings: DriftSettings) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(DriftState::new(settings))),
+            cached: Mutex::new(None),
+            observed: Arc::default(),
+        }
+    }
+
+    /// Hand a sampled call to the drift thread; dropped if the thread is behind.
+    pub fn offer(&self, inputs: Vec<(String, Tensor)>, outputs: Vec<(String, Tensor)>) {
+        let sample = Sample { state: self.state.clone(), observed: self.observed.clone(), inputs, outputs };
+        if let Err(TrySendError::Full(_)) = drift_thread().try_send(sample) {
+            tracing::debug!("drift queue full; a sample was dropped");
+        }
+    }
+
+    /// Samples the drift thread has taken in so far.
+    pub fn observed(&self) -> u64 {
+        self.observed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn report(&self) -> Arc<DriftReport> {
+        let observed = self.observed();
+        let mut cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, report)) = cached.as_ref()
+            && *at == observed
+        {
+            return report.clone();
+        }
+        let report = Arc::new(self.state.lock().unwrap_or_else(PoisonError::into_inner).report());
+        *cached = Some((observed, report.clone()));
+        report
+    }
+}
+
+/// The drift monitors of one resident model, one per tenant that calls it.
+#[derive(Default)]
+pub struct DriftMonitors {
+    by_tenant: Mutex<HashMap<Arc<str>, Arc<DriftMonitor>>>,
+}
+
+impl DriftMonitors {
+    pub fn of(&self, tenant: &Arc<str>, settings: &DriftSettings) -> Arc<DriftMonitor> {
+        self.by_tenant
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(tenant.clone())
+            .or_insert_with(|| Arc::new(DriftMonitor::new(settings.clone())))
+            .clone()
+    }
+
+    pub fn get(&self, tenant: &str) -> Option<Arc<DriftMonitor>> {
+        self.by_tenant.lock().unwrap_or_else(PoisonError::into_inner).get(tenant).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(reference_rows: usize, window_rows: usize) -> DriftSettings {
+        DriftSettings { reference_rows, window_rows, ..DriftSettings::default() }
+    }
+
+    #[test]
+    fn identical_samples_do_not_drift_and_shifted_ones_do() {
+        let reference: Vec<f64> = (0..1000).map(|i| f64::from(i % 100)).collect();
+        assert!(continuous_psi(&reference, &reference) < 1e-12);
+        assert_eq!(ks_statistic(&reference, &reference), 0.0);
+        let shifted: Vec<f64> = reference.iter().map(|v| v + 50.0).collect();
+        assert!(continuous_psi(&reference, &shifted) > 0.25);
+        assert!((ks_statistic(&reference, &shifted) - 0.5).abs() < 1e-9);
+        let classes = [0.0, 1.0, 2.0, 3.0].repeat(50);
+        assert!(categorical_psi(&classes, &classes) < 1e-12);
+        let skewed: Vec<f64> = classes.iter().map(|&c| if c == 3.0 { 0.0 } else { c }).collect();
+        assert!(categorical_psi(&classes, &skewed) > 0.25);
+    }
+
+    #[test]
+    fn features_cover_columns_means_classes_and_scores() {
+        let input = Tensor::new(
+            ElementType::F32,
+            vec![2, 3],
+            [1f32, 2., 3., 4., 5., 6.].iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )
+        .expect("tensor");
+        let wide =
+            Tensor::new(ElementType::U8, vec![2, 100], [vec![1u8; 100], vec![3u8; 100]].concat()).expect("tensor");
+        let label = Tensor::new(ElementType::I64, vec![2], [7i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect())
+            .expect("tensor");
+        let scores = Tensor::new(
+            ElementType::F32,
+            vec![2, 2],
+            [0.1f32, 0.9, 0.8, 0.2].iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )
+        .expect("tensor");
+        let found =
+            features(&[("X".into(), input), ("W".into(), wide)], &[("label".into(), label), ("p".into(), scores)]);
+        let get = |name: &str| found.iter().find(|f| f.0 == name).map(|f| (f.1, f.2.clone()));
+        assert_eq!(get("X[1]"), Some((Kind::Continuous, vec![2.0, 5.0])));
+        assert_eq!(get("W:mean"), Some((Kind::Continuous, vec![1.0, 3.0])));
+        assert_eq!(get("label:class"), Some((Kind::Categorical, vec![7.0, 2.0])));
+        assert_eq!(get("p:argmax"), Some((Kind::Categorical, vec![1.0, 0.0])));
+        assert_eq!(
+            get("p:max").map(|f| f.1.iter().map(|v| (v * 10.0).round()).collect::<Vec<_>>()),
+            Some(vec![9.0, 8.0])
+        );
+        assert_eq!(found.len(), 3 + 1 + 1 + 2);
+    }
+
+    #[test]
+    fn memory_stays_bounded_over_a_long_stream() {
+        let mut state = DriftState::new(settings(1000, 2000));
+        assert_eq!(state.report().status, "collecting_reference");
+        for batch in 0..1000u32 {
+            // 100 rows a batch, 100,000 rows in all, of 65 features each.
+            let rows: Vec<f64> = (0..100).map(|r| f64::from((batch * 100 + r) % 17)).collect();
+            let mut features: Vec<(String, Kind, Vec<f64>)> =
+                (0..64).map(|c| (format!("X[{c}]"), Kind::Continuous, rows.clone())).collect();
+            features.push(("label:class".into(), Kind::Categorical, rows.iter().map(|v| v % 10.0).collect()));
+            state.observe(features);
+        }
+        assert_eq!(state.values_held(), 65 * (1000 + 2000));
+        let report = state.report();
+        assert_eq!((report.status, report.reference_rows, report.window_rows), ("ready", 1000, 2000));
+        assert_eq!(report.level, "none", "{report:?}");
+    }
+}
