@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The throughput cost of metrics: two `sluice serve` on the same CPU, one with metrics and one
-# with `--no-metrics`, driven in turn by `sluice perf` at concurrency 64 on the digits MLP
-# (ROUNDS rounds of SECONDS each, interleaved so that the machine's background load falls on
-# both alike). Prints each run and the ratio of the means. Needs `cargo build --release`.
+# The throughput cost of metrics and drift sampling: two `sluice serve` on the same CPU, one
+# with metrics (and the model's default drift sampling) and one with `--no-metrics`, driven in
+# turn by `sluice perf` at concurrency 64 on the digits MLP (ROUNDS rounds of SECONDS each,
+# interleaved so that the machine's background load falls on both alike). Prints each run and
+# the ratio of the means. Needs `cargo build --release`.
 # Usage: scripts/bench_metrics.sh [seconds] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,8 @@ max_concurrent_requests = 256
 path = "$PWD/$model"
 sha256 = "$(sha256sum "$model" | cut -d' ' -f1)"
 TOML
+# DRIFT_SAMPLE_RATE overrides the model's drift sampling (default: every call, at most 100 a second).
+if [ -n "${DRIFT_SAMPLE_RATE:-}" ]; then printf '[models.m.drift]\nsample_rate = %s\n' "$DRIFT_SAMPLE_RATE" >> "$work/bench.toml"; fi
 start() { # name port extra...
   local name=$1 port=$2; shift 2
   $server_cpus "$sluice" serve --http "127.0.0.1:$port" --grpc "127.0.0.1:$((port + 1))" --tenants "$work" \

@@ -70,7 +70,9 @@ async fn held_out_digits_stay_put_and_inverted_or_shifted_ones_drift() {
     let tenants = Tenants::new();
     let mut acme = tenant_header("acme", KEY, "");
     acme += &model_entry("digits-mlp", &digits_model(), None);
-    acme += &format!("[models.digits-mlp.drift]\nsample_rate = 1.0\nreference_rows = 360\nwindow_rows = {STREAM}\n\n");
+    acme += &format!(
+        "[models.digits-mlp.drift]\nsample_rate = 1.0\nmax_samples_per_second = 100000\nreference_rows = 360\nwindow_rows = {STREAM}\n\n"
+    );
     acme += &app_entry("digits", &guest("digits"));
     tenants.write("acme.toml", &acme);
     let server = Server::start(tenants.path(), &[]);

@@ -12,7 +12,7 @@ use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Sh
 use crate::registry::ModelSpec;
 use crate::registry::ids::ModelName;
 use crate::registry::manifest::{Drift, Padding};
-use crate::telemetry::drift::DriftMonitors;
+use crate::telemetry::drift::{DriftMonitors, SampleBudget};
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::stats::ModelStats;
 
@@ -28,6 +28,8 @@ pub struct LoadedModel {
     drift_settings: Drift,
     /// Drift per calling tenant.
     pub drift: DriftMonitors,
+    /// Caps the samples taken a second, over every tenant.
+    drift_budget: SampleBudget,
 }
 
 impl LoadedModel {
@@ -76,6 +78,7 @@ impl LoadedModel {
             stats,
             drift_settings: Drift { sample_rate: 0.0, ..Drift::default() },
             drift: DriftMonitors::default(),
+            drift_budget: SampleBudget::default(),
         }
     }
 
@@ -95,8 +98,10 @@ impl LoadedModel {
         let started = Instant::now();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
         // A sampled call keeps a copy of its inputs for the drift thread (the queue takes them).
-        let drift = (metrics().is_enabled() && self.drift_settings.sample())
-            .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
+        let drift = (metrics().is_enabled()
+            && self.drift_settings.sample()
+            && self.drift_budget.take(self.drift_settings.max_samples_per_second))
+        .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
         let result = match self.check_inputs(&inputs) {
             Ok(()) => self.queue.compute(inputs, deadline, share).await,
             Err(message) => Err(ComputeError::InvalidInput(message)),

@@ -99,12 +99,14 @@ pub struct ModelManifest {
     pub drift: Drift,
 }
 
-/// `[models.X.drift]`: a `sample_rate` share of compute calls feed the drift statistics; the
+/// `[models.X.drift]`: a `sample_rate` share of compute calls, at most `max_samples_per_second`
+/// of them, feed the drift statistics (so a busy model costs no more than a quiet one); the
 /// first `reference_rows` rows are the reference, the latest `window_rows` are compared with it.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Drift {
     pub sample_rate: f64,
+    pub max_samples_per_second: u32,
     pub reference_rows: usize,
     pub window_rows: usize,
     /// PSI from which drift is moderate.
@@ -115,15 +117,24 @@ pub struct Drift {
 
 impl Default for Drift {
     fn default() -> Self {
-        Self { sample_rate: 0.1, reference_rows: 1000, window_rows: 1000, psi_moderate: 0.1, psi_significant: 0.25 }
+        Self {
+            sample_rate: 1.0,
+            max_samples_per_second: 100,
+            reference_rows: 1000,
+            window_rows: 1000,
+            psi_moderate: 0.1,
+            psi_significant: 0.25,
+        }
     }
 }
 
 impl Drift {
-    /// A rate from 0 (off) to 1, windows of 1 to 100,000 rows, 0 < moderate <= significant.
+    /// A rate from 0 (off) to 1, at least one sample a second, windows of 1 to 100,000 rows,
+    /// 0 < moderate <= significant.
     pub fn is_valid(&self) -> bool {
         let rows = 1..=100_000;
         (0.0..=1.0).contains(&self.sample_rate)
+            && self.max_samples_per_second >= 1
             && rows.contains(&self.reference_rows)
             && rows.contains(&self.window_rows)
             && self.psi_moderate > 0.0

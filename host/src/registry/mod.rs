@@ -226,8 +226,8 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         return Err(RegistryError::Invalid {
             path: manifest.to_path_buf(),
             message: format!(
-                "model '{name}': drift needs sample_rate from 0 to 1, reference_rows and window_rows from 1 to \
-                 100000, and 0 < psi_moderate <= psi_significant"
+                "model '{name}': drift needs sample_rate from 0 to 1, max_samples_per_second of at least 1, \
+                 reference_rows and window_rows from 1 to 100000, and 0 < psi_moderate <= psi_significant"
             ),
         });
     }

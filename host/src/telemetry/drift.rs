@@ -1,6 +1,7 @@
 //! Drift detection per model and tenant, in process and off the request path. A sampled
-//! share of compute calls is handed (inputs and outputs) to one background thread through a
-//! bounded queue (full: the sample is dropped, never the request). The thread turns each row
+//! share of compute calls (at most so many a second) is handed, inputs and outputs, to one
+//! background thread through a bounded queue that it drains every 50 ms (full: the sample is
+//! dropped, never the request). The thread turns each row
 //! into features — every column of a small input (`X[0]`…`X[63]`), the mean of a larger one,
 //! the class of an integer output, and the arg-max class and top score of a score output —
 //! and keeps, per feature, a reference window (the first `reference_rows` rows after the
@@ -13,8 +14,9 @@
 //! (0.1) is moderate drift, at or above `psi_significant` (0.25) significant.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -28,7 +30,9 @@ const PSI_BINS: usize = 10;
 /// Proportions below this count as this (an empty bin would make PSI infinite).
 const PSI_FLOOR: f64 = 1e-4;
 /// Samples waiting for the drift thread before new ones are dropped.
-const QUEUE: usize = 256;
+const QUEUE: usize = 1024;
+/// How often the drift thread takes in what is waiting.
+const DRAIN_EVERY: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -313,32 +317,77 @@ pub struct DriftMonitor {
     state: Arc<Mutex<DriftState>>,
     /// The last report and the rows it was computed at (reports cost sorting every window).
     cached: Mutex<Option<(u64, Arc<DriftReport>)>>,
-    observed: Arc<std::sync::atomic::AtomicU64>,
+    observed: Arc<AtomicU64>,
 }
 
 struct Sample {
     state: Arc<Mutex<DriftState>>,
-    observed: Arc<std::sync::atomic::AtomicU64>,
+    observed: Arc<AtomicU64>,
     inputs: Vec<(String, Tensor)>,
     outputs: Vec<(String, Tensor)>,
 }
 
-fn drift_thread() -> &'static SyncSender<Sample> {
-    static SENDER: std::sync::LazyLock<SyncSender<Sample>> = std::sync::LazyLock::new(|| {
-        let (sender, receiver) = sync_channel::<Sample>(QUEUE);
+/// Samples waiting for the drift thread. The request path only pushes under a short lock;
+/// the thread takes the whole batch every [`DRAIN_EVERY`], so no request pays for a wake-up.
+struct Pending {
+    samples: Mutex<Vec<Sample>>,
+}
+
+fn pending() -> &'static Pending {
+    static PENDING: std::sync::LazyLock<Pending> = std::sync::LazyLock::new(|| {
         std::thread::Builder::new()
             .name("sluice-drift".to_string())
-            .spawn(move || {
-                for sample in receiver {
-                    let features = features(&sample.inputs, &sample.outputs);
-                    sample.state.lock().unwrap_or_else(PoisonError::into_inner).observe(features);
-                    sample.observed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(DRAIN_EVERY);
+                    let batch = std::mem::take(&mut *pending().samples.lock().unwrap_or_else(PoisonError::into_inner));
+                    take_in(batch);
                 }
             })
             .expect("spawning the drift thread");
-        sender
+        Pending { samples: Mutex::new(Vec::with_capacity(QUEUE)) }
     });
-    &SENDER
+    &PENDING
+}
+
+/// Feed a batch of samples to their states: the samples of one state are stacked into one
+/// call's worth of rows when their tensors line up, so features are extracted once per batch.
+fn take_in(batch: Vec<Sample>) {
+    let mut groups: Vec<Vec<Sample>> = Vec::new();
+    for sample in batch {
+        match groups.iter_mut().find(|group| Arc::ptr_eq(&group[0].state, &sample.state)) {
+            Some(group) => group.push(sample),
+            None => groups.push(vec![sample]),
+        }
+    }
+    for group in groups {
+        let (state, observed) = (group[0].state.clone(), group[0].observed.clone());
+        let stacked = (stack(&group, |s| &s.inputs), stack(&group, |s| &s.outputs));
+        let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+        match stacked {
+            (Some(inputs), Some(outputs)) => state.observe(features(&inputs, &outputs)),
+            _ => group.iter().for_each(|sample| state.observe(features(&sample.inputs, &sample.outputs))),
+        }
+        drop(state);
+        observed.fetch_add(group.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The samples' tensors (picked by `part`) stacked row-wise, if every sample has the same
+/// names in the same order and stackable shapes.
+fn stack(samples: &[Sample], part: impl Fn(&Sample) -> &Vec<(String, Tensor)>) -> Option<Vec<(String, Tensor)>> {
+    let first = part(samples.first()?);
+    first
+        .iter()
+        .enumerate()
+        .map(|(index, (name, _))| {
+            let tensors: Vec<&Tensor> = samples
+                .iter()
+                .map(|sample| part(sample).get(index).filter(|(n, _)| n == name).map(|(_, t)| t))
+                .collect::<Option<_>>()?;
+            Some((name.clone(), Tensor::concat_rows(&tensors)?))
+        })
+        .collect()
 }
 
 impl DriftMonitor {
@@ -353,14 +402,17 @@ impl DriftMonitor {
     /// Hand a sampled call to the drift thread; dropped if the thread is behind.
     pub fn offer(&self, inputs: Vec<(String, Tensor)>, outputs: Vec<(String, Tensor)>) {
         let sample = Sample { state: self.state.clone(), observed: self.observed.clone(), inputs, outputs };
-        if let Err(TrySendError::Full(_)) = drift_thread().try_send(sample) {
+        let mut samples = pending().samples.lock().unwrap_or_else(PoisonError::into_inner);
+        if samples.len() < QUEUE {
+            samples.push(sample);
+        } else {
             tracing::debug!("drift queue full; a sample was dropped");
         }
     }
 
     /// Samples the drift thread has taken in so far.
     pub fn observed(&self) -> u64 {
-        self.observed.load(std::sync::atomic::Ordering::Relaxed)
+        self.observed.load(Ordering::Relaxed)
     }
 
     pub fn report(&self) -> Arc<DriftReport> {
@@ -374,6 +426,46 @@ impl DriftMonitor {
         let report = Arc::new(self.state.lock().unwrap_or_else(PoisonError::into_inner).report());
         *cached = Some((observed, report.clone()));
         report
+    }
+}
+
+/// At most so many samples a second: a lock-free count per second since `started`.
+#[derive(Debug)]
+pub struct SampleBudget {
+    started: Instant,
+    /// The second (high 32 bits) and the samples taken in it (low 32 bits).
+    slot: AtomicU64,
+}
+
+impl Default for SampleBudget {
+    fn default() -> Self {
+        Self { started: Instant::now(), slot: AtomicU64::new(0) }
+    }
+}
+
+impl SampleBudget {
+    /// Take one sample if this second has fewer than `per_second`.
+    pub fn take(&self, per_second: u32) -> bool {
+        self.take_at(self.started.elapsed().as_secs(), per_second)
+    }
+
+    fn take_at(&self, second: u64, per_second: u32) -> bool {
+        let mut current = self.slot.load(Ordering::Relaxed);
+        loop {
+            let (slot_second, taken) = (current >> 32, current & u64::from(u32::MAX));
+            let next = if slot_second == second {
+                if taken >= u64::from(per_second) {
+                    return false;
+                }
+                current + 1
+            } else {
+                (second << 32) | 1
+            };
+            match self.slot.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
     }
 }
 
@@ -450,6 +542,14 @@ mod tests {
             Some(vec![9.0, 8.0])
         );
         assert_eq!(found.len(), 3 + 1 + 1 + 2);
+    }
+
+    #[test]
+    fn the_sample_budget_allows_so_many_a_second() {
+        let budget = SampleBudget::default();
+        assert_eq!((0..10).filter(|_| budget.take_at(3, 4)).count(), 4);
+        assert!(budget.take_at(4, 4), "a new second, a new budget");
+        assert_eq!((0..10).filter(|_| budget.take_at(4, 4)).count(), 3);
     }
 
     #[test]

@@ -423,22 +423,18 @@ mod tests {
         metrics.request(labels, 429, Some("quota_exceeded"), Duration::from_micros(50));
         let text = metrics.render();
         let line = |series: &str| text.lines().find(|l| l.starts_with(series)).map(str::to_string);
-        assert_eq!(
-            line(r#"sluice_requests_total{app="digits",protocol="http",status="2xx",tenant="acme",version="1"}"#)
-                .as_deref()
-                .and_then(|l| l.rsplit(' ').next()),
-            Some("2")
-        );
+        let value = |series: String| line(&series).and_then(|l| l.rsplit(' ').next().map(str::to_string));
+        let ok = r#"{app="digits",protocol="http",status="2xx",tenant="acme",version="1"}"#;
+        assert_eq!(value(format!("{}{ok}", names::REQUESTS)).as_deref(), Some("2"));
         let bucket = |le: &str| {
-            line(&format!(
-                r#"sluice_request_duration_seconds_bucket{{app="digits",protocol="http",tenant="acme",version="1",le="{le}"}}"#
-            ))
-            .and_then(|l| l.rsplit(' ').next().map(str::to_string))
+            let labels = format!(r#"{{app="digits",protocol="http",tenant="acme",version="1",le="{le}"}}"#);
+            value(format!("{}_bucket{labels}", names::REQUEST_DURATION))
         };
         assert_eq!(bucket("0.0001").as_deref(), Some("1"));
         assert_eq!(bucket("0.0005").as_deref(), Some("2"));
         assert_eq!(bucket("+Inf").as_deref(), Some("3"));
-        assert!(text.contains(r#"sluice_rejected_requests_total{reason="quota_exceeded",tenant="acme"} 1"#), "{text}");
+        let rejected = format!(r#"{}{{reason="quota_exceeded",tenant="acme"}}"#, names::REJECTED_REQUESTS);
+        assert_eq!(value(rejected).as_deref(), Some("1"), "{text}");
         metrics.set_enabled(false);
         metrics.request(labels, 200, None, Duration::from_micros(1));
         assert!(metrics.render().contains(r#"status="2xx",tenant="acme",version="1"} 2"#));
