@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use sluice::nn::backend::BackendKind;
 use sluice::perf::{Protocol, TenantLoad};
 use sluice::serve::{ServeConfig, serve};
+use tracing_subscriber::fmt::format::FmtSpan;
 
 /// Sluice: a multi-tenant inference server. Tenants' WebAssembly components run beside
 /// shared model backends; clients speak the Open Inference Protocol (KServe v2).
@@ -132,6 +133,10 @@ struct ServeArgs {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SLUICE_LOG_JSON")]
     log_json: bool,
+    /// Log every request's spans as they close, with their durations: request (api), guest,
+    /// queue and compute (a batch, linked to the requests in it).
+    #[arg(long, env = "SLUICE_LOG_SPANS")]
+    log_spans: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -144,7 +149,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            init_logging(args.log_json);
+            init_logging(args.log_json, args.log_spans);
             let config = ServeConfig {
                 http: args.http,
                 grpc: args.grpc,
@@ -226,10 +231,16 @@ fn parse_tenant(spec: &str) -> anyhow::Result<TenantLoad> {
     Ok(TenantLoad { name: name.to_string(), key, rate, concurrency })
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+fn init_logging(json: bool, spans: bool) {
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if spans {
+        // The guest, queue and compute spans are debug spans: free unless asked for.
+        filter = filter.add_directive("sluice=debug".parse().expect("a valid directive"));
+    }
+    let span_events = if spans { FmtSpan::CLOSE } else { FmtSpan::NONE };
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_span_events(span_events).with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

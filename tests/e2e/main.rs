@@ -20,5 +20,6 @@ mod request_ids;
 mod rollout;
 mod serving;
 mod slo;
+mod spans;
 mod startup;
 mod support;

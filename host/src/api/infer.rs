@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::error::{ApiError, ErrorKind};
 use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
@@ -263,7 +264,8 @@ pub async fn infer(
                 },
             };
             let started = std::time::Instant::now();
-            let response = state.runtime.invoke(&chosen.prepared, call).await;
+            let span = tracing::debug_span!("guest", app = %name, version = %route.version);
+            let response = state.runtime.invoke(&chosen.prepared, call).instrument(span).await;
             let elapsed = started.elapsed();
             let trap = response.as_ref().err().and_then(GuestError::trap_kind);
             metrics().guest(spec.id.as_str(), name, route.version.as_str(), elapsed, trap);

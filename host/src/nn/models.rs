@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::backend::{Backend, BackendKind, Backends, Graph, Signature, TensorSpec};
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Share};
@@ -103,7 +105,10 @@ impl LoadedModel {
             && self.drift_budget.take(self.drift_settings.max_samples_per_second))
         .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
         let result = match self.check_inputs(&inputs) {
-            Ok(()) => self.queue.compute(inputs, deadline, share).await,
+            Ok(()) => {
+                let span = tracing::debug_span!("queue", model = %self.queue.model(), rows);
+                self.queue.compute(inputs, deadline, share).instrument(span).await
+            }
             Err(message) => Err(ComputeError::InvalidInput(message)),
         };
         self.stats.request(result.is_ok(), started.elapsed(), rows);

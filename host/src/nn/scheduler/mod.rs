@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::backend::{BackendError, Graph};
 use super::tensor::Tensor;
@@ -57,6 +58,8 @@ pub enum ComputeError {
 struct Job {
     inputs: NamedTensors,
     reply: oneshot::Sender<Result<NamedTensors, ComputeError>>,
+    /// The caller's span: the batch's compute span links to it.
+    span: tracing::Span,
 }
 
 /// Settings of one model's queue.
@@ -124,6 +127,11 @@ impl ModelQueue {
         }
     }
 
+    /// The model this queue runs.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
     /// Queue inputs (already checked against the model's signature) and wait for outputs.
     pub async fn compute(
         &self,
@@ -162,7 +170,7 @@ impl ModelQueue {
         let (reply, answer) = oneshot::channel();
         let job = Queued {
             key: shape_key(&inputs, self.padding.as_deref()),
-            payload: Job { inputs, reply },
+            payload: Job { inputs, reply, span: tracing::Span::current() },
             rows,
             share,
             enqueued: Instant::now().into_std(),
@@ -252,7 +260,7 @@ async fn sleep_until_due(due: Option<std::time::Instant>) {
 
 /// Run one batch and answer each of its jobs.
 async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
-    let Execution { model, stats, backlog, padding, series } = execution;
+    let Execution { model, stats, backlog, .. } = execution;
     let started = std::time::Instant::now();
     let waits: Vec<Duration> = batch.iter().map(|job| started.saturating_duration_since(job.enqueued)).collect();
     for (job, wait) in batch.iter().zip(&waits) {
@@ -260,6 +268,22 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
         backlog.remove(&job.share.tenant, job.rows);
     }
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
+    let span = tracing::debug_span!("compute", model = %model, rows = rows.iter().sum::<usize>(), jobs = rows.len());
+    for job in &batch {
+        span.follows_from(&job.payload.span);
+    }
+    execute_batch(execution, graph, batch, (rows, waits)).instrument(span).await;
+}
+
+/// The batch's work, inside its compute span: stack, run, split and answer.
+async fn execute_batch(
+    execution: &Execution,
+    graph: &Arc<dyn Graph>,
+    batch: Vec<Queued<Job>>,
+    (rows, waits): (Vec<usize>, Vec<Duration>),
+) {
+    let Execution { model, stats, padding, series, .. } = execution;
+    let started = std::time::Instant::now();
     let (mut inputs, replies): (Vec<NamedTensors>, Vec<_>) =
         batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
     let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
