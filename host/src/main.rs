@@ -88,7 +88,7 @@ struct ServeArgs {
     /// Address for Prometheus metrics (`GET /metrics`).
     #[arg(long, env = "SLUICE_METRICS", default_value = "127.0.0.1:8002")]
     metrics: SocketAddr,
-    /// Serve no metrics and record none on the serving path.
+    /// Serve no metrics and record none on the serving path (drift sampling included).
     #[arg(long, env = "SLUICE_NO_METRICS")]
     no_metrics: bool,
     /// Largest gRPC message accepted or sent, in MiB.

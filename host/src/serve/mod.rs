@@ -24,7 +24,7 @@ use crate::runtime::{Runtime, RuntimeSettings};
 /// How often the canary analysis checks whether an app's interval has passed.
 const ANALYSIS_TICK: Duration = Duration::from_millis(100);
 /// How often the apps' SLO gauges and the models' drift gauges are brought up to date.
-const SLO_EXPORT_TICK: Duration = Duration::from_secs(1);
+const GAUGE_EXPORT_TICK: Duration = Duration::from_secs(1);
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -77,7 +77,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     // Canary analysis: each app's own interval is checked every tick.
     tokio::spawn(crate::rollout::analysis::run(state.clone(), ANALYSIS_TICK));
     if config.metrics.is_some() {
-        tokio::spawn(export_slos(state.clone(), SLO_EXPORT_TICK));
+        tokio::spawn(export_gauges(state.clone(), GAUGE_EXPORT_TICK));
     }
 
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -142,7 +142,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
 
 /// Keep every app's SLO gauges (budgets and burn rates change with time alone) and every
 /// model's drift gauges current.
-async fn export_slos(state: Arc<ServingState>, tick: Duration) {
+async fn export_gauges(state: Arc<ServingState>, tick: Duration) {
     let metrics = crate::telemetry::metrics::metrics();
     let mut ticker = tokio::time::interval(tick);
     loop {
