@@ -8,7 +8,12 @@ use clap::{Parser, Subcommand};
 use sluice::nn::backend::BackendKind;
 use sluice::perf::{Protocol, TenantLoad};
 use sluice::serve::{ServeConfig, serve};
+use sluice::telemetry::traces::OtlpExport;
+use tracing::Level;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::FmtSpan;
+use tracing_subscriber::prelude::*;
 
 /// Sluice: a multi-tenant inference server. Tenants' WebAssembly components run beside
 /// shared model backends; clients speak the Open Inference Protocol (KServe v2).
@@ -137,6 +142,10 @@ struct ServeArgs {
     /// queue and compute (a batch, linked to the requests in it).
     #[arg(long, env = "SLUICE_LOG_SPANS")]
     log_spans: bool,
+    /// Send the spans to an OpenTelemetry collector over OTLP/gRPC (`http://host:4317`):
+    /// request, guest, queue and compute, joined to the client's trace by `traceparent`.
+    #[arg(long, env = "SLUICE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -149,7 +158,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            init_logging(args.log_json, args.log_spans);
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let export = runtime
+                .block_on(async { init_logging(args.log_json, args.log_spans, args.otlp_endpoint.as_deref()) })?;
             let config = ServeConfig {
                 http: args.http,
                 grpc: args.grpc,
@@ -169,8 +180,11 @@ fn main() -> anyhow::Result<()> {
                 max_waiting_requests: args.max_waiting_requests,
                 admin_token: args.admin_token,
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            runtime.block_on(serve(config))
+            let served = runtime.block_on(serve(config));
+            if let Some(export) = export {
+                export.shutdown();
+            }
+            served
         }
         Command::Control(command) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -231,19 +245,26 @@ fn parse_tenant(spec: &str) -> anyhow::Result<TenantLoad> {
     Ok(TenantLoad { name: name.to_string(), key, rate, concurrency })
 }
 
-fn init_logging(json: bool, spans: bool) {
-    let mut filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn"));
+/// Log to stderr (text or JSON lines, filtered by `SLUICE_LOG`) and, with an OTLP endpoint,
+/// export Sluice's spans; the export must be shut down at exit to send its last spans.
+fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow::Result<Option<OtlpExport>> {
+    let mut filter = EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn"));
     if spans {
         // The guest, queue and compute spans are debug spans: free unless asked for.
         filter = filter.add_directive("sluice=debug".parse().expect("a valid directive"));
     }
     let span_events = if spans { FmtSpan::CLOSE } else { FmtSpan::NONE };
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_span_events(span_events).with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    let log = tracing_subscriber::fmt::layer().with_span_events(span_events).with_writer(std::io::stderr);
+    let log = if json { log.json().boxed() } else { log.boxed() };
+    let (export, export_layer) = match otlp_endpoint {
+        Some(endpoint) => {
+            let (export, layer) = OtlpExport::start(endpoint)?;
+            // Sluice's own spans, whatever the log level; not those of the libraries under it.
+            (Some(export), Some(layer.with_filter(Targets::new().with_target("sluice", Level::DEBUG))))
+        }
+        None => (None, None),
+    };
+    tracing_subscriber::registry().with(log.with_filter(filter)).with(export_layer).init();
+    Ok(export)
 }

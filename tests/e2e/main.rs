@@ -23,3 +23,4 @@ mod slo;
 mod spans;
 mod startup;
 mod support;
+mod traces;

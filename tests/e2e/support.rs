@@ -150,8 +150,13 @@ pub struct Server {
 impl Server {
     /// Start on port 0 with ONNX Runtime available; panics with the server's log on failure.
     pub fn start(tenants: &Path, extra: &[&str]) -> Self {
+        Self::start_with_env(tenants, extra, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables for the server process.
+    pub fn start_with_env(tenants: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let data = tempfile::tempdir().expect("temporary data directory");
-        let mut server = Self::start_in(tenants, data.path(), extra)
+        let mut server = Self::launch(tenants, data.path(), extra, env)
             .unwrap_or_else(|log| panic!("sluice serve did not start:\n{log}"));
         server._data = Some(data);
         server
@@ -160,6 +165,10 @@ impl Server {
     /// Start with a data directory the caller keeps; `Err` carries the log of a server
     /// that exited instead of serving.
     pub fn start_in(tenants: &Path, data: &Path, extra: &[&str]) -> Result<Self, String> {
+        Self::launch(tenants, data, extra, &[])
+    }
+
+    fn launch(tenants: &Path, data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
         let log = data.join(format!(
             "server-{}.log",
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
@@ -178,6 +187,7 @@ impl Server {
             })
             .args(extra)
             .env("SLUICE_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log_file)
             .spawn()
@@ -210,6 +220,21 @@ impl Server {
             }
         };
         Ok(Self { child, base, grpc, metrics, log, _data: None, client: reqwest::Client::new() })
+    }
+
+    /// Ask the server to stop (SIGTERM) and wait (up to 30 s) for it to exit; whether it
+    /// exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        let signalled = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        assert!(signalled.is_ok_and(|status| status.success()), "kill -TERM {}", self.child.id());
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     pub fn log(&self) -> String {

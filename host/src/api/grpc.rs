@@ -17,6 +17,7 @@ use super::{infer, metadata, raw, request_id, triton};
 use crate::nn::tensor::ElementType;
 use crate::serve::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
+use crate::telemetry::traces;
 
 /// Code generated from `proto/grpc_predict_v2.proto`.
 #[allow(missing_docs, clippy::all, unused_qualifications)] // generated code
@@ -177,7 +178,11 @@ impl GrpcInferenceService for GrpcApi {
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let id = request_id::choose(request.metadata().get(request_id::KEY).and_then(|v| v.to_str().ok()));
         let span = request_id::span(&id, "grpc", &request.get_ref().model_name);
-        let mut response = self.serve_infer(request).instrument(span).await;
+        let metadata = |key: &str| request.metadata().get(key).and_then(|v| v.to_str().ok());
+        traces::continue_client_trace(&span, metadata(traces::TRACEPARENT), metadata(traces::TRACESTATE));
+        let mut response = self.serve_infer(request).instrument(span.clone()).await;
+        let code = response.as_ref().err().map_or(tonic::Code::Ok, Status::code);
+        request_id::record_status(&span, code as u16, is_server_failure(code));
         let id = tonic::metadata::MetadataValue::try_from(id.as_str()).ok();
         let metadata = match &mut response {
             Ok(response) => response.metadata_mut(),
@@ -216,6 +221,13 @@ impl GrpcApi {
 /// At most how much earlier than the client's deadline (a tenth of it) Sluice gives up, so its own
 /// DEADLINE_EXCEEDED (with a message) reaches the client rather than a bare cancellation.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
+
+/// The codes that are the server's failure rather than the caller's (OpenTelemetry's rule
+/// for gRPC server spans).
+fn is_server_failure(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(code, Unknown | DeadlineExceeded | Unimplemented | Internal | Unavailable | DataLoss)
+}
 
 fn triton_type_number(name: &str) -> i32 {
     DataType::from_str_name(name).map_or(DataType::TypeInvalid as i32, |t| t as i32)

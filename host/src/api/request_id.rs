@@ -1,13 +1,16 @@
 //! Request ids: every HTTP request and gRPC inference carries one, taken from the client's
 //! `x-request-id` when it is a sane token (else made up), sent back on the response and
 //! recorded on a span around the request, so every log line the request causes (the
-//! guest's own included) names it.
+//! guest's own included) names it. The span also carries the answer's status, and joins
+//! the client's trace when spans are exported (see `telemetry::traces`).
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
+
+use crate::telemetry::traces;
 
 /// The header (HTTP) and metadata key (gRPC).
 pub const KEY: &str = "x-request-id";
@@ -26,16 +29,38 @@ pub fn choose(client: Option<&str>) -> String {
     }
 }
 
-/// The span every log line of one request is recorded in.
+/// The span every log line of one request is recorded in; `status` and
+/// `otel.status_code` are filled in by [`record_status`] when the answer is known.
 pub fn span(id: &str, protocol: &'static str, target: &str) -> tracing::Span {
-    tracing::info_span!("request", request_id = %id, protocol, target = %target)
+    tracing::info_span!(
+        "request",
+        request_id = %id,
+        protocol,
+        target = %target,
+        status = tracing::field::Empty,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// Record the answer's status (HTTP status or gRPC code) on a request span; a server-side
+/// failure marks the span as an error for trace viewers.
+pub fn record_status(span: &tracing::Span, status: u16, server_error: bool) {
+    span.record("status", status);
+    if server_error {
+        span.record("otel.status_code", "error");
+    }
 }
 
 /// Axum middleware: pick the id, run the request in its span, send the id back.
 pub async fn http(request: Request, next: Next) -> Response {
-    let id = choose(request.headers().get(X_REQUEST_ID).and_then(|v| v.to_str().ok()));
+    let headers = request.headers();
+    let id = choose(headers.get(X_REQUEST_ID).and_then(|v| v.to_str().ok()));
     let span = span(&id, "http", request.uri().path());
-    let mut response = next.run(request).instrument(span).await;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    traces::continue_client_trace(&span, header(traces::TRACEPARENT), header(traces::TRACESTATE));
+    let mut response = next.run(request).instrument(span.clone()).await;
+    record_status(&span, response.status().as_u16(), response.status().is_server_error());
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(X_REQUEST_ID, value);
     }

@@ -2,10 +2,12 @@
 //! [`drift`] compares what each model sees and answers now with what it saw first;
 //! [`stats`] keeps the per-model counters that Triton's statistics extension reports;
 //! [`versions`] the per app-version outcomes the rollout analysis compares; [`slo`] the
-//! apps' objectives, error budgets and burn rates.
+//! apps' objectives, error budgets and burn rates; [`traces`] the OpenTelemetry export
+//! of the request spans.
 
 pub mod drift;
 pub mod metrics;
 pub mod slo;
 pub mod stats;
+pub mod traces;
 pub mod versions;
