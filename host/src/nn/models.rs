@@ -102,7 +102,7 @@ impl LoadedModel {
         // A sampled call keeps a copy of its inputs for the drift thread (the queue takes them).
         let drift = (metrics().is_enabled()
             && self.drift_settings.sample()
-            && self.drift_budget.take(self.drift_settings.max_samples_per_second))
+            && self.drift_budget.take(started, self.drift_settings.max_samples_per_second))
         .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
         let result = match self.check_inputs(&inputs) {
             Ok(()) => {
