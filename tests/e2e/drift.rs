@@ -1,6 +1,7 @@
 //! Drift on the digits model: a stream of held-out digits stays within PSI 0.1 of the
 //! reference; inverted and shifted digits drift significantly (PSI > 0.25) on the pixels they
 //! change and on the predicted class distribution, in `/v2/models/{m}/drift` and `/metrics`.
+//! A baseline the tenant uploads replaces the first rows as the reference.
 
 use std::time::{Duration, Instant};
 
@@ -27,9 +28,14 @@ async fn send(server: &Server, rows: &[Vec<u8>]) {
 
 /// The drift report once the drift thread has taken in `rows` rows.
 async fn drift_after(server: &Server, rows: usize) -> Value {
+    tenants_drift_after(server, KEY, rows).await
+}
+
+/// The drift report of the tenant with `key`, once the drift thread has taken in `rows` rows.
+async fn tenants_drift_after(server: &Server, key: &str, rows: usize) -> Value {
     let started = Instant::now();
     loop {
-        let (status, body) = server.get("/v2/models/digits-mlp/drift", Some(KEY)).await;
+        let (status, body) = server.get("/v2/models/digits-mlp/drift", Some(key)).await;
         assert_eq!(status, 200, "{body}");
         if body["rows_observed"] == rows {
             return body;
@@ -133,4 +139,94 @@ async fn held_out_digits_stay_put_and_inverted_or_shifted_ones_drift() {
     }
     assert!(scrape.sum(names::DRIFT_PSI, &labels) > 0.25);
     assert!(scrape.sum(names::DRIFT_KS, &[("model", "digits-mlp"), ("feature", "X[36]")]) >= 0.0);
+}
+
+#[tokio::test]
+async fn an_uploaded_baseline_is_the_reference_from_the_first_request() {
+    const OTHER: &str = "test-key-beta";
+    let drift = "[models.digits-mlp.drift]\nsample_rate = 1.0\nmax_samples_per_second = 100000\nreference_rows = 400\nwindow_rows = 500\n\n";
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += drift;
+    acme += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &acme);
+    // Another tenant with the same weights: one resident model, its own drift reference.
+    let mut beta = tenant_header("beta", OTHER, "");
+    beta += &model_entry("digits-mlp", &digits_model(), None);
+    beta += drift;
+    tenants.write("beta.toml", &beta);
+    let server = Server::start(tenants.path(), &[]);
+    let digits: Vec<Vec<u8>> = heldout_digits().into_iter().map(|(pixels, _)| pixels).collect();
+    let put = |model: &str, key: &'static str, rows: &[Vec<u8>]| {
+        let body = serde_json::to_vec(&rows_request(rows)).expect("json");
+        let path = format!("/v2/models/{model}/drift/baseline");
+        let server = &server;
+        async move { server.send(reqwest::Method::PUT, &path, key, body).await }
+    };
+
+    // Refusals first: none of them touches the reference.
+    let (status, body) = put("digits-mlp", KEY, &stream(&digits, 401, 1)).await;
+    assert!(status == 400 && error_message(&body).contains("at most reference_rows = 400"), "{body}");
+    let (status, body) = put("digits", KEY, &digits).await;
+    assert!(status == 400 && error_message(&body).contains("per model"), "{body}");
+    let mut wrong_width = rows_request(&digits[..3]);
+    wrong_width["inputs"][0]["shape"] = json!([4, 48]);
+    let (status, body) = server
+        .send(reqwest::Method::PUT, "/v2/models/digits-mlp/drift/baseline", KEY, wrong_width.to_string().into_bytes())
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(put("digits-mlp", "wrong-key", &digits).await.0, 401);
+    let (_, report) = server.get("/v2/models/digits-mlp/drift", Some(KEY)).await;
+    assert_eq!(
+        (report["reference"].as_str(), report["reference_rows"].as_u64()),
+        (Some("first_rows"), Some(0)),
+        "{report}"
+    );
+
+    // The held-out digits as the baseline.
+    let (status, body) = put("digits-mlp", KEY, &digits).await;
+    assert_eq!(
+        (status, body["rows"].as_u64(), body["reference"].as_str()),
+        (200, Some(360), Some("baseline")),
+        "{body}"
+    );
+    let (_, report) = server.get("/v2/models/digits-mlp/drift", Some(KEY)).await;
+    assert_eq!(
+        (
+            report["status"].as_str(),
+            report["reference"].as_str(),
+            report["reference_rows"].as_u64(),
+            report["rows_observed"].as_u64()
+        ),
+        (Some("collecting_reference"), Some("baseline"), Some(360), Some(0)),
+        "the baseline run is not itself a sample: {report}"
+    );
+
+    // From the first request on, traffic is compared with the baseline: inverted digits
+    // drift at once (with the first rows as the reference they would be the reference).
+    let inverted: Vec<Vec<u8>> =
+        stream(&digits, 500, 3).into_iter().map(|d| d.iter().map(|p| 255 - p).collect()).collect();
+    for (key, tenant_rows) in [(KEY, &inverted), (OTHER, &inverted)] {
+        for chunk in tenant_rows.chunks(50) {
+            let (status, body) = server.infer("digits-mlp", key, &rows_request(chunk)).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+    let report = drift_after(&server, 500).await;
+    assert_eq!(
+        (report["status"].as_str(), report["reference"].as_str()),
+        (Some("ready"), Some("baseline")),
+        "{report}"
+    );
+    assert_eq!(report["level"], "significant", "{report}");
+    assert!(psi(&report, "X[36]") > 0.25 && psi(&report, "label:class") > 0.25, "{report}");
+
+    // The other tenant's reference is still its own first rows, which are all inverted.
+    let theirs = tenants_drift_after(&server, OTHER, 500).await;
+    assert_eq!(
+        (theirs["reference"].as_str(), theirs["reference_rows"].as_u64()),
+        (Some("first_rows"), Some(400)),
+        "{theirs}"
+    );
 }

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use serde::Deserialize;
 
 use super::error::{ApiError, ErrorKind};
@@ -40,6 +40,7 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/models/{model}/versions/{version}/config", get(model_config))
         .route("/v2/models/{model}/stats", get(model_stats))
         .route("/v2/models/{model}/drift", get(model_drift))
+        .route("/v2/models/{model}/drift/baseline", put(model_drift_baseline))
         .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
         .route("/v2/models/{model}/infer", post(model_infer))
@@ -142,6 +143,25 @@ async fn model_drift(
     Ok(Json(body).into_response())
 }
 
+/// `PUT /v2/models/{model}/drift/baseline`: an OIP infer body of known-good rows (such as
+/// the training set); the model is run on them and they become the caller's drift reference.
+async fn model_drift_baseline(
+    State(state): State<Shared>,
+    Path(path): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    if !crate::telemetry::metrics::metrics().is_enabled() {
+        return Err(ApiError::new(ErrorKind::Conflict, "drift is not tracked on this server (--no-metrics)"));
+    }
+    let spec = tenant.tenant();
+    let (entry, HttpInferRequest { request, .. }) =
+        enter_and_read(&state, tenant, &spec.quotas, &headers, body).await?;
+    let rows = infer::set_drift_baseline(tenant, entry, &path.model, request).await?;
+    Ok(Json(serde_json::json!({ "model": path.model, "reference": "baseline", "rows": rows })).into_response())
+}
+
 async fn model_infer(
     State(state): State<Shared>,
     Path(path): Path<ModelPath>,
@@ -160,15 +180,16 @@ async fn model_infer(
     .await
 }
 
-async fn serve_infer(
+/// Admit a request carrying an OIP infer body (JSON, or with binary tensors) and read it
+/// within the tenant's size and tensor limits. A body declared too large is refused before
+/// the request waits for a turn.
+async fn enter_and_read(
     state: &ServingState,
     tenant: &TenantState,
     quotas: &Quotas,
-    path: &ModelPath,
     headers: &HeaderMap,
     body: Body,
-    routed: &infer::Routed,
-) -> Result<Response, ApiError> {
+) -> Result<(infer::Entry, HttpInferRequest), ApiError> {
     let limit = usize::try_from(quotas.max_request_bytes).unwrap_or(usize::MAX);
     let too_large = || {
         ApiError::new(
@@ -188,7 +209,19 @@ async fn serve_infer(
             ApiError::invalid("Inference-Header-Content-Length must be the byte length of the JSON header")
         })?),
     };
-    let HttpInferRequest { request, encoding } = parse_infer_request(&body, json_length, limits)?;
+    Ok((entry, parse_infer_request(&body, json_length, limits)?))
+}
+
+async fn serve_infer(
+    state: &ServingState,
+    tenant: &TenantState,
+    quotas: &Quotas,
+    path: &ModelPath,
+    headers: &HeaderMap,
+    body: Body,
+    routed: &infer::Routed,
+) -> Result<Response, ApiError> {
+    let (entry, HttpInferRequest { request, encoding }) = enter_and_read(state, tenant, quotas, headers, body).await?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
     let outcome = infer::infer(
         state,

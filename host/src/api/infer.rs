@@ -173,6 +173,38 @@ pub async fn enter(
     Ok(Entry { _in_flight: in_flight, turn, arrived, client_timeout })
 }
 
+/// Make `request`'s rows the tenant's drift reference for model `name` (see
+/// [`crate::nn::models::LoadedModel::set_drift_baseline`]), within the tenant's deadline;
+/// the rows taken.
+pub async fn set_drift_baseline(
+    tenant: &TenantState,
+    entry: Entry,
+    name: &str,
+    request: ValidInferRequest,
+) -> Result<usize, ApiError> {
+    let Entry { _in_flight, mut turn, arrived, .. } = entry;
+    let Target::Model { model, .. } = resolve(tenant, name, None)? else {
+        return Err(ApiError::invalid(format!(
+            "'{name}' is an app; drift is tracked per model: set the baseline of the models it calls"
+        )));
+    };
+    let spec = tenant.tenant();
+    let budget = Duration::from_millis(spec.quotas.guest_deadline_ms);
+    let deadline = arrived + budget;
+    let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
+    let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
+    turn.pause();
+    let rows = tokio::time::timeout_at(deadline, model.set_drift_baseline(inputs, deadline, share)).await.map_err(
+        |_| {
+            ApiError::new(
+                ErrorKind::DeadlineExceeded,
+                format!("running the baseline exceeded the deadline of {} ms", budget.as_millis()),
+            )
+        },
+    )??;
+    Ok(rows)
+}
+
 /// Run one validated request.
 pub async fn infer(
     state: &ServingState,

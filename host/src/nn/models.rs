@@ -90,7 +90,8 @@ impl LoadedModel {
         self
     }
 
-    /// Check inputs, queue them and wait for outputs; the outcome is counted.
+    /// Check inputs, queue them and wait for outputs; the outcome is counted, and the call
+    /// may be sampled for drift.
     pub async fn compute(
         &self,
         inputs: NamedTensors,
@@ -98,12 +99,49 @@ impl LoadedModel {
         share: Share,
     ) -> Result<NamedTensors, ComputeError> {
         let started = Instant::now();
-        let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
         // A sampled call keeps a copy of its inputs for the drift thread (the queue takes them).
         let drift = (metrics().is_enabled()
             && self.drift_settings.sample()
             && self.drift_budget.take(started, self.drift_settings.max_samples_per_second))
         .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
+        let result = self.run(inputs, deadline, share, started).await;
+        if let (Some((monitor, inputs)), Ok(outputs)) = (drift, &result) {
+            monitor.offer(inputs, outputs.clone());
+        }
+        result
+    }
+
+    /// Run the model on `inputs` (rows of known-good data, such as its training set) and make
+    /// them and their outputs the tenant's drift reference, in place of the first rows seen;
+    /// the rows taken. At most the model's `reference_rows`, checked before running.
+    pub async fn set_drift_baseline(
+        &self,
+        inputs: NamedTensors,
+        deadline: tokio::time::Instant,
+        share: Share,
+    ) -> Result<usize, ComputeError> {
+        let rows = inputs.first().map_or(0, |(_, t)| t.rows());
+        let limit = self.drift_settings.reference_rows;
+        if rows > limit {
+            return Err(ComputeError::InvalidInput(format!(
+                "a drift baseline holds at most reference_rows = {limit} rows, got {rows} \
+                 (raise [models.X.drift] reference_rows to keep more)"
+            )));
+        }
+        let monitor = self.drift.of(&share.tenant, &self.drift_settings);
+        let outputs = self.run(inputs.clone(), deadline, share, Instant::now()).await?;
+        monitor.set_baseline(&inputs, &outputs).map_err(ComputeError::InvalidInput)
+    }
+
+    /// Check inputs, queue them and wait for outputs; the outcome is counted.
+    async fn run(
+        &self,
+        inputs: NamedTensors,
+        deadline: tokio::time::Instant,
+        share: Share,
+        started: Instant,
+    ) -> Result<NamedTensors, ComputeError> {
+        let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
         let result = match self.check_inputs(&inputs) {
             Ok(()) => {
                 let span = tracing::debug_span!("queue", model = %self.queue.model(), rows);
@@ -112,9 +150,6 @@ impl LoadedModel {
             Err(message) => Err(ComputeError::InvalidInput(message)),
         };
         self.stats.request(result.is_ok(), started.elapsed(), rows);
-        if let (Some((monitor, inputs)), Ok(outputs)) = (drift, &result) {
-            monitor.offer(inputs, outputs.clone());
-        }
         result
     }
 }

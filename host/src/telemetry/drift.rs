@@ -5,7 +5,8 @@
 //! into features — every column of a small input (`X[0]`…`X[63]`), the mean of a larger one,
 //! the class of an integer output, and the arg-max class and top score of a score output —
 //! and keeps, per feature, a reference window (the first `reference_rows` rows after the
-//! model went live) and a sliding window of the latest `window_rows`. Memory is fixed by
+//! model went live, or a baseline the tenant uploads: rows the model is run on, up to
+//! `reference_rows`) and a sliding window of the latest `window_rows`. Memory is fixed by
 //! those two numbers and the feature count, however long the stream.
 //!
 //! Each feature's drift is the population stability index (PSI, ten reference-quantile bins
@@ -70,6 +71,8 @@ pub struct DriftState {
     settings: DriftSettings,
     features: BTreeMap<String, Series>,
     rows_observed: u64,
+    /// The reference is a baseline the tenant set, not the first rows seen.
+    baseline: bool,
 }
 
 /// One feature's figures.
@@ -86,9 +89,11 @@ pub struct FeatureDrift {
 /// A model's drift, as reported.
 #[derive(Debug, Clone, Serialize)]
 pub struct DriftReport {
-    /// `collecting_reference` until the reference window is full and the sliding window has
-    /// rows; then `ready`.
+    /// `collecting_reference` until the reference window is full (or a baseline is set) and
+    /// the sliding window has rows; then `ready`.
     pub status: &'static str,
+    /// Where the reference comes from: `first_rows` seen, or a `baseline` the tenant set.
+    pub reference: &'static str,
     pub reference_rows: usize,
     pub window_rows: usize,
     /// Sampled rows taken in so far.
@@ -103,6 +108,7 @@ impl DriftReport {
     pub fn empty() -> Self {
         Self {
             status: "collecting_reference",
+            reference: "first_rows",
             reference_rows: 0,
             window_rows: 0,
             rows_observed: 0,
@@ -114,12 +120,14 @@ impl DriftReport {
 
 impl DriftState {
     pub fn new(settings: DriftSettings) -> Self {
-        Self { settings, features: BTreeMap::new(), rows_observed: 0 }
+        Self { settings, features: BTreeMap::new(), rows_observed: 0, baseline: false }
     }
 
     /// Add rows: each feature with one value per row.
     pub fn observe(&mut self, features: Vec<(String, Kind, Vec<f64>)>) {
-        let (reference_rows, window_rows) = (self.settings.reference_rows, self.settings.window_rows);
+        // Once a baseline is set, every row goes to the sliding window.
+        let reference_rows = if self.baseline { 0 } else { self.settings.reference_rows };
+        let window_rows = self.settings.window_rows;
         self.rows_observed += features.first().map_or(0, |(_, _, values)| values.len() as u64);
         for (name, kind, values) in features {
             let series = self.features.entry(name).or_insert_with(|| Series {
@@ -134,6 +142,39 @@ impl DriftState {
         }
     }
 
+    /// Make `features` (one value per baseline row each) the reference, in place of the
+    /// first rows seen; the sliding window keeps the rows it has. At most `reference_rows`
+    /// rows, so memory stays as bounded as without a baseline.
+    pub fn set_baseline(&mut self, features: Vec<(String, Kind, Vec<f64>)>) -> Result<usize, String> {
+        let rows = features.first().map_or(0, |(_, _, values)| values.len());
+        if rows == 0 {
+            return Err("a drift baseline needs at least one row".to_string());
+        }
+        if rows > self.settings.reference_rows {
+            return Err(format!(
+                "a drift baseline holds at most reference_rows = {} rows, got {rows} \
+                 (raise [models.X.drift] reference_rows to keep more)",
+                self.settings.reference_rows
+            ));
+        }
+        let features: BTreeMap<String, (Kind, Vec<f64>)> =
+            features.into_iter().map(|(name, kind, values)| (name, (kind, values))).collect();
+        // A feature the baseline lacks could not be compared: it goes.
+        self.features.retain(|name, _| features.contains_key(name));
+        for (name, (kind, reference)) in features {
+            let series = self.features.entry(name).or_insert_with(|| Series {
+                kind,
+                reference: Vec::new(),
+                window: Vec::new(),
+                next: 0,
+            });
+            series.kind = kind;
+            series.reference = reference;
+        }
+        self.baseline = true;
+        Ok(rows)
+    }
+
     /// Values held, over every feature (what bounds the memory).
     pub fn values_held(&self) -> usize {
         self.features.values().map(|s| s.reference.len() + s.window.len()).sum()
@@ -143,7 +184,7 @@ impl DriftState {
         let first = self.features.values().next();
         let reference_rows = first.map_or(0, |s| s.reference.len());
         let window_rows = first.map_or(0, |s| s.window.len());
-        let ready = reference_rows >= self.settings.reference_rows && window_rows > 0;
+        let ready = (self.baseline || reference_rows >= self.settings.reference_rows) && window_rows > 0;
         let features: Vec<FeatureDrift> = if ready {
             self.features
                 .iter()
@@ -164,6 +205,7 @@ impl DriftState {
         let worst = features.iter().map(|f| f.psi).fold(0.0, f64::max);
         DriftReport {
             status: if ready { "ready" } else { "collecting_reference" },
+            reference: if self.baseline { "baseline" } else { "first_rows" },
             reference_rows,
             window_rows,
             rows_observed: self.rows_observed,
@@ -410,6 +452,15 @@ impl DriftMonitor {
         }
     }
 
+    /// Make the model's `inputs` and the `outputs` it gave for them the reference (see
+    /// [`DriftState::set_baseline`]); the rows taken.
+    pub fn set_baseline(&self, inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Result<usize, String> {
+        let rows = self.state.lock().unwrap_or_else(PoisonError::into_inner).set_baseline(features(inputs, outputs))?;
+        // The cached report was computed against the old reference.
+        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        Ok(rows)
+    }
+
     /// Samples the drift thread has taken in so far.
     pub fn observed(&self) -> u64 {
         self.observed.load(Ordering::Relaxed)
@@ -497,6 +548,28 @@ mod tests {
 
     fn settings(reference_rows: usize, window_rows: usize) -> DriftSettings {
         DriftSettings { reference_rows, window_rows, ..DriftSettings::default() }
+    }
+
+    #[test]
+    fn a_baseline_replaces_the_first_rows_and_later_rows_fill_the_window() {
+        let mut state = DriftState::new(settings(4, 3));
+        let rows = |values: &[f64]| vec![("x".to_string(), Kind::Continuous, values.to_vec())];
+        state.observe(rows(&[100.0, 101.0]));
+        assert_eq!(state.report().status, "collecting_reference");
+        assert_eq!(state.set_baseline(rows(&[1.0, 2.0, 3.0])), Ok(3));
+        assert!(state.set_baseline(rows(&[0.0; 5])).expect_err("too many rows").contains("at most reference_rows = 4"));
+        assert!(state.set_baseline(rows(&[])).is_err());
+        // Ten rows after the baseline: the reference would take four, but all go to the
+        // window (a ring of three holding the last three).
+        state.observe(rows(&[9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 1.0, 2.0, 3.0]));
+        let report = state.report();
+        assert_eq!(
+            (report.status, report.reference, report.reference_rows, report.window_rows),
+            ("ready", "baseline", 3, 3),
+            "three baseline rows; later rows only in the window of three"
+        );
+        assert_eq!(report.features[0].level, "none", "the window equals the baseline: {report:?}");
+        assert_eq!(state.values_held(), 6);
     }
 
     #[test]
