@@ -1,6 +1,6 @@
 //! SLOs: an app with injected server errors shows its error budget falling and the fast-burn
 //! alert condition true, in its status and in `/metrics`, and a canary cannot be promoted
-//! while the budget is spent.
+//! while the budget is spent: neither by hand (409) nor by the canary analysis, which waits.
 
 use std::time::{Duration, Instant};
 
@@ -96,6 +96,63 @@ async fn injected_errors_spend_the_budget_fire_the_fast_burn_and_block_promotion
     assert!(message.contains("availability error budget is spent") && message.contains("roll back"), "{message}");
     let (_, after) = server.get("/control/v1/apps/hostile", Some(KEY)).await;
     assert_eq!((after["stable"].as_str(), after["canary"]["version"].as_str()), (Some("1"), Some("2")));
+}
+
+#[tokio::test]
+async fn the_canary_analysis_waits_instead_of_promoting_while_the_budget_is_spent() {
+    let tenants = Tenants::new();
+    let component = guest("hostile_guest");
+    let mut acme = tenant_header("acme", KEY, "max_concurrent_requests = 64");
+    // Both versions are the same component, so the canary is as healthy as stable; errors
+    // never roll it back (max_error_rate_increase = 1): only the SLO can hold it.
+    acme += &format!(
+        "[apps.hostile]\nstable = \"1\"\nversions.\"1\".component = \"{0}\"\nversions.\"2\".component = \"{0}\"\n\
+         [apps.hostile.traffic]\ncanary = {{ version = \"2\", weight = 50 }}\n\
+         [apps.hostile.analysis]\ninterval_ms = 200\nmin_requests = 5\nsteps = [50, 75, 100]\n\
+         max_error_rate_increase = 1.0\nmax_p99_ratio = 1000\n\
+         [apps.hostile.slo]\navailability = 0.99\nlatency_ms = 1000\n",
+        component.display()
+    );
+    tenants.write("acme.toml", &acme);
+    let server = Server::start(tenants.path(), &[]);
+    let trap = json!({ "inputs": [], "parameters": { "mode": "trap" } });
+    for _ in 0..5 {
+        assert_eq!(server.infer("hostile", KEY, &trap).await.0, 500);
+    }
+
+    // Traffic in which one request in six traps, on both versions alike: the canary is as
+    // healthy as stable, so each analysis would promote it, but 17% bad requests against 1%
+    // allowed keep the budget spent.
+    let echo = json!({ "inputs": [{ "name": "x", "shape": [1], "datatype": "INT32", "data": [1] }], "parameters": { "mode": "echo" } });
+    let started = Instant::now();
+    let waits = loop {
+        let round = (0..24).map(|i| server.infer("hostile", KEY, if i % 6 == 0 { &trap } else { &echo }));
+        futures::future::join_all(round).await;
+        let (_, status) = server.get("/control/v1/apps/hostile", Some(KEY)).await;
+        let held: Vec<Value> = status["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["reason"].as_str().is_some_and(|r| r.contains("promotion waits")))
+            .cloned()
+            .collect();
+        if held.len() >= 3 || started.elapsed() > Duration::from_secs(20) {
+            break (held, status);
+        }
+    };
+    let (held, status) = waits;
+    assert!(held.len() >= 3, "the analysis never held the promotion: {status}");
+    assert!(
+        held.iter().all(|e| e["action"] == "wait"
+            && e["reason"].as_str().is_some_and(|r| r.contains("availability error budget is spent"))
+            && e["canary"]["requests"].as_u64().is_some_and(|n| n >= 5)),
+        "{held:?}"
+    );
+    let decided: Vec<&Value> =
+        status["events"].as_array().expect("events").iter().filter(|e| e["action"] != "wait").collect();
+    assert!(decided.is_empty(), "no promotion, no rollback: {decided:?}");
+    assert_eq!((status["stable"].as_str(), status["canary"]["version"].as_str()), (Some("1"), Some("2")), "{status}");
+    assert_eq!(status["canary"]["weight"].as_f64(), Some(50.0), "{status}");
 }
 
 async fn send_post(server: &Server, path: &str) -> (u16, Value) {
