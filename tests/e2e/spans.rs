@@ -51,6 +51,7 @@ async fn a_request_logs_its_api_guest_queue_and_compute_spans() {
             "{name}: {line}"
         );
     }
+    assert_eq!(span("request")["span"]["status"], 200, "the answer's status: {}", span("request"));
     assert_eq!(
         (span("guest")["span"]["app"].as_str(), span("queue")["span"]["model"].as_str()),
         (Some("digits"), Some("digits-mlp"))

@@ -32,22 +32,28 @@ pub fn choose(client: Option<&str>) -> String {
 /// The span every log line of one request is recorded in; `status` and
 /// `otel.status_code` are filled in by [`record_status`] when the answer is known.
 pub fn span(id: &str, protocol: &'static str, target: &str) -> tracing::Span {
-    tracing::info_span!(
-        "request",
-        request_id = %id,
-        protocol,
-        target = %target,
-        status = tracing::field::Empty,
-        otel.kind = "server",
-        otel.status_code = tracing::field::Empty,
-    )
+    use tracing::field::Empty;
+    if traces::exporting() {
+        // A server span for trace viewers; not worth a field on every log line otherwise.
+        tracing::info_span!(
+            "request",
+            request_id = %id,
+            protocol,
+            target = %target,
+            status = Empty,
+            otel.kind = "server",
+            otel.status_code = Empty,
+        )
+    } else {
+        tracing::info_span!("request", request_id = %id, protocol, target = %target, status = Empty)
+    }
 }
 
 /// Record the answer's status (HTTP status or gRPC code) on a request span; a server-side
 /// failure marks the span as an error for trace viewers.
 pub fn record_status(span: &tracing::Span, status: u16, server_error: bool) {
     span.record("status", status);
-    if server_error {
+    if server_error && traces::exporting() {
         span.record("otel.status_code", "error");
     }
 }

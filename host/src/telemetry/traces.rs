@@ -15,11 +15,16 @@ pub const TRACEPARENT: &str = "traceparent";
 /// Vendor state that travels with `traceparent`.
 pub const TRACESTATE: &str = "tracestate";
 
+/// Whether spans are being exported.
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
 /// Make `span` a child of the client's span named by a W3C `traceparent` (and
 /// `tracestate`), when spans are exported and the header is well formed; otherwise the
 /// span starts a trace of its own.
 pub fn continue_client_trace(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
-    if !EXPORTING.load(Ordering::Relaxed) {
+    if !exporting() {
         return;
     }
     let Some(traceparent) = traceparent else { return };
