@@ -106,12 +106,7 @@ fn children<'a>(spans: &'a [Received], parent: &Span, name: &str) -> Vec<&'a Spa
 #[tokio::test]
 async fn spans_reach_an_otlp_collector_joined_to_the_clients_trace() {
     let (collector, endpoint) = Collector::start().await;
-    let tenants = Tenants::new();
-    let mut acme = tenant_header("acme", KEY, "");
-    acme += &model_entry("digits-mlp", &digits_model(), None);
-    acme += &app_entry("digits", &guest("digits"));
-    acme += &app_entry("hostile", &guest("hostile_guest"));
-    tenants.write("acme.toml", &acme);
+    let tenants = acme(&["digits", "hostile_guest"]);
     // Export every 100 ms rather than the default 5 s, through the standard variable.
     let server =
         Server::start_with_env(tenants.path(), &["--otlp-endpoint", &endpoint], &[("OTEL_BSP_SCHEDULE_DELAY", "100")]);
@@ -207,11 +202,7 @@ async fn spans_reach_an_otlp_collector_joined_to_the_clients_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_still_buffered_are_sent_when_the_server_stops() {
     let (collector, endpoint) = Collector::start().await;
-    let tenants = Tenants::new();
-    let mut acme = tenant_header("acme", KEY, "");
-    acme += &model_entry("digits-mlp", &digits_model(), None);
-    acme += &app_entry("digits", &guest("digits"));
-    tenants.write("acme.toml", &acme);
+    let tenants = acme(&["digits"]);
     // A delay far longer than the test: only the flush at exit can send the spans.
     let mut server = Server::start_with_env(
         tenants.path(),
@@ -228,6 +219,18 @@ async fn spans_still_buffered_are_sent_when_the_server_stops() {
     assert!(server.terminate(), "the server exits cleanly:\n{}", server.log());
     let spans = collector.wait_for("the last request's span", |spans| request_span(spans, "otlp-last").is_some()).await;
     assert!(spans.iter().any(|r| r.span.name == "compute"), "{spans:#?}");
+}
+
+/// acme with the digits model and the test guests named (as apps `digits`, `hostile`).
+fn acme(guests: &[&str]) -> Tenants {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", KEY, "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    for name in guests {
+        manifest += &app_entry(name.trim_end_matches("_guest"), &guest(name));
+    }
+    tenants.write("acme.toml", &manifest);
+    tenants
 }
 
 fn hex(bytes: &[u8]) -> String {
