@@ -14,7 +14,7 @@ use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Sh
 use crate::registry::ModelSpec;
 use crate::registry::ids::ModelName;
 use crate::registry::manifest::{Drift, Padding};
-use crate::telemetry::drift::{DriftMonitors, SampleBudget};
+use crate::telemetry::drift::{DriftMonitors, SampleBudget, check_baseline_rows};
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::stats::ModelStats;
 
@@ -121,13 +121,7 @@ impl LoadedModel {
         share: Share,
     ) -> Result<usize, ComputeError> {
         let rows = inputs.first().map_or(0, |(_, t)| t.rows());
-        let limit = self.drift_settings.reference_rows;
-        if rows > limit {
-            return Err(ComputeError::InvalidInput(format!(
-                "a drift baseline holds at most reference_rows = {limit} rows, got {rows} \
-                 (raise [models.X.drift] reference_rows to keep more)"
-            )));
-        }
+        check_baseline_rows(rows, &self.drift_settings).map_err(ComputeError::InvalidInput)?;
         let monitor = self.drift.of(&share.tenant, &self.drift_settings);
         let outputs = self.run(inputs.clone(), deadline, share, Instant::now()).await?;
         monitor.set_baseline(&inputs, &outputs).map_err(ComputeError::InvalidInput)

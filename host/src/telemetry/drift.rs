@@ -75,6 +75,22 @@ pub struct DriftState {
     baseline: bool,
 }
 
+/// Whether a baseline of `rows` rows fits the reference window (checked before the model
+/// runs on it, too).
+pub fn check_baseline_rows(rows: usize, settings: &DriftSettings) -> Result<(), String> {
+    if rows == 0 {
+        return Err("a drift baseline needs at least one row".to_string());
+    }
+    if rows > settings.reference_rows {
+        return Err(format!(
+            "a drift baseline holds at most reference_rows = {} rows, got {rows} \
+             (raise [models.X.drift] reference_rows to keep more)",
+            settings.reference_rows
+        ));
+    }
+    Ok(())
+}
+
 /// One feature's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct FeatureDrift {
@@ -147,16 +163,7 @@ impl DriftState {
     /// rows, so memory stays as bounded as without a baseline.
     pub fn set_baseline(&mut self, features: Vec<(String, Kind, Vec<f64>)>) -> Result<usize, String> {
         let rows = features.first().map_or(0, |(_, _, values)| values.len());
-        if rows == 0 {
-            return Err("a drift baseline needs at least one row".to_string());
-        }
-        if rows > self.settings.reference_rows {
-            return Err(format!(
-                "a drift baseline holds at most reference_rows = {} rows, got {rows} \
-                 (raise [models.X.drift] reference_rows to keep more)",
-                self.settings.reference_rows
-            ));
-        }
+        check_baseline_rows(rows, &self.settings)?;
         let features: BTreeMap<String, (Kind, Vec<f64>)> =
             features.into_iter().map(|(name, kind, values)| (name, (kind, values))).collect();
         // A feature the baseline lacks could not be compared: it goes.
