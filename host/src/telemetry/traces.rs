@@ -6,8 +6,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Set once the export runs: until then continuing a client's trace is skipped, it would
-/// only parse headers for nothing.
+/// Set while the export runs: only then do request spans carry their OpenTelemetry fields
+/// and continue a client's trace (otherwise that would be work for nothing).
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// The W3C trace-context header (HTTP) and metadata key (gRPC).
