@@ -1,6 +1,7 @@
 //! `/metrics` on the metrics port after known traffic: exact request counts by status
 //! class, histogram counts and bucket totals, compute calls, batch rows, guest executions and
-//! traps, in-flight requests back to zero. Metric names come from the library's one list.
+//! traps, in-flight requests back to zero; requests whose client went away count as
+//! cancelled. Metric names come from the library's one list.
 
 use std::collections::BTreeMap;
 
@@ -171,4 +172,46 @@ async fn no_metrics_serves_none() {
     let server = Server::start(tenants.path(), &["--no-metrics"]);
     assert!(server.metrics.is_none());
     assert_eq!(server.infer("digits-mlp", KEY, &plain_request(1)).await.0, 200);
+}
+
+#[tokio::test]
+async fn a_client_that_gives_up_is_counted_as_cancelled() {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "guest_deadline_ms = 10000");
+    acme += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("acme.toml", &acme);
+    let server = Server::start(tenants.path(), &[]);
+    // A guest that spins until its deadline; each client gives up after 300 ms.
+    let spin = json!({ "inputs": [], "parameters": { "mode": "loop" } });
+    let impatient = reqwest::Client::builder().timeout(std::time::Duration::from_millis(300)).build().expect("client");
+    let sent =
+        impatient.post(format!("{}/v2/models/hostile/infer", server.base)).bearer_auth(KEY).json(&spin).send().await;
+    assert!(sent.is_err_and(|e| e.is_timeout()), "the HTTP client times out");
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects");
+    let mode = InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("loop".into())) };
+    let mut request = tonic::Request::new(ModelInferRequest {
+        model_name: "hostile".into(),
+        parameters: [("mode".to_string(), mode)].into(),
+        ..Default::default()
+    });
+    request.metadata_mut().insert("authorization", format!("Bearer {KEY}").parse().expect("ascii"));
+    let outcome = tokio::time::timeout(std::time::Duration::from_millis(300), grpc.model_infer(request)).await;
+    assert!(outcome.is_err(), "the gRPC call is dropped (cancelled) by its caller");
+
+    let cancelled = |scrape: &Scrape, protocol: &str| {
+        scrape.sum(names::REQUESTS, &[("app", "hostile"), ("protocol", protocol), ("status", "4xx")])
+    };
+    let started = std::time::Instant::now();
+    let scrape = loop {
+        let scrape = Scrape::of(&server).await;
+        let done = cancelled(&scrape, "http") == 1.0 && cancelled(&scrape, "grpc") == 1.0;
+        if done || started.elapsed() > std::time::Duration::from_secs(5) {
+            break scrape;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!((cancelled(&scrape, "http"), cancelled(&scrape, "grpc")), (1.0, 1.0), "counted when the client left");
+    assert_eq!(scrape.sum(names::REJECTED_REQUESTS, &[("tenant", "acme"), ("reason", "cancelled")]), 2.0);
+    assert_eq!(scrape.sum(names::REQUESTS, &[]), 2.0, "counted once each, not again when the guest stops");
+    assert_eq!(scrape.sum(names::INFLIGHT_REQUESTS, &[]), 0.0);
 }

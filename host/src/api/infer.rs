@@ -118,7 +118,8 @@ pub struct Caller<'a> {
 }
 
 /// Serve one inference request of `tenant` and record it: in flight while `serve` runs,
-/// then counted by status class with its duration (and its error kind when it failed).
+/// then counted by status class with its duration (and its error kind when it failed). A
+/// request whose caller goes away first is dropped unfinished: it is counted as cancelled.
 pub async fn observed<T>(
     tenant: &str,
     protocol: Protocol,
@@ -126,9 +127,10 @@ pub async fn observed<T>(
     serve: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
     let _in_flight = metrics().inflight(tenant);
-    let started = std::time::Instant::now();
+    let mut cancelled = Cancelled { tenant, protocol, routed, started: std::time::Instant::now(), armed: true };
     let result = serve.await;
-    let elapsed = started.elapsed();
+    cancelled.armed = false;
+    let elapsed = cancelled.started.elapsed();
     let RoutedTo { app, version, slo } = routed.take();
     let (status, failure) = match &result {
         Ok(_) => (200, None),
@@ -141,6 +143,31 @@ pub async fn observed<T>(
     metrics().request(labels, status, failure, elapsed);
     result
 }
+
+/// Counts a request whose future is dropped before it answers (the client disconnected or
+/// cancelled): status 499 as nginx logs it, failure `cancelled`. Not counted against SLOs:
+/// the client chose not to wait.
+struct Cancelled<'a> {
+    tenant: &'a str,
+    protocol: Protocol,
+    routed: &'a Routed,
+    started: std::time::Instant,
+    armed: bool,
+}
+
+impl Drop for Cancelled<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let RoutedTo { app, version, .. } = self.routed.take();
+            let labels = RequestLabels { tenant: self.tenant, app: &app, version: &version, protocol: self.protocol };
+            metrics().request(labels, CLIENT_CLOSED_REQUEST, Some(CANCELLED), self.started.elapsed());
+        }
+    }
+}
+
+/// The status of a request whose client went away (nginx's 499), and its failure label.
+const CLIENT_CLOSED_REQUEST: u16 = 499;
+const CANCELLED: &str = "cancelled";
 
 /// The request parameter that shortens a request's deadline.
 const TIMEOUT_PARAMETER: &str = "timeout";
