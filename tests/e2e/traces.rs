@@ -2,7 +2,8 @@
 //! OTLP/gRPC. The collector here is OTLP's own `TraceService` (opentelemetry-proto's
 //! generated server) on a local port; the test reads what arrives: the request span joined
 //! to the client's W3C trace, guest and queue under it, the batch's compute span linked to
-//! the queue span, status codes, and an error status for a guest that traps.
+//! the queue span, status codes, and an error status for a guest that traps; the last spans
+//! sent at exit; an unreachable collector logged while serving goes on.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -219,6 +220,28 @@ async fn spans_still_buffered_are_sent_when_the_server_stops() {
     assert!(server.terminate(), "the server exits cleanly:\n{}", server.log());
     let spans = collector.wait_for("the last request's span", |spans| request_span(spans, "otlp-last").is_some()).await;
     assert!(spans.iter().any(|r| r.span.name == "compute"), "{spans:#?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_collector_is_logged_and_serving_goes_on() {
+    let tenants = acme(&["digits"]);
+    // Port 1 on the loopback: nothing listens there.
+    let server = Server::start_with_env(
+        tenants.path(),
+        &["--otlp-endpoint", "http://127.0.0.1:1"],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    );
+    let (pixels, _) = &heldout_digits()[0];
+    let started = Instant::now();
+    loop {
+        let (status, body) = server.infer("digits", KEY, &image_request(pixels, &[1, 64])).await;
+        assert_eq!(status, 200, "{body}");
+        if server.log().contains("BatchSpanProcessor.ExportError") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no export error logged:\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// acme with the digits model and the test guests named (as apps `digits`, `hostile`).
