@@ -32,12 +32,6 @@ async fn client(server: &Server) -> GrpcInferenceServiceClient<Channel> {
     GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects")
 }
 
-fn authed<T>(message: T, key: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().expect("ascii"));
-    request
-}
-
 fn input(name: &str, datatype: &str, shape: &[i64], contents: Option<InferTensorContents>) -> InferInputTensor {
     InferInputTensor {
         name: name.into(),
@@ -50,16 +44,6 @@ fn input(name: &str, datatype: &str, shape: &[i64], contents: Option<InferTensor
 
 fn infer(model: &str, inputs: Vec<InferInputTensor>, raw: Vec<Vec<u8>>) -> ModelInferRequest {
     ModelInferRequest { model_name: model.into(), inputs, raw_input_contents: raw, ..Default::default() }
-}
-
-/// A call of the hostile test guest in one of its modes.
-fn hostile(mode: &str) -> ModelInferRequest {
-    let mode = InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(mode.into())) };
-    ModelInferRequest {
-        model_name: "hostile".into(),
-        parameters: [("mode".to_string(), mode)].into(),
-        ..Default::default()
-    }
 }
 
 fn raw_i64(bytes: &[u8]) -> Vec<i64> {
@@ -170,7 +154,7 @@ async fn errors_carry_the_same_codes_and_messages_as_http() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("raw_input_contents has 2 entries for 1 inputs"), "{}", status.message());
 
-    let status = grpc.model_infer(authed(hostile("trap"), KEY)).await.expect_err("trap");
+    let status = grpc.model_infer(authed(hostile_grpc_request("trap"), KEY)).await.expect_err("trap");
     assert_eq!(status.code(), Code::Internal);
     assert!(status.message().contains("hostile guest panicked on purpose"), "{}", status.message());
 }
@@ -180,7 +164,7 @@ async fn the_grpc_timeout_bounds_the_guest() {
     let tenants = tenants();
     let server = Server::start(tenants.path(), &[]);
     let mut grpc = client(&server).await;
-    let mut request = authed(hostile("loop"), KEY);
+    let mut request = authed(hostile_grpc_request("loop"), KEY);
     request.set_timeout(Duration::from_millis(800));
     let started = Instant::now();
     let status = grpc.model_infer(request).await.expect_err("deadline");

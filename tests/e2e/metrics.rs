@@ -122,9 +122,7 @@ async fn known_traffic_gives_exact_counts_and_histograms() {
         raw_input_contents: vec![pixels],
         ..Default::default()
     };
-    let mut request = tonic::Request::new(request);
-    request.metadata_mut().insert("authorization", format!("Bearer {KEY}").parse().expect("ascii"));
-    grpc.model_infer(request).await.expect("gRPC infer");
+    grpc.model_infer(authed(request, KEY)).await.expect("gRPC infer");
 
     let scrape = Scrape::of(&server).await;
     let requests = |app: &str, protocol: &str, status: &str| {
@@ -188,13 +186,7 @@ async fn a_client_that_gives_up_is_counted_as_cancelled() {
         impatient.post(format!("{}/v2/models/hostile/infer", server.base)).bearer_auth(KEY).json(&spin).send().await;
     assert!(sent.is_err_and(|e| e.is_timeout()), "the HTTP client times out");
     let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects");
-    let mode = InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("loop".into())) };
-    let mut request = tonic::Request::new(ModelInferRequest {
-        model_name: "hostile".into(),
-        parameters: [("mode".to_string(), mode)].into(),
-        ..Default::default()
-    });
-    request.metadata_mut().insert("authorization", format!("Bearer {KEY}").parse().expect("ascii"));
+    let request = authed(hostile_grpc_request("loop"), KEY);
     let outcome = tokio::time::timeout(std::time::Duration::from_millis(300), grpc.model_infer(request)).await;
     assert!(outcome.is_err(), "the gRPC call is dropped (cancelled) by its caller");
 

@@ -346,3 +346,21 @@ pub fn output<'a>(body: &'a Value, name: &str) -> &'a Value {
         .and_then(|outputs| outputs.iter().find(|o| o["name"] == name))
         .unwrap_or_else(|| panic!("no output '{name}' in {body}"))
 }
+
+/// A gRPC request carrying the tenant's key.
+pub fn authed<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().expect("ascii"));
+    request
+}
+
+/// A gRPC call of the hostile test guest (app `hostile`) in one of its modes.
+pub fn hostile_grpc_request(mode: &str) -> sluice::api::grpc::proto::ModelInferRequest {
+    use sluice::api::grpc::proto::{InferParameter, ModelInferRequest, infer_parameter};
+    let mode = InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(mode.into())) };
+    ModelInferRequest {
+        model_name: "hostile".into(),
+        parameters: [("mode".to_string(), mode)].into(),
+        ..Default::default()
+    }
+}

@@ -16,7 +16,6 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice::api::grpc::proto::{InferParameter, ModelInferRequest, infer_parameter};
 
 use crate::support::*;
 
@@ -136,13 +135,7 @@ async fn spans_reach_an_otlp_collector_joined_to_the_clients_trace() {
     assert_eq!(status, 200, "{body}");
     // gRPC, a guest that traps: the span says error.
     let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects");
-    let mode = InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("trap".into())) };
-    let mut request = tonic::Request::new(ModelInferRequest {
-        model_name: "hostile".into(),
-        parameters: [("mode".to_string(), mode)].into(),
-        ..Default::default()
-    });
-    request.metadata_mut().insert("authorization", format!("Bearer {KEY}").parse().expect("ascii"));
+    let mut request = authed(hostile_grpc_request("trap"), KEY);
     request.metadata_mut().insert("x-request-id", "otlp-grpc-trap".parse().expect("ascii"));
     assert_eq!(grpc.model_infer(request).await.expect_err("trap").code(), tonic::Code::Internal);
 

@@ -14,7 +14,7 @@ use super::error::{ApiError, ErrorKind};
 use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::nn::host::{NnCtx, RawLoad};
 use crate::nn::models::LoadedModel;
-use crate::nn::scheduler::Share;
+use crate::nn::scheduler::{ComputeError, Share};
 use crate::registry::Tenant;
 use crate::registry::ids::{ModelName, VersionName};
 use crate::rollout::shadow::ShadowJob;
@@ -221,15 +221,22 @@ pub async fn set_drift_baseline(
     let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
-    let rows = tokio::time::timeout_at(deadline, model.set_drift_baseline(inputs, deadline, share)).await.map_err(
-        |_| {
-            ApiError::new(
-                ErrorKind::DeadlineExceeded,
-                format!("running the baseline exceeded the deadline of {} ms", budget.as_millis()),
-            )
-        },
-    )??;
-    Ok(rows)
+    within_deadline(deadline, budget, model.set_drift_baseline(inputs, deadline, share)).await
+}
+
+/// Wait for a model call until the request's deadline (`budget` after its arrival).
+async fn within_deadline<T>(
+    deadline: Instant,
+    budget: Duration,
+    call: impl Future<Output = Result<T, ComputeError>>,
+) -> Result<T, ApiError> {
+    let finished = tokio::time::timeout_at(deadline, call).await.map_err(|_| {
+        ApiError::new(
+            ErrorKind::DeadlineExceeded,
+            format!("the request exceeded its deadline of {} ms", budget.as_millis()),
+        )
+    })?;
+    Ok(finished?)
 }
 
 /// Run one validated request.
@@ -270,13 +277,7 @@ pub async fn infer(
             let inputs =
                 request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
             turn.pause();
-            let computed = tokio::time::timeout_at(deadline, model.compute(inputs, deadline, share)).await;
-            let outputs = computed.map_err(|_| {
-                ApiError::new(
-                    ErrorKind::DeadlineExceeded,
-                    format!("the request exceeded its deadline of {budget_ms} ms"),
-                )
-            })??;
+            let outputs = within_deadline(deadline, budget, model.compute(inputs, deadline, share)).await?;
             turn.resume().await;
             (
                 outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect(),
