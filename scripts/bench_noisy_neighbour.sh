@@ -9,10 +9,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rate_b="${1:-300}"
 seconds="${2:-10}"
-rate_a=$(( rate_b * 10 ))
+rate_a="${A_LOAD:-$(( rate_b * 10 ))}"
 sluice=target/release/sluice
 # The server gets CPU 0 and the load generator CPU 1 (override with SERVER_CPUS/CLIENT_CPUS;
 # SERVE_ARGS adds `sluice serve` options; PROTOCOL=grpc drives the gRPC port).
+# IDLE_POLL=1 keeps the CPUs polling when idle for the run (a PM QoS request of 0 µs wake-up
+# latency, which stands while /dev/cpu_dma_latency is held open; needs root): on a VM, a
+# halted vCPU pays the hypervisor's wake-up on every request that finds it idle.
+if [ "${IDLE_POLL:-0}" = 1 ]; then
+  exec 3>/dev/cpu_dma_latency
+  printf '\x00\x00\x00\x00' >&3
+fi
 if [ "$(nproc)" -ge 2 ]; then SERVER_CPUS="${SERVER_CPUS-0}"; CLIENT_CPUS="${CLIENT_CPUS-1}"; fi
 target="--address 127.0.0.1:18500"
 if [ "${PROTOCOL:-http}" = grpc ]; then target="--address 127.0.0.1:18501 --grpc"; fi

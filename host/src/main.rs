@@ -128,6 +128,13 @@ struct ServeArgs {
     /// waiting requests start in weighted fair order across tenants. 0: one per CPU.
     #[arg(long, env = "SLUICE_CPU_TURNS", default_value_t = 0)]
     cpu_turns: usize,
+    /// Tasks the runtime runs between two looks for network events (tokio's `event_interval`,
+    /// 61 by default there). While the server is busy, a new request is seen only at such a
+    /// look, so a lower value lets a light tenant's request in sooner beside a heavy one's
+    /// flood (BENCHMARKS.md, noisy neighbour), at little cost in throughput down to ~16.
+    #[arg(long, env = "SLUICE_IO_POLL_INTERVAL", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    io_poll_interval: u32,
     /// Requests waiting to start, at most; past it a tenant over its share gets 429, else 503.
     #[arg(long, env = "SLUICE_MAX_WAITING_REQUESTS", default_value_t = 1024)]
     max_waiting_requests: usize,
@@ -158,7 +165,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .event_interval(args.io_poll_interval)
+                .enable_all()
+                .build()?;
             let export = runtime
                 .block_on(async { init_logging(args.log_json, args.log_spans, args.otlp_endpoint.as_deref()) })?;
             let config = ServeConfig {

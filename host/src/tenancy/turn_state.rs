@@ -7,9 +7,13 @@
 //! times another's rate makes the other wait behind its bursts, and past capacity everyone
 //! queues before the model queues' own fair share is reached (BENCHMARKS.md, noisy
 //! neighbour). A request gives its turn up while it waits for a model (the batch queue is
-//! fair by itself, and batches need many requests waiting there) and takes one again
-//! before everyone still waiting to start; a guest that runs past one epoch tick gives its
-//! turn up for good, so a spinning guest cannot hold one for its whole deadline.
+//! fair by itself, and batches need many requests waiting there) and then waits for one
+//! again in its tenant's lane, ahead of that tenant's requests still waiting to start: each
+//! tenant finishes what it has begun before it starts more, while across tenants the round
+//! robin holds for resumptions too (a batch of one tenant's requests coming back from a
+//! model must not make another tenant's new request wait for all of them). A guest that
+//! runs past one epoch tick gives its turn up for good, so a spinning guest cannot hold one
+//! for its whole deadline.
 //!
 //! The waiting room is bounded: when it is full, an arrival whose tenant already holds at
 //! least its weighted share of the waiters is refused, otherwise the newest waiter of the
@@ -36,9 +40,22 @@ pub enum Arrival<W> {
 /// One tenant's waiting requests and its round-robin credit.
 #[derive(Debug)]
 struct Lane<W> {
+    /// Requests coming back from a model call; they go before the lane's new arrivals.
+    resuming: VecDeque<W>,
+    /// New arrivals, oldest first.
     waiters: VecDeque<W>,
     weight: u64,
     credit: u64,
+}
+
+impl<W> Lane<W> {
+    fn new(weight: u64) -> Self {
+        Self { resuming: VecDeque::new(), waiters: VecDeque::new(), weight, credit: 0 }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.resuming.is_empty() && self.waiters.is_empty()
+    }
 }
 
 /// The turn-keeping state: a plain struct, driven under a lock by [`super::turns::Turns`].
@@ -47,8 +64,6 @@ pub struct TurnState<W> {
     slots: usize,
     busy: usize,
     max_waiting: usize,
-    /// Requests coming back from a model call; they go before new arrivals.
-    resuming: VecDeque<W>,
     lanes: HashMap<Arc<str>, Lane<W>>,
     /// Tenants with waiters, in round-robin order; the front is being served.
     ring: VecDeque<Arc<str>>,
@@ -57,15 +72,7 @@ pub struct TurnState<W> {
 
 impl<W> TurnState<W> {
     pub fn new(slots: usize, max_waiting: usize) -> Self {
-        Self {
-            slots: slots.max(1),
-            busy: 0,
-            max_waiting,
-            resuming: VecDeque::new(),
-            lanes: HashMap::new(),
-            ring: VecDeque::new(),
-            waiting: 0,
-        }
+        Self { slots: slots.max(1), busy: 0, max_waiting, lanes: HashMap::new(), ring: VecDeque::new(), waiting: 0 }
     }
 
     /// Turns held now.
@@ -110,13 +117,7 @@ impl<W> TurnState<W> {
                 }
             }
         }
-        let lane =
-            self.lanes.entry(tenant.clone()).or_insert_with(|| Lane { waiters: VecDeque::new(), weight, credit: 0 });
-        lane.weight = weight;
-        if lane.waiters.is_empty() {
-            self.ring.push_back(tenant.clone());
-        }
-        lane.waiters.push_back(waiter);
+        self.lane(tenant, weight).waiters.push_back(waiter);
         self.waiting += 1;
         match pushed_out {
             Some(waiter) => Arrival::WaitPushingOut(waiter),
@@ -124,49 +125,67 @@ impl<W> TurnState<W> {
         }
     }
 
-    /// A request that gave its turn up for a model call wants one again: `true` if it runs
-    /// now, else it is queued to be handed the next turn before any new arrival.
-    pub fn resume(&mut self, waiter: W) -> bool {
+    /// A request of `tenant` that gave its turn up for a model call wants one again: `true`
+    /// if it runs now, else it waits in its tenant's lane, before the lane's new arrivals.
+    /// Resumptions are never refused: their requests already hold the tenant's admission.
+    pub fn resume(&mut self, tenant: &Arc<str>, weight: u32, waiter: W) -> bool {
         if self.busy < self.slots {
             self.busy += 1;
             return true;
         }
-        self.resuming.push_back(waiter);
+        self.lane(tenant, u64::from(weight.max(1))).resuming.push_back(waiter);
         false
     }
 
     /// A turn is given back; returns the waiter it passes to, if any (already counted busy).
     pub fn release(&mut self) -> Option<W> {
         self.busy = self.busy.saturating_sub(1);
-        let next = self.resuming.pop_front().or_else(|| self.next_waiter())?;
+        let next = self.next_waiter()?;
         self.busy += 1;
         Some(next)
     }
 
     /// Take a waiter out (its request went away); `true` if it was still waiting.
     pub fn remove(&mut self, tenant: &Arc<str>, is_it: impl Fn(&W) -> bool) -> bool {
-        if let Some(position) = self.resuming.iter().position(&is_it) {
-            self.resuming.remove(position);
-            return true;
-        }
         let Some(lane) = self.lanes.get_mut(tenant) else { return false };
-        let Some(position) = lane.waiters.iter().position(&is_it) else { return false };
-        lane.waiters.remove(position);
-        self.waiting -= 1;
+        if let Some(position) = lane.resuming.iter().position(&is_it) {
+            lane.resuming.remove(position);
+        } else if let Some(position) = lane.waiters.iter().position(&is_it) {
+            lane.waiters.remove(position);
+            self.waiting -= 1;
+        } else {
+            return false;
+        }
         self.forget_idle_lanes();
         true
     }
 
+    /// `tenant`'s lane, joining the ring if it had nobody waiting.
+    fn lane(&mut self, tenant: &Arc<str>, weight: u64) -> &mut Lane<W> {
+        let lane = self.lanes.entry(tenant.clone()).or_insert_with(|| Lane::new(weight));
+        lane.weight = weight;
+        if lane.is_idle() {
+            self.ring.push_back(tenant.clone());
+        }
+        lane
+    }
+
     /// Weighted deficit round robin with unit cost: the tenant at the front of the ring is
-    /// served while it has credit; otherwise it earns its weight and the next one's turn comes.
+    /// served while it has credit (its resumptions first); otherwise it earns its weight and
+    /// the next one's turn comes.
     fn next_waiter(&mut self) -> Option<W> {
         loop {
             let tenant = self.ring.front()?.clone();
             let lane = self.lanes.get_mut(&tenant)?;
             if lane.credit >= 1 {
                 lane.credit -= 1;
-                let waiter = lane.waiters.pop_front();
-                self.waiting -= 1;
+                let waiter = match lane.resuming.pop_front() {
+                    Some(resuming) => Some(resuming),
+                    None => {
+                        self.waiting -= 1;
+                        lane.waiters.pop_front()
+                    }
+                };
                 self.forget_idle_lanes();
                 return waiter;
             }
@@ -177,7 +196,7 @@ impl<W> TurnState<W> {
 
     /// Lanes without waiters leave the ring and lose their credit.
     fn forget_idle_lanes(&mut self) {
-        self.lanes.retain(|_, lane| !lane.waiters.is_empty());
+        self.lanes.retain(|_, lane| !lane.is_idle());
         let lanes = &self.lanes;
         self.ring.retain(|tenant| lanes.contains_key(tenant));
     }
@@ -229,16 +248,43 @@ mod tests {
     }
 
     #[test]
-    fn a_resuming_request_goes_before_new_arrivals() {
+    fn a_resuming_request_goes_before_its_tenants_new_arrivals() {
         let mut state = TurnState::new(1, 8);
         assert_eq!(state.arrive(&tenant("a"), 1, 1), Arrival::Run);
         assert_eq!(state.arrive(&tenant("b"), 1, 2), Arrival::Wait);
         // Request 1 pauses for a model call: its turn goes to 2.
         assert_eq!(state.release(), Some(2));
-        assert!(!state.resume(1), "no turn free: 1 is queued to resume");
-        assert_eq!(state.arrive(&tenant("c"), 1, 3), Arrival::Wait);
-        assert_eq!(state.release(), Some(1), "1 resumes before 3 starts");
+        assert_eq!(state.arrive(&tenant("a"), 1, 3), Arrival::Wait);
+        assert!(!state.resume(&tenant("a"), 1, 1), "no turn free: 1 is queued to resume");
+        assert_eq!(state.release(), Some(1), "1 resumes before a's newer 3 starts");
         assert_eq!(state.release(), Some(3));
+    }
+
+    #[test]
+    fn resumptions_take_turns_with_other_tenants() {
+        let mut state = TurnState::new(1, 100);
+        assert_eq!(state.arrive(&tenant("x"), 1, 0), Arrival::Run);
+        // A batch of a's requests comes back from the model while b's new request waits.
+        for id in 1..=10 {
+            assert!(!state.resume(&tenant("a"), 1, id));
+        }
+        assert_eq!(state.arrive(&tenant("b"), 1, 100), Arrival::Wait);
+        let order: Vec<_> = std::iter::from_fn(|| state.release()).collect();
+        let b_at = order.iter().position(|id| *id == 100).expect("b is served");
+        assert!(b_at <= 1, "b starts after at most one of a's resumptions: {order:?}");
+        assert_eq!(order.len(), 11);
+        assert_eq!(state.waiting(), 0);
+    }
+
+    #[test]
+    fn a_removed_resumption_is_never_served() {
+        let mut state = TurnState::new(1, 8);
+        assert_eq!(state.arrive(&tenant("a"), 1, 1), Arrival::Run);
+        assert!(!state.resume(&tenant("b"), 1, 2));
+        assert_eq!(state.arrive(&tenant("c"), 1, 3), Arrival::Wait);
+        assert!(state.remove(&tenant("b"), |id| *id == 2));
+        assert_eq!(state.release(), Some(3));
+        assert_eq!(state.release(), None);
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl Turns {
         let arrival = self.lock().arrive(&tenant, weight, Waiter { id, wake });
         match arrival {
             Arrival::Run => {
-                let turn = Turn::held(self.clone());
+                let turn = Turn::held(self.clone(), tenant, weight);
                 // Holding the turn, let the other requests that are ready to run reach the
                 // line: the next turn then goes round robin among them instead of to whichever
                 // the runtime happens to poll first (a burst of one tenant's requests would
@@ -61,12 +61,13 @@ impl Turns {
                 let _ = other.wake.send(Wake::PushedOut);
             }
         }
-        let mut waiting = Waiting { turns: self, tenant: tenant.clone(), id, woken, settled: false };
+        let mut waiting = Waiting { turns: self, tenant: &tenant, id, woken, settled: false };
         let woke = tokio::time::timeout_at(deadline, &mut waiting.woken).await;
         match woke {
             Ok(Ok(Wake::Run)) => {
                 waiting.settled = true;
-                Ok(Turn::held(self.clone()))
+                drop(waiting);
+                Ok(Turn::held(self.clone(), tenant, weight))
             }
             Ok(Ok(Wake::PushedOut)) => {
                 waiting.settled = true;
@@ -116,7 +117,7 @@ fn refused(tenant: &str, over_share: bool) -> ApiError {
 /// handed to it in the meantime is passed on.
 struct Waiting<'a> {
     turns: &'a Arc<Turns>,
-    tenant: Arc<str>,
+    tenant: &'a Arc<str>,
     id: u64,
     woken: oneshot::Receiver<Wake>,
     settled: bool,
@@ -128,7 +129,7 @@ impl Drop for Waiting<'_> {
             return;
         }
         let id = self.id;
-        let removed = self.turns.lock().remove(&self.tenant, |waiter| waiter.id == id);
+        let removed = self.turns.lock().remove(self.tenant, |waiter| waiter.id == id);
         if !removed && matches!(self.woken.try_recv(), Ok(Wake::Run)) {
             self.turns.release();
         }
@@ -138,18 +139,21 @@ impl Drop for Waiting<'_> {
 /// A request's hold on a turn; dropping it gives the turn back.
 pub struct Turn {
     turns: Option<Arc<Turns>>,
+    /// The request's tenant and weight, for the line it resumes in.
+    tenant: Arc<str>,
+    weight: u32,
     holding: bool,
     detached: bool,
 }
 
 impl Turn {
-    fn held(turns: Arc<Turns>) -> Self {
-        Self { turns: Some(turns), holding: true, detached: false }
+    fn held(turns: Arc<Turns>, tenant: Arc<str>, weight: u32) -> Self {
+        Self { turns: Some(turns), tenant, weight, holding: true, detached: false }
     }
 
     /// A turn outside any accounting (benchmarks and tools that call the runtime directly).
     pub fn unmetered() -> Self {
-        Self { turns: None, holding: false, detached: true }
+        Self { turns: None, tenant: Arc::from(""), weight: 1, holding: false, detached: true }
     }
 
     /// Give the turn up while the request waits for something else (a model).
@@ -161,7 +165,8 @@ impl Turn {
         }
     }
 
-    /// Take a turn again after [`Turn::pause`], ahead of requests waiting to start.
+    /// Take a turn again after [`Turn::pause`], ahead of the tenant's requests waiting to
+    /// start, in round robin with other tenants.
     pub async fn resume(&mut self) {
         let Some(turns) = self.turns.clone() else { return };
         if self.holding || self.detached {
@@ -169,11 +174,11 @@ impl Turn {
         }
         let id = turns.next_id.fetch_add(1, Ordering::Relaxed);
         let (wake, woken) = oneshot::channel();
-        if turns.lock().resume(Waiter { id, wake }) {
+        if turns.lock().resume(&self.tenant, self.weight, Waiter { id, wake }) {
             self.holding = true;
             return;
         }
-        let mut waiting = Waiting { turns: &turns, tenant: Arc::from(""), id, woken, settled: false };
+        let mut waiting = Waiting { turns: &turns, tenant: &self.tenant, id, woken, settled: false };
         let woke = (&mut waiting.woken).await;
         waiting.settled = true;
         self.holding = matches!(woke, Ok(Wake::Run));
@@ -231,24 +236,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_paused_turn_lets_another_request_run_and_resumes_first() {
+    async fn a_paused_turn_lets_another_request_run_and_resumes_before_its_tenants_new_ones() {
         let turns = Turns::new(1, 8);
-        let mut a = turns.enter("a".into(), 1, far()).await.expect("a free turn");
-        a.pause();
-        let b = turns.enter("b".into(), 1, far()).await.expect("a's paused turn is free");
-        let c = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("c".into(), 1, far()).await.map(|_| ()) }
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut first = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        first.pause();
+        let other = turns.enter("b".into(), 1, far()).await.expect("a's paused turn is free");
+        let newer = tokio::spawn({
+            let (turns, order) = (turns.clone(), order.clone());
+            async move {
+                let turn = turns.enter("a".into(), 1, far()).await;
+                order.lock().expect("order lock").push("new");
+                turn.map(drop)
+            }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let resumed = tokio::spawn(async move {
-            a.resume().await;
-            a.holding
+        let resumed = tokio::spawn({
+            let order = order.clone();
+            async move {
+                first.resume().await;
+                order.lock().expect("order lock").push("resumed");
+                first.holding
+            }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drop(b);
-        assert!(resumed.await.expect("joined"), "a resumes before c starts");
-        c.await.expect("joined").expect("c runs once a is done");
+        drop(other);
+        assert!(resumed.await.expect("joined"), "the first request holds a turn again");
+        newer.await.expect("joined").expect("the newer request runs once the first is done");
+        assert_eq!(*order.lock().expect("order lock"), ["resumed", "new"]);
     }
 
     #[tokio::test]
