@@ -15,6 +15,11 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::prelude::*;
 
+/// Per-request allocations are a measurable share of the serving path's CPU; mimalloc serves
+/// them faster than glibc's malloc (BENCHMARKS.md, allocator).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Sluice: a multi-tenant inference server. Tenants' WebAssembly components run beside
 /// shared model backends; clients speak the Open Inference Protocol (KServe v2).
 #[derive(Debug, Parser)]
@@ -131,7 +136,7 @@ struct ServeArgs {
     /// Tasks the runtime runs between two looks for network events (tokio's `event_interval`,
     /// 61 by default there). While the server is busy, a new request is seen only at such a
     /// look, so a lower value lets a light tenant's request in sooner beside a heavy one's
-    /// flood (BENCHMARKS.md, noisy neighbour), at little cost in throughput down to ~16.
+    /// flood, at some throughput when saturated (BENCHMARKS.md, noisy neighbour).
     #[arg(long, env = "SLUICE_IO_POLL_INTERVAL", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..))]
     io_poll_interval: u32,
