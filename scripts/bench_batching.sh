@@ -4,7 +4,8 @@
 # matter (host overhead) -- all in one run of this script, for BENCHMARKS.md. The server
 # gets CPU 0 and the load generator CPU 1 when the machine has two or more CPUs.
 # Needs the release build (`cargo build --release`) and, for ONNX Runtime, ./.venv from the
-# tests. Usage: scripts/bench_batching.sh [digits-mlp|magika-v3] [seconds]
+# tests; SLUICE_BIN runs another build of `sluice` (to compare builds). Usage:
+# scripts/bench_batching.sh [digits-mlp|magika-v3] [seconds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name="${1:-digits-mlp}"
@@ -14,7 +15,7 @@ case "$name" in
   magika-v3) model=examples/magika/model/model.onnx ;;
   *) echo "unknown model '$name': digits-mlp or magika-v3" >&2; exit 2 ;;
 esac
-sluice=target/release/sluice
+sluice="${SLUICE_BIN:-target/release/sluice}"
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 digest=$(sha256sum "$model" | cut -d' ' -f1)

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 rate_b="${1:-300}"
 seconds="${2:-10}"
 rate_a="${A_LOAD:-$(( rate_b * 10 ))}"
-sluice=target/release/sluice
+sluice="${SLUICE_BIN:-target/release/sluice}"
 # The server gets CPU 0 and the load generator CPU 1 (override with SERVER_CPUS/CLIENT_CPUS;
 # SERVE_ARGS adds `sluice serve` options; PROTOCOL=grpc drives the gRPC port).
 # IDLE_POLL=1 keeps the CPUs polling when idle for the run (a PM QoS request of 0 µs wake-up

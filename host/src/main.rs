@@ -15,11 +15,6 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::prelude::*;
 
-/// Per-request allocations are a measurable share of the serving path's CPU; mimalloc serves
-/// them faster than glibc's malloc (BENCHMARKS.md, allocator).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Sluice: a multi-tenant inference server. Tenants' WebAssembly components run beside
 /// shared model backends; clients speak the Open Inference Protocol (KServe v2).
 #[derive(Debug, Parser)]
