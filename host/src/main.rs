@@ -128,11 +128,11 @@ struct ServeArgs {
     /// waiting requests start in weighted fair order across tenants. 0: one per CPU.
     #[arg(long, env = "SLUICE_CPU_TURNS", default_value_t = 0)]
     cpu_turns: usize,
-    /// Tasks the runtime runs between two looks for network events (tokio's `event_interval`,
-    /// 61 by default there). While the server is busy, a new request is seen only at such a
-    /// look, so a lower value lets a light tenant's request in sooner beside a heavy one's
-    /// flood, at some throughput when saturated (BENCHMARKS.md, noisy neighbour).
-    #[arg(long, env = "SLUICE_IO_POLL_INTERVAL", default_value_t = 16,
+    /// Tasks the runtime runs between two looks for network events (tokio's `event_interval`).
+    /// While the server is saturated, a new request is seen only at such a look: 16 lets a
+    /// light tenant's request in sooner beside a heavy tenant's flood, at some throughput and
+    /// at no gain below saturation (BENCHMARKS.md, noisy neighbour).
+    #[arg(long, env = "SLUICE_IO_POLL_INTERVAL", default_value_t = 61,
           value_parser = clap::value_parser!(u32).range(1..))]
     io_poll_interval: u32,
     /// Requests waiting to start, at most; past it a tenant over its share gets 429, else 503.
