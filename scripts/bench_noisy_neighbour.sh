@@ -5,6 +5,8 @@
 # beside A, interleaved so that the machine's background load falls on both alike, and each
 # tenant's goodput. Needs `cargo build --release`.
 # Usage: scripts/bench_noisy_neighbour.sh [rate_b] [seconds]
+# A_LOAD replaces A's rate with any `sluice perf --tenant` load (`c64`: 64 requests in flight,
+# a flood that saturates the server); SLUICE_BIN runs another build of `sluice`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate_b="${1:-300}"
