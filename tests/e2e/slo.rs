@@ -125,7 +125,7 @@ async fn the_canary_analysis_waits_instead_of_promoting_while_the_budget_is_spen
     // allowed keep the budget spent.
     let echo = json!({ "inputs": [{ "name": "x", "shape": [1], "datatype": "INT32", "data": [1] }], "parameters": { "mode": "echo" } });
     let started = Instant::now();
-    let waits = loop {
+    let (held, status) = loop {
         let round = (0..24).map(|i| server.infer("hostile", KEY, if i % 6 == 0 { &trap } else { &echo }));
         futures::future::join_all(round).await;
         let (_, status) = server.get("/control/v1/apps/hostile", Some(KEY)).await;
@@ -140,7 +140,6 @@ async fn the_canary_analysis_waits_instead_of_promoting_while_the_budget_is_spen
             break (held, status);
         }
     };
-    let (held, status) = waits;
     assert!(held.len() >= 3, "the analysis never held the promotion: {status}");
     assert!(
         held.iter().all(|e| e["action"] == "wait"

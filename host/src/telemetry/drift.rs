@@ -53,6 +53,10 @@ struct Series {
 }
 
 impl Series {
+    fn new(kind: Kind, reference: Vec<f64>) -> Self {
+        Self { kind, reference, window: Vec::new(), next: 0 }
+    }
+
     fn push(&mut self, value: f64, reference_rows: usize, window_rows: usize) {
         if self.reference.len() < reference_rows {
             self.reference.push(value);
@@ -146,12 +150,10 @@ impl DriftState {
         let window_rows = self.settings.window_rows;
         self.rows_observed += features.first().map_or(0, |(_, _, values)| values.len() as u64);
         for (name, kind, values) in features {
-            let series = self.features.entry(name).or_insert_with(|| Series {
-                kind,
-                reference: Vec::with_capacity(reference_rows.min(4096)),
-                window: Vec::new(),
-                next: 0,
-            });
+            let series = self
+                .features
+                .entry(name)
+                .or_insert_with(|| Series::new(kind, Vec::with_capacity(reference_rows.min(4096))));
             for value in values {
                 series.push(value, reference_rows, window_rows);
             }
@@ -169,12 +171,7 @@ impl DriftState {
         // A feature the baseline lacks could not be compared: it goes.
         self.features.retain(|name, _| features.contains_key(name));
         for (name, (kind, reference)) in features {
-            let series = self.features.entry(name).or_insert_with(|| Series {
-                kind,
-                reference: Vec::new(),
-                window: Vec::new(),
-                next: 0,
-            });
+            let series = self.features.entry(name).or_insert_with(|| Series::new(kind, Vec::new()));
             series.kind = kind;
             series.reference = reference;
         }
