@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph};
+use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph, Stop};
 use sluice::nn::host::NnCtx;
 use sluice::nn::models::TenantModels;
 use sluice::nn::scheduler::Share;
@@ -74,6 +74,7 @@ async fn sandbox_cost() -> anyhow::Result<()> {
     let wasm = std::fs::read(&path)?;
     let prepared = runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?;
     let models = Arc::new(TenantModels::default());
+    let log_allowance = Arc::new(sluice::telemetry::rate::TokenBucket::new(1e9, 1e9));
     let mut samples = Vec::with_capacity(SANDBOX_CALLS);
     for i in 0..(SANDBOX_CALLS + 500) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -87,7 +88,7 @@ async fn sandbox_cost() -> anyhow::Result<()> {
                 Turn::unmetered(),
             ),
             memory_bytes: 64 << 20,
-            log: GuestLog { tenant: "bench".into(), app: "echo".into(), version: "1".into() },
+            log: GuestLog::new("bench".into(), "echo".into(), "1".into(), 64 << 10, log_allowance.clone()),
             deadline,
             deadline_ms: 1000,
             request: InferRequest { id: None, inputs: Vec::new(), parameters: vec![("mode".into(), "echo".into())] },
@@ -154,12 +155,12 @@ fn batch_input(model: &BenchModel, batch: usize) -> Vec<(String, Tensor)> {
 /// Inferences per second over at least one second of back-to-back runs.
 fn throughput(graph: &dyn Graph, inputs: &[(String, Tensor)], batch: usize) -> anyhow::Result<f64> {
     for _ in 0..20 {
-        graph.run(inputs.to_vec())?;
+        graph.run(inputs.to_vec(), &Stop::default())?;
     }
     let started = Instant::now();
     let mut runs = 0usize;
     while started.elapsed() < Duration::from_secs(1) || runs < 20 {
-        graph.run(inputs.to_vec())?;
+        graph.run(inputs.to_vec(), &Stop::default())?;
         runs += 1;
     }
     Ok((runs * batch) as f64 / started.elapsed().as_secs_f64())
@@ -247,6 +248,8 @@ async fn end_to_end() -> anyhow::Result<()> {
         cpu_turns: 0,
         max_waiting_requests: 1024,
         admin_token: None,
+        connections: Default::default(),
+        body_timeouts: Default::default(),
     };
     let state = match build_state(&config).await {
         Ok(state) => state,
@@ -282,7 +285,7 @@ async fn end_to_end() -> anyhow::Result<()> {
     let mut raw = Vec::with_capacity(E2E_CALLS);
     for i in 0..(E2E_CALLS + 200) {
         let started = Instant::now();
-        graph.run(input.clone())?;
+        graph.run(input.clone(), &Stop::default())?;
         if i >= 200 {
             raw.push(started.elapsed());
         }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use sluice::nn::backend::BackendKind;
 use sluice::perf::{Protocol, TenantLoad};
-use sluice::serve::{ServeConfig, serve};
+use sluice::serve::listen::ConnectionSettings;
+use sluice::serve::{BodyTimeouts, ServeConfig, serve};
 use sluice::telemetry::traces::OtlpExport;
 use tracing::Level;
 use tracing_subscriber::EnvFilter;
@@ -142,6 +143,23 @@ struct ServeArgs {
     /// admin API is off.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Client connections open at once across the HTTP and gRPC ports; past it a new one is
+    /// closed at once (lowered to what the descriptor limit allows).
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// Client connections open at once from one IP address.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 1024)]
+    max_connections_per_client: usize,
+    /// Milliseconds a client has to send a request's line and headers, and that an idle
+    /// HTTP connection stays open waiting for the next request.
+    #[arg(long, env = "SLUICE_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
+    header_timeout_ms: u64,
+    /// Milliseconds a client has to send an inference request's body (HTTP and gRPC).
+    #[arg(long, env = "SLUICE_BODY_TIMEOUT_MS", default_value_t = 30_000)]
+    body_timeout_ms: u64,
+    /// Seconds a client has to send an upload (a model's weights or a component).
+    #[arg(long, env = "SLUICE_UPLOAD_TIMEOUT_S", default_value_t = 300)]
+    upload_timeout_s: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SLUICE_LOG_JSON")]
     log_json: bool,
@@ -189,6 +207,15 @@ fn main() -> anyhow::Result<()> {
                 cpu_turns: args.cpu_turns,
                 max_waiting_requests: args.max_waiting_requests,
                 admin_token: args.admin_token,
+                connections: ConnectionSettings {
+                    max_connections: args.max_connections.max(1),
+                    max_per_client: args.max_connections_per_client.max(1),
+                    header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+                },
+                body_timeouts: BodyTimeouts {
+                    request: Duration::from_millis(args.body_timeout_ms.max(1)),
+                    upload: Duration::from_secs(args.upload_timeout_s.max(1)),
+                },
             };
             let served = runtime.block_on(serve(config));
             if let Some(export) = export {

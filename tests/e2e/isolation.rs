@@ -80,7 +80,7 @@ async fn raw_model_loading_needs_the_quota() {
     // Allowed, but sixteen zero bytes are no ONNX graph: a model error, not a refusal.
     assert_eq!(status, 500, "{body}");
     assert!(!error_message(&body).contains("not allowed"), "{body}");
-    assert!(error_message(&body).contains("could not load the model"), "{body}");
+    assert!(error_message(&body).contains("not an ONNX model"), "{body}");
 }
 
 #[tokio::test]

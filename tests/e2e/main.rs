@@ -1,10 +1,12 @@
 //! End-to-end tests: each starts the real `sluice serve` on port 0 and calls it over HTTP.
 
 mod admin;
+mod availability;
 mod bad_input;
 mod batching;
 mod cli;
 mod clients;
+mod confidentiality;
 mod control;
 mod deploy;
 mod drift;
@@ -13,10 +15,13 @@ mod grpc;
 mod hostile;
 mod isolation;
 mod metrics;
+mod onnx;
 #[cfg(feature = "tract")]
 mod padding;
+mod parity;
 mod perf;
 mod request_ids;
+mod resources;
 mod rollout;
 mod serving;
 mod slo;

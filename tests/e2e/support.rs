@@ -134,6 +134,12 @@ pub fn magika_model() -> PathBuf {
     repo_root().join("examples/magika/model/model.onnx")
 }
 
+/// The server under test: this build's, or `SLUICE_TEST_BIN` (to show which tests an
+/// older build fails).
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("SLUICE_TEST_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sluice")), PathBuf::from)
+}
+
 /// A running `sluice serve`, stopped on drop.
 pub struct Server {
     child: Child,
@@ -156,7 +162,7 @@ impl Server {
     /// [`Server::start`] with extra environment variables for the server process.
     pub fn start_with_env(tenants: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let data = tempfile::tempdir().expect("temporary data directory");
-        let mut server = Self::launch(tenants, data.path(), extra, env)
+        let mut server = Self::launch(tenants, data.path(), extra, env, None)
             .unwrap_or_else(|log| panic!("sluice serve did not start:\n{log}"));
         server._data = Some(data);
         server
@@ -165,16 +171,32 @@ impl Server {
     /// Start with a data directory the caller keeps; `Err` carries the log of a server
     /// that exited instead of serving.
     pub fn start_in(tenants: &Path, data: &Path, extra: &[&str]) -> Result<Self, String> {
-        Self::launch(tenants, data, extra, &[])
+        Self::launch(tenants, data, extra, &[], None)
     }
 
-    fn launch(tenants: &Path, data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
+    /// [`Server::start_in`] with the server's working directory at `cwd` (where a relative
+    /// data directory, the default `data`, would be).
+    pub fn start_in_dir(tenants: &Path, data: &Path, cwd: &Path, extra: &[&str]) -> Result<Self, String> {
+        Self::launch(tenants, data, extra, &[], Some(cwd))
+    }
+
+    fn launch(
+        tenants: &Path,
+        data: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        cwd: Option<&Path>,
+    ) -> Result<Self, String> {
         let log = data.join(format!(
             "server-{}.log",
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
         ));
         let log_file = std::fs::File::create(&log).expect("creating the server log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        let mut command = Command::new(server_binary());
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        let mut child = command
             .arg("serve")
             .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--tenants"])
             .arg(tenants)
@@ -237,6 +259,43 @@ impl Server {
         false
     }
 
+    /// The server's resident memory now, in bytes (Linux `/proc`).
+    pub fn rss_bytes(&self) -> u64 {
+        rss_of(self.child.id())
+    }
+
+    /// The server's largest resident memory while `work` runs, sampled every 5 ms, less
+    /// what it held before: how much `work` made it allocate at its peak.
+    pub async fn peak_growth<T>(&self, work: impl Future<Output = T>) -> (T, u64) {
+        let before = self.rss_bytes();
+        let pid = self.child.id();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut peak = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(rss_of(pid));
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                peak.max(rss_of(pid))
+            }
+        });
+        let result = work.await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let peak = watcher.join().expect("the memory watcher");
+        (result, peak.saturating_sub(before))
+    }
+
+    /// CPU time the server has used so far (user + system, from `/proc`).
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).expect("/proc stat");
+        // Fields after the command name (which is in parentheses): utime is the 14th field.
+        let fields: Vec<&str> = stat.rsplit_once(')').expect("stat").1.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        Duration::from_millis(ticks * 10)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -289,6 +348,13 @@ impl Server {
         }
         read(request.send().await.expect("POST reaches the server")).await
     }
+}
+
+/// Resident memory of process `pid`, in bytes (0 once it has gone).
+fn rss_of(pid: u32) -> u64 {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return 0 };
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or_default();
+    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).unwrap_or(0) * 1024
 }
 
 async fn read(response: reqwest::Response) -> (u16, Value) {

@@ -73,13 +73,18 @@ async fn receive(
     let stored = |e: std::io::Error| ApiError::new(ErrorKind::Internal, format!("storing the upload: {e}"));
     let mut upload = state.store.begin_upload(max).map_err(stored)?;
     let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("the upload was cut off: {e}")))?;
-        upload.write(&chunk).map_err(|e| match e {
-            UploadError::TooLarge { .. } => too_large(),
-            UploadError::Io(e) => stored(e),
-        })?;
-    }
+    let timeout = state.body_timeouts.upload;
+    let received = tokio::time::timeout(timeout, async {
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::invalid(format!("the upload was cut off: {e}")))?;
+            upload.write(&chunk).map_err(|e| match e {
+                UploadError::TooLarge { .. } => too_large(),
+                UploadError::Io(e) => stored(e),
+            })?;
+        }
+        Ok::<(), ApiError>(())
+    });
+    received.await.map_err(|_| ApiError::body_timeout(timeout))??;
     upload.finish().map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
 }
 

@@ -17,6 +17,8 @@ pub enum ErrorKind {
     InvalidInput,
     /// Body larger than the tenant allows.
     PayloadTooLarge,
+    /// The body did not arrive within the server's body timeout.
+    BodyTimeout,
     /// The thing to create exists (an app version: versions are immutable).
     Conflict,
     /// Missing or wrong API key.
@@ -43,6 +45,7 @@ impl ErrorKind {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::InvalidInput => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Conflict => StatusCode::CONFLICT,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
@@ -63,7 +66,7 @@ impl ErrorKind {
             Self::Unauthenticated => tonic::Code::Unauthenticated,
             Self::PayloadTooLarge | Self::QuotaExceeded | Self::GuestResource => tonic::Code::ResourceExhausted,
             Self::Overloaded => tonic::Code::Unavailable,
-            Self::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            Self::DeadlineExceeded | Self::BodyTimeout => tonic::Code::DeadlineExceeded,
             Self::GuestFailure | Self::ModelFailure | Self::Internal => tonic::Code::Internal,
         }
     }
@@ -74,6 +77,7 @@ impl ErrorKind {
             Self::NotFound => "not_found",
             Self::InvalidInput => "invalid_input",
             Self::PayloadTooLarge => "payload_too_large",
+            Self::BodyTimeout => "body_timeout",
             Self::Conflict => "conflict",
             Self::Unauthenticated => "unauthenticated",
             Self::QuotaExceeded => "quota_exceeded",
@@ -107,6 +111,22 @@ impl ApiError {
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::NotFound, message)
     }
+
+    /// An inference body over the tenant's `max_request_bytes` (`limit`), on either protocol.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            ErrorKind::PayloadTooLarge,
+            format!("request body exceeds the tenant's limit of {limit} bytes (max_request_bytes)"),
+        )
+    }
+
+    /// A body that did not arrive within the server's body timeout.
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        Self::new(
+            ErrorKind::BodyTimeout,
+            format!("the request body did not arrive within {} s (the server's body timeout)", timeout.as_secs_f64()),
+        )
+    }
 }
 
 impl From<ComputeError> for ApiError {
@@ -115,7 +135,7 @@ impl From<ComputeError> for ApiError {
             ComputeError::InvalidInput(_) => ErrorKind::InvalidInput,
             ComputeError::Overloaded { .. } | ComputeError::WaitTooLong { .. } => ErrorKind::Overloaded,
             ComputeError::OverShare { .. } => ErrorKind::QuotaExceeded,
-            ComputeError::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
+            ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. } => ErrorKind::DeadlineExceeded,
             ComputeError::Backend { .. } => ErrorKind::ModelFailure,
             ComputeError::Stopped { .. } => ErrorKind::Overloaded,
         };
@@ -146,18 +166,17 @@ impl From<ApiError> for tonic::Status {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.kind.status().is_server_error() {
-            tracing::warn!(kind = self.kind.label(), error = %self.message, "request failed");
+            let error = crate::telemetry::text::escape_controls(&self.message);
+            tracing::warn!(kind = self.kind.label(), %error, "request failed");
         }
         let mut response =
             (self.kind.status(), axum::Json(serde_json::json!({ "error": self.message }))).into_response();
-        if self.kind == ErrorKind::PayloadTooLarge {
+        if matches!(self.kind, ErrorKind::PayloadTooLarge | ErrorKind::BodyTimeout) {
             // The unread rest of the body makes the connection unusable: tell the client.
-            response
-                .headers_mut()
-                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+            response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
         }
         if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            response.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
         }
         response
     }

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::error::ApiError;
 use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
-use super::{infer, metadata, raw, request_id, triton};
+use super::{grpc_body, infer, metadata, raw, request_id, triton};
 use crate::nn::tensor::ElementType;
 use crate::serve::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
@@ -150,7 +150,7 @@ impl GrpcInferenceService for GrpcApi {
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
         let duration = |d: triton::Duration| Some(StatisticDuration { count: d.count, ns: d.ns });
-        let model_stats = triton::statistics(&message.name, &target)
+        let model_stats = triton::statistics(tenant.tenant().id.as_str(), &message.name, &target)
             .model_stats
             .into_iter()
             .map(|m| ModelStatistics {
@@ -203,8 +203,18 @@ impl GrpcApi {
         let outcome = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, async {
             // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
             let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
-            let entry = infer::enter(&self.state, tenant, client_timeout).await?;
+            // Admitted by the body layer before the message was read (see `grpc_body`).
+            let admitted = match request.extensions().get::<grpc_body::Admission>().and_then(|a| a.take()) {
+                Some(admitted) => admitted,
+                None => infer::admit(&self.state, tenant)?,
+            };
+            let entry = infer::enter(&self.state, tenant, admitted, client_timeout).await?;
             let (metadata, _, message) = request.into_parts();
+            // A compressed message is checked here, at its decoded size.
+            let limit = usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX);
+            if prost::Message::encoded_len(&message) > limit {
+                return Err(ApiError::body_too_large(limit));
+            }
             let limits = TensorLimits { max_elements: spec.quotas.max_tensor_elements };
             let name = message.model_name.clone();
             let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());

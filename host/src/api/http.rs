@@ -120,7 +120,9 @@ async fn model_stats(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    describe(&state, &headers, &path, super::triton::statistics)
+    let tenant = &authenticate(&state, &headers)?;
+    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
+    Ok(Json(super::triton::statistics(tenant.tenant().id.as_str(), &path.model, &target)).into_response())
 }
 
 /// `GET /v2/models/{model}/drift`: the caller's drift figures for one of its models.
@@ -180,9 +182,10 @@ async fn model_infer(
     .await
 }
 
-/// Admit a request carrying an OIP infer body (JSON, or with binary tensors) and read it
-/// within the tenant's size and tensor limits. A body declared too large is refused before
-/// the request waits for a turn.
+/// Admit a request carrying an OIP infer body (JSON, or with binary tensors), read it within
+/// the tenant's size limit and the body timeout, then wait for a CPU turn and parse it within
+/// the tenant's tensor limits. A body declared too large is refused before it is read; no
+/// turn is held while the body arrives.
 async fn enter_and_read(
     state: &ServingState,
     tenant: &TenantState,
@@ -191,17 +194,16 @@ async fn enter_and_read(
     body: Body,
 ) -> Result<(infer::Entry, HttpInferRequest), ApiError> {
     let limit = usize::try_from(quotas.max_request_bytes).unwrap_or(usize::MAX);
-    let too_large = || {
-        ApiError::new(
-            ErrorKind::PayloadTooLarge,
-            format!("request body exceeds the tenant's limit of {limit} bytes (max_request_bytes)"),
-        )
-    };
     if declared_length(headers).is_some_and(|length| length > limit as u64) {
-        return Err(too_large());
+        return Err(ApiError::body_too_large(limit));
     }
-    let entry = infer::enter(state, tenant, None).await?;
-    let body = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
+    let admitted = infer::admit(state, tenant)?;
+    let timeout = state.body_timeouts.request;
+    let body = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| ApiError::body_timeout(timeout))?
+        .map_err(|_| ApiError::body_too_large(limit))?;
+    let entry = infer::enter(state, tenant, admitted, None).await?;
     let limits = TensorLimits { max_elements: quotas.max_tensor_elements };
     let json_length = match headers.get(INFERENCE_HEADER_CONTENT_LENGTH) {
         None => None,

@@ -172,8 +172,26 @@ const CANCELLED: &str = "cancelled";
 /// The request parameter that shortens a request's deadline.
 const TIMEOUT_PARAMETER: &str = "timeout";
 
-/// A request let in: within its tenant's concurrency quota and holding a CPU turn. It is
-/// taken before the body is read, so a flood waits (or is refused) before costing work.
+/// A request within its tenant's concurrency quota, not yet holding a CPU turn: what a
+/// request holds while its body arrives, so a tenant's slow or stalled bodies count against
+/// its own quota and keep nothing shared waiting.
+pub struct Admitted {
+    in_flight: OwnedSemaphorePermit,
+}
+
+/// Admit a request of `tenant` under its concurrency quota (429 past it).
+pub fn admit(state: &ServingState, tenant: &TenantState) -> Result<Admitted, ApiError> {
+    Ok(Admitted { in_flight: state.admission.admit(&tenant.tenant().id)? })
+}
+
+/// Count a request refused before it was served (as [`observed`] counts served ones).
+pub fn count_refused(tenant: &str, protocol: Protocol, error: &ApiError) {
+    let labels = RequestLabels { tenant, app: "", version: "", protocol };
+    metrics().request(labels, error.kind.status().as_u16(), Some(error.kind.label()), Duration::ZERO);
+}
+
+/// A request let in: within its tenant's concurrency quota and holding a CPU turn. The turn
+/// is taken once the body has arrived, and the request's deadline counts from then.
 pub struct Entry {
     _in_flight: OwnedSemaphorePermit,
     turn: Turn,
@@ -182,22 +200,21 @@ pub struct Entry {
     client_timeout: Option<Duration>,
 }
 
-/// Admit a request of `tenant` and wait for its turn, within the tenant's deadline and the
-/// client's timeout.
+/// Wait for an admitted request's turn, within the tenant's deadline and the client's timeout.
 pub async fn enter(
     state: &ServingState,
     tenant: &TenantState,
+    admitted: Admitted,
     client_timeout: Option<Duration>,
 ) -> Result<Entry, ApiError> {
     let arrived = Instant::now();
     // One snapshot of id and quotas for the whole request (they may change while serving).
     let spec = tenant.tenant();
-    let in_flight = state.admission.admit(&spec.id)?;
     let quotas = &spec.quotas;
     let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout].into_iter().flatten().min();
     let deadline = arrived + budget.unwrap_or_default();
     let turn = state.turns.enter(spec.id.as_str().into(), quotas.compute_weight, deadline).await?;
-    Ok(Entry { _in_flight: in_flight, turn, arrived, client_timeout })
+    Ok(Entry { _in_flight: admitted.in_flight, turn, arrived, client_timeout })
 }
 
 /// Make `request`'s rows the tenant's drift reference for model `name` (see
@@ -279,11 +296,10 @@ pub async fn infer(
             turn.pause();
             let outputs = within_deadline(deadline, budget, model.compute(inputs, deadline, share)).await?;
             turn.resume().await;
-            (
-                outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect(),
-                Vec::new(),
-                PLAIN_MODEL_VERSION.to_string(),
-            )
+            let outputs: Vec<ValidTensor> =
+                outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect();
+            check_response_size(name, &outputs, quotas.max_response_bytes)?;
+            (outputs, Vec::new(), PLAIN_MODEL_VERSION.to_string())
         }
         Target::App { app, version: resolved, chosen, pinned } => {
             let (route, chosen) = if pinned {
@@ -302,6 +318,7 @@ pub async fn infer(
                 (route, chosen)
             };
             let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
+            let request_bytes: usize = request.inputs.iter().map(|t| t.payload.byte_size()).sum();
             let mirror = route.shadow.as_ref().and_then(|shadow| {
                 let prepared = app.version(shadow)?.prepared;
                 let call = shadow_call(tenant, &spec, &app, shadow, &share, &request, memory_bytes);
@@ -314,7 +331,7 @@ pub async fn infer(
             let call = GuestCall {
                 nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes, turn),
                 memory_bytes,
-                log: guest_log(&spec, &app, &route.version),
+                log: guest_log(tenant, &spec, &app, &route.version),
                 deadline,
                 deadline_ms: budget_ms,
                 request: InferRequest {
@@ -341,9 +358,12 @@ pub async fn infer(
                         ApiError::new(ErrorKind::GuestFailure, format!("the component returned an invalid output: {e}"))
                     },
                 )?;
+            check_response_size(name, &outputs, quotas.max_response_bytes)?;
             if let (Some((prepared, call)), Some(shadow_version)) = (mirror, &route.shadow) {
                 let series = metrics().shadow_series(spec.id.as_str(), name, shadow_version.as_str());
-                let job = ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone(), series };
+                let bytes = request_bytes + outputs.iter().map(|t| t.payload.byte_size()).sum::<usize>();
+                let job =
+                    ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone(), series, bytes };
                 state.shadows.mirror(job);
             }
             (outputs, response.parameters, route.version.to_string())
@@ -353,8 +373,25 @@ pub async fn infer(
         .select(requested.as_deref())
 }
 
-fn guest_log(tenant: &Tenant, app: &AppState, version: &VersionName) -> GuestLog {
-    GuestLog { tenant: tenant.id.to_string(), app: app.spec.name.to_string(), version: version.to_string() }
+/// Refuse an answer over the tenant's `max_response_bytes` before it is encoded (encoding is
+/// work on the serving path, and JSON makes it larger still).
+fn check_response_size(name: &str, outputs: &[ValidTensor], max: u64) -> Result<(), ApiError> {
+    let bytes: usize = outputs.iter().map(|o| o.payload.byte_size()).sum();
+    if bytes as u64 > max {
+        return Err(ApiError::new(
+            ErrorKind::GuestResource,
+            format!(
+                "the answer of '{name}' holds {bytes} bytes of outputs, over the tenant's limit of {max} bytes \
+                 (max_response_bytes); ask for fewer outputs or rows",
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn guest_log(tenant: &TenantState, spec: &Tenant, app: &AppState, version: &VersionName) -> GuestLog {
+    let budget = usize::try_from(spec.quotas.max_log_bytes_per_request).unwrap_or(usize::MAX);
+    GuestLog::new(spec.id.to_string(), app.spec.name.to_string(), version.to_string(), budget, tenant.log_allowance())
 }
 
 /// How to build a shadow's guest call when the shadow thread gets to it: the same request,
@@ -369,7 +406,7 @@ fn shadow_call(
     request: &ValidInferRequest,
     memory_bytes: usize,
 ) -> Box<dyn FnOnce() -> GuestCall + Send> {
-    let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(spec, app, version));
+    let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(tenant, spec, app, version));
     let budget = Duration::from_millis(spec.quotas.guest_deadline_ms);
     let request = InferRequest {
         id: request.id.clone(),

@@ -7,33 +7,38 @@
 //! for with `binary_data` (or all outputs, with the request parameter
 //! `binary_data_output`) come back the same way.
 
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
 use crate::nn::tensor::ElementType;
 
 #[derive(Debug, Deserialize)]
-pub struct InferRequestJson {
+pub struct InferRequestJson<'a> {
     #[serde(default)]
     pub id: Option<String>,
     #[serde(default)]
     pub parameters: Option<serde_json::Map<String, Value>>,
-    pub inputs: Vec<InputJson>,
+    #[serde(borrow)]
+    pub inputs: Vec<InputJson<'a>>,
     #[serde(default)]
     pub outputs: Option<Vec<RequestedOutputJson>>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct InputJson {
+pub struct InputJson<'a> {
     pub name: String,
     pub shape: Vec<i64>,
     pub datatype: String,
     #[serde(default)]
     pub parameters: Option<serde_json::Map<String, Value>>,
-    #[serde(default)]
-    pub data: Option<Value>,
+    /// Left as text until the datatype and shape are known, then read straight into the
+    /// tensor's bytes (a `Value` per element would take many times the body's size).
+    #[serde(default, borrow)]
+    pub data: Option<&'a RawValue>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,7 +174,7 @@ fn string_parameters(map: serde_json::Map<String, Value>) -> Vec<(String, String
         .collect()
 }
 
-fn parse_input(input: InputJson, binary: &mut &[u8], limits: TensorLimits) -> Result<ValidTensor, ApiError> {
+fn parse_input(input: InputJson<'_>, binary: &mut &[u8], limits: TensorLimits) -> Result<ValidTensor, ApiError> {
     let name = input.name;
     let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
         ApiError::invalid(format!(
@@ -207,53 +212,177 @@ fn parse_input(input: InputJson, binary: &mut &[u8], limits: TensorLimits) -> Re
             *binary = rest;
             super::raw::decode(datatype, elements, bytes, &name).map_err(ApiError::invalid)?
         }
-        (None, Some(data)) => json_payload(&name, datatype, data)?,
+        (None, Some(data)) => json_payload(&name, datatype, &shape, elements, data)?,
         (None, None) => return Err(ApiError::invalid(format!("input '{name}' has neither data nor binary_data_size"))),
     };
     ValidTensor::new(name, datatype, shape, payload, limits).map_err(ApiError::invalid)
 }
 
-/// The payload of JSON `data`.
-fn json_payload(name: &str, datatype: Datatype, data: Value) -> Result<Payload, ApiError> {
-    let mut values = Vec::new();
-    flatten(data, &mut values);
+/// The payload of JSON `data` (flat or nested arrays, row-major): at most `elements` values
+/// are kept, so a body cannot make the host hold more than the tensor's own size.
+fn json_payload(
+    name: &str,
+    datatype: Datatype,
+    shape: &[u64],
+    elements: u64,
+    data: &RawValue,
+) -> Result<Payload, ApiError> {
+    let mut flat = Flat { name, datatype, elements, count: 0, fixed: Vec::new(), bytes: Vec::new() };
+    if let Datatype::Fixed(ty) = datatype {
+        flat.fixed.reserve(usize::try_from(elements).unwrap_or(0).saturating_mul(ty.size()));
+    }
+    let mut reader = serde_json::Deserializer::from_str(data.get());
+    (&mut flat).deserialize(&mut reader).map_err(|e| {
+        let message = e.to_string();
+        // Our own messages carry no position; serde's say where in `data` it broke.
+        ApiError::invalid(match message.split_once(" at line ") {
+            Some((ours, _)) if ours.starts_with("input '") => ours.to_string(),
+            _ => format!("input '{name}': malformed data: {message}"),
+        })
+    })?;
+    if flat.count != elements {
+        return Err(ApiError::invalid(format!(
+            "tensor '{name}': shape {shape:?} needs {elements} values but {} were given",
+            flat.count
+        )));
+    }
     Ok(match datatype {
-        Datatype::Bytes => Payload::Bytes(
-            values
-                .into_iter()
-                .map(|v| match v {
-                    Value::String(s) => Ok(s.into_bytes()),
-                    other => Err(ApiError::invalid(format!("input '{name}': BYTES data must be strings, got {other}"))),
-                })
-                .collect::<Result<_, _>>()?,
-        ),
-        Datatype::Fixed(ty) => {
-            let mut bytes = Vec::with_capacity(values.len() * ty.size());
-            for value in &values {
-                encode_value(ty, value, &mut bytes)
-                    .ok_or_else(|| ApiError::invalid(format!("input '{name}': {value} is not a valid {ty} value")))?;
-            }
-            Payload::Fixed(bytes)
-        }
+        Datatype::Bytes => Payload::Bytes(flat.bytes),
+        Datatype::Fixed(_) => Payload::Fixed(flat.fixed),
     })
 }
 
-fn flatten(value: Value, out: &mut Vec<Value>) {
-    match value {
-        Value::Array(items) => items.into_iter().for_each(|item| flatten(item, out)),
-        other => out.push(other),
+/// Reads one input's `data` into its tensor bytes as it is parsed.
+struct Flat<'n> {
+    name: &'n str,
+    datatype: Datatype,
+    elements: u64,
+    /// Values seen (past `elements` they are counted, not kept).
+    count: u64,
+    fixed: Vec<u8>,
+    bytes: Vec<Vec<u8>>,
+}
+
+impl Flat<'_> {
+    /// Count a value; whether to keep it.
+    fn keep(&mut self) -> bool {
+        self.count += 1;
+        self.count <= self.elements
+    }
+
+    fn invalid<E: serde::de::Error>(&self, value: impl std::fmt::Display) -> E {
+        match self.datatype {
+            Datatype::Bytes => E::custom(format!("input '{}': BYTES data must be strings, got {value}", self.name)),
+            Datatype::Fixed(ty) => E::custom(format!("input '{}': {value} is not a valid {ty} value", self.name)),
+        }
+    }
+
+    fn number<E: serde::de::Error>(&mut self, value: Number) -> Result<(), E> {
+        let Datatype::Fixed(ty) = self.datatype else { return Err(self.invalid(value)) };
+        if !self.keep() {
+            return Ok(());
+        }
+        encode_number(ty, value, &mut self.fixed).ok_or_else(|| self.invalid(value))
     }
 }
 
-fn encode_value(ty: ElementType, value: &Value, out: &mut Vec<u8>) -> Option<()> {
+/// A JSON number as read.
+#[derive(Debug, Clone, Copy)]
+enum Number {
+    Signed(i64),
+    Unsigned(u64),
+    Float(f64),
+}
+
+impl std::fmt::Display for Number {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Signed(v) => write!(f, "{v}"),
+            Self::Unsigned(v) => write!(f, "{v}"),
+            Self::Float(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for &mut Flat<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut Flat<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("tensor values, flat or in nested arrays")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(&mut *self)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<(), E> {
+        if self.datatype != Datatype::Fixed(ElementType::Bool) {
+            return Err(self.invalid(value));
+        }
+        if self.keep() {
+            self.fixed.push(u8::from(value));
+        }
+        Ok(())
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<(), E> {
+        self.number(Number::Signed(value))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<(), E> {
+        self.number(Number::Unsigned(value))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<(), E> {
+        self.number(Number::Float(value))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<(), E> {
+        if self.datatype != Datatype::Bytes {
+            return Err(self.invalid(format!("\"{}\"", crate::telemetry::text::cut(value, 32))));
+        }
+        if self.keep() {
+            self.bytes.push(value.as_bytes().to_vec());
+        }
+        Ok(())
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Err(self.invalid("null"))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _map: A) -> Result<(), A::Error> {
+        Err(self.invalid("an object"))
+    }
+}
+
+fn encode_number(ty: ElementType, value: Number, out: &mut Vec<u8>) -> Option<()> {
+    let integer = match value {
+        Number::Signed(v) => Some(i128::from(v)),
+        Number::Unsigned(v) => Some(i128::from(v)),
+        Number::Float(_) => None,
+    };
+    let float = match value {
+        Number::Signed(v) => v as f64,
+        Number::Unsigned(v) => v as f64,
+        Number::Float(v) => v,
+    };
     macro_rules! int {
-        ($t:ty) => {{
-            let v = value.as_i64().map(i128::from).or_else(|| value.as_u64().map(i128::from))?;
-            out.extend_from_slice(&<$t>::try_from(v).ok()?.to_le_bytes());
-        }};
+        ($t:ty) => {
+            out.extend_from_slice(&<$t>::try_from(integer?).ok()?.to_le_bytes())
+        };
     }
     match ty {
-        ElementType::Bool => out.push(u8::from(value.as_bool()?)),
+        ElementType::Bool => return None,
         ElementType::U8 => int!(u8),
         ElementType::I8 => int!(i8),
         ElementType::U16 => int!(u16),
@@ -262,10 +391,10 @@ fn encode_value(ty: ElementType, value: &Value, out: &mut Vec<u8>) -> Option<()>
         ElementType::I32 => int!(i32),
         ElementType::U64 => int!(u64),
         ElementType::I64 => int!(i64),
-        ElementType::F16 => out.extend_from_slice(&half::f16::from_f64(value.as_f64()?).to_le_bytes()),
-        ElementType::BF16 => out.extend_from_slice(&half::bf16::from_f64(value.as_f64()?).to_le_bytes()),
-        ElementType::F32 => out.extend_from_slice(&(value.as_f64()? as f32).to_le_bytes()),
-        ElementType::F64 => out.extend_from_slice(&value.as_f64()?.to_le_bytes()),
+        ElementType::F16 => out.extend_from_slice(&half::f16::from_f64(float).to_le_bytes()),
+        ElementType::BF16 => out.extend_from_slice(&half::bf16::from_f64(float).to_le_bytes()),
+        ElementType::F32 => out.extend_from_slice(&(float as f32).to_le_bytes()),
+        ElementType::F64 => out.extend_from_slice(&float.to_le_bytes()),
     }
     Some(())
 }
@@ -391,6 +520,27 @@ mod tests {
             let error = parse(json).expect_err(json);
             assert!(error.message.contains(expected), "{json}: {}", error.message);
         }
+    }
+
+    #[test]
+    fn json_data_is_kept_only_up_to_the_shape() {
+        let many = format!(
+            r#"{{"inputs":[{{"name":"x","shape":[2],"datatype":"INT32","data":[{}]}}]}}"#,
+            "1,".repeat(999) + "1"
+        );
+        let error = parse(&many).expect_err("too many values");
+        assert!(error.message.contains("needs 2 values but 1000 were given"), "{}", error.message);
+        let bools =
+            parse(r#"{"inputs":[{"name":"b","shape":[2],"datatype":"BOOL","data":[true,false]}]}"#).expect("bools");
+        assert_eq!(bools.inputs[0].payload, Payload::Fixed(vec![1, 0]));
+        let floats =
+            parse(r#"{"inputs":[{"name":"f","shape":[2],"datatype":"FP64","data":[1,2.5]}]}"#).expect("floats");
+        assert_eq!(floats.inputs[0].payload, Payload::Fixed([1f64.to_le_bytes(), 2.5f64.to_le_bytes()].concat()));
+        let wrong =
+            parse(r#"{"inputs":[{"name":"i","shape":[1],"datatype":"INT8","data":[1.5]}]}"#).expect_err("float");
+        assert!(wrong.message.contains("1.5 is not a valid INT8 value"), "{}", wrong.message);
+        let text = parse(r#"{"inputs":[{"name":"i","shape":[1],"datatype":"INT8","data":["a"]}]}"#).expect_err("text");
+        assert!(text.message.contains("input 'i'"), "{}", text.message);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The client-facing API: OIP over HTTP ([`http`]) with JSON tensors and the binary
-//! extension ([`json`], [`raw`]) and over gRPC ([`grpc`]), the
+//! extension ([`json`], [`raw`]) and over gRPC ([`grpc`], with its body limits in [`grpc_body`]), the
 //! validated request types every protocol shares ([`types`]), protocol-neutral inference
 //! ([`infer`]), model metadata ([`metadata`]), Triton's configuration and statistics
 //! extensions ([`triton`]), the tenant control API ([`control`]: models, app versions and
@@ -10,6 +10,7 @@ pub mod admin;
 pub mod control;
 pub mod error;
 pub mod grpc;
+pub mod grpc_body;
 pub mod http;
 pub mod infer;
 pub mod json;

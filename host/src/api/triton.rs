@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::infer::Target;
 use crate::nn::backend::{BackendKind, TensorSpec};
 use crate::registry::manifest::TensorMetadata;
-use crate::telemetry::stats::{DurationCounter, ModelStats};
+use crate::telemetry::stats::{Counters, DurationCounter};
 
 #[derive(Debug, Serialize)]
 pub struct ModelConfig {
@@ -166,10 +166,15 @@ impl From<&DurationCounter> for Duration {
     }
 }
 
-/// The statistics of this model or app.
-pub fn statistics(name: &str, target: &Target) -> StatisticsResponse {
-    let stats: &ModelStats = match target {
-        Target::Model { model, .. } => &model.stats,
+/// The statistics of this model or app as `tenant` used it (an app is the tenant's own; a
+/// model's weights may be shared with other tenants, whose use is not shown).
+pub fn statistics(tenant: &str, name: &str, target: &Target) -> StatisticsResponse {
+    let own;
+    let stats: &Counters = match target {
+        Target::Model { model, .. } => {
+            own = model.stats.view(tenant);
+            &own
+        }
         Target::App { app, .. } => &app.stats,
     };
     let load = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);

@@ -37,6 +37,17 @@ pub enum Payload {
     Bytes(Vec<Vec<u8>>),
 }
 
+impl Payload {
+    /// Bytes of tensor contents (a byte string counts its length plus its 4-byte prefix, as
+    /// the binary extension sends it).
+    pub fn byte_size(&self) -> usize {
+        match self {
+            Self::Fixed(bytes) => bytes.len(),
+            Self::Bytes(elements) => elements.iter().map(|e| e.len() + 4).sum(),
+        }
+    }
+}
+
 /// A named tensor whose contents match its datatype and shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidTensor {

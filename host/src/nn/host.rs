@@ -45,6 +45,13 @@ pub struct HostError {
     message: String,
 }
 
+/// Most dimensions a guest tensor may have (ONNX models use a handful).
+const MAX_DIMENSIONS: usize = 32;
+/// Longest model or tensor name a guest may pass; longer ones are refused, not copied on.
+const MAX_NAME_BYTES: usize = 256;
+/// What the host charges for a resource beside its contents (table entry, names).
+const RESOURCE_OVERHEAD: usize = 128;
+
 /// Limits and namespace of one request's `wasi:nn` use.
 pub struct NnCtx {
     pub models: Arc<TenantModels>,
@@ -53,7 +60,8 @@ pub struct NnCtx {
     pub deadline: tokio::time::Instant,
     /// Backend for raw `load`; `None` when the tenant may not load raw bytes.
     pub raw_load: Option<RawLoad>,
-    /// Most bytes of tensors the guest may hold in the host at once.
+    /// Most bytes the guest may make the host hold for it at once (tensors with their
+    /// dimensions, error messages, graphs and contexts), its memory quota.
     pub tensor_bytes_limit: usize,
     tensor_bytes_live: usize,
     /// The last overload or deadline a `compute` met; it decides the request's status when
@@ -112,6 +120,7 @@ impl NnView<'_> {
         code: errors::ErrorCode,
         message: String,
     ) -> wasmtime::Result<Result<T, Resource<HostError>>> {
+        self.track(message.len() + RESOURCE_OVERHEAD)?;
         Ok(Err(self.table.push(HostError { code, message })?))
     }
 
@@ -126,6 +135,20 @@ impl NnView<'_> {
         self.ctx.tensor_bytes_live = live;
         Ok(())
     }
+
+    fn release(&mut self, bytes: usize) {
+        self.ctx.tensor_bytes_live = self.ctx.tensor_bytes_live.saturating_sub(bytes);
+    }
+}
+
+/// What a tensor costs the host: its data and its dimension list.
+fn tensor_cost(dimensions: &[u32], data: &[u8]) -> usize {
+    data.len() + dimensions.len() * 4 + RESOURCE_OVERHEAD
+}
+
+/// A name from the guest, shortened for a message.
+fn shown(name: &str) -> &str {
+    crate::telemetry::text::cut(name, 64)
 }
 
 fn element_type(ty: tensor::TensorType) -> ElementType {
@@ -162,7 +185,10 @@ impl tensor::HostTensor for NnView<'_> {
         ty: tensor::TensorType,
         data: Vec<u8>,
     ) -> wasmtime::Result<Resource<HostTensor>> {
-        self.track(data.len())?;
+        if dimensions.len() > MAX_DIMENSIONS {
+            wasmtime::bail!("a wasi-nn tensor may have at most {MAX_DIMENSIONS} dimensions, not {}", dimensions.len());
+        }
+        self.track(tensor_cost(&dimensions, &data))?;
         Ok(self.table.push(HostTensor { dimensions, ty, data })?)
     }
 
@@ -180,7 +206,7 @@ impl tensor::HostTensor for NnView<'_> {
 
     fn drop(&mut self, tensor: Resource<HostTensor>) -> wasmtime::Result<()> {
         let tensor = self.table.delete(tensor)?;
-        self.ctx.tensor_bytes_live = self.ctx.tensor_bytes_live.saturating_sub(tensor.data.len());
+        self.release(tensor_cost(&tensor.dimensions, &tensor.data));
         Ok(())
     }
 }
@@ -197,7 +223,8 @@ impl errors::HostError for NnView<'_> {
     }
 
     fn drop(&mut self, error: Resource<HostError>) -> wasmtime::Result<()> {
-        self.table.delete(error)?;
+        let error = self.table.delete(error)?;
+        self.release(error.message.len() + RESOURCE_OVERHEAD);
         Ok(())
     }
 }
@@ -228,9 +255,16 @@ impl graph::Host for NnView<'_> {
                 format!("graph of {} bytes exceeds the tenant's limit of {} bytes", bytes.len(), raw.max_bytes);
             return self.error(errors::ErrorCode::TooLarge, message);
         }
+        if let Err(refused) = super::onnx::check_self_contained(bytes) {
+            return self.error(errors::ErrorCode::InvalidEncoding, refused.to_string());
+        }
         let backend = raw.backend.clone();
         let bytes = bytes.clone();
-        let loaded = tokio::task::spawn_blocking(move || backend.load(&bytes).map(|g| (backend.kind(), g))).await?;
+        // Building the graph runs on a blocking thread: the request waits without its turn.
+        self.ctx.turn.pause();
+        let loaded = tokio::task::spawn_blocking(move || backend.load(&bytes).map(|g| (backend.kind(), g))).await;
+        self.ctx.turn.resume().await;
+        let loaded = loaded?;
         let (kind, graph) = match loaded {
             Ok(loaded) => loaded,
             Err(err) => return self.error(errors::ErrorCode::InvalidEncoding, err.to_string()),
@@ -245,13 +279,20 @@ impl graph::Host for NnView<'_> {
             padding: None,
         };
         let model = Arc::new(LoadedModel::start("raw", String::new(), kind, vec![graph], settings));
-        Ok(Ok(self.table.push(HostGraph { name: "raw".to_string(), model })?))
+        let name = "raw".to_string();
+        self.track(name.len() + RESOURCE_OVERHEAD)?;
+        Ok(Ok(self.table.push(HostGraph { name, model })?))
     }
 
     fn load_by_name(&mut self, name: String) -> wasmtime::Result<Result<Resource<HostGraph>, Resource<HostError>>> {
+        if name.len() > MAX_NAME_BYTES {
+            let message = format!("model '{}…' not found: names are at most {MAX_NAME_BYTES} bytes", shown(&name));
+            return self.error(errors::ErrorCode::NotFound, message);
+        }
         match self.ctx.models.resolve(&name) {
             Some(model) => {
                 let model = model.clone();
+                self.track(name.len() + RESOURCE_OVERHEAD)?;
                 Ok(Ok(self.table.push(HostGraph { name, model })?))
             }
             None => self.error(errors::ErrorCode::NotFound, format!("model '{name}' not found")),
@@ -266,11 +307,13 @@ impl graph::HostGraph for NnView<'_> {
     ) -> wasmtime::Result<Result<Resource<HostExecutionContext>, Resource<HostError>>> {
         let graph = self.table.get(&graph)?;
         let context = HostExecutionContext { name: graph.name.clone(), model: graph.model.clone() };
+        self.track(context.name.len() + RESOURCE_OVERHEAD)?;
         Ok(Ok(self.table.push(context)?))
     }
 
     fn drop(&mut self, graph: Resource<HostGraph>) -> wasmtime::Result<()> {
-        self.table.delete(graph)?;
+        let graph = self.table.delete(graph)?;
+        self.release(graph.name.len() + RESOURCE_OVERHEAD);
         Ok(())
     }
 }
@@ -289,6 +332,11 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         };
         let mut named = Vec::with_capacity(inputs.len());
         for (input, handle) in inputs {
+            if input.len() > MAX_NAME_BYTES {
+                let message =
+                    format!("model '{name}', input '{}…': names are at most {MAX_NAME_BYTES} bytes", shown(&input));
+                return self.error(errors::ErrorCode::InvalidArgument, message);
+            }
             let guest = self.table.get(&handle)?;
             let dims = guest.dimensions.iter().map(|&d| d as usize).collect();
             match Tensor::new(element_type(guest.ty), dims, guest.data.clone()) {
@@ -311,12 +359,13 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                         | ComputeError::WaitTooLong { .. }
                         | ComputeError::OverShare { .. }
                         | ComputeError::DeadlineExceeded { .. }
+                        | ComputeError::TooLate { .. }
                 ) {
                     self.ctx.queue_failure = Some(err.clone());
                 }
                 let code = match &err {
                     ComputeError::InvalidInput(_) => errors::ErrorCode::InvalidArgument,
-                    ComputeError::DeadlineExceeded { .. } => errors::ErrorCode::Timeout,
+                    ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. } => errors::ErrorCode::Timeout,
                     ComputeError::Overloaded { .. }
                     | ComputeError::WaitTooLong { .. }
                     | ComputeError::OverShare { .. }
@@ -337,16 +386,17 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     format!("model '{name}' output '{output}' is {}, which wasi:nn cannot carry", tensor.ty());
                 return self.error(errors::ErrorCode::UnsupportedOperation, message);
             };
-            let dimensions = tensor.dims().iter().map(|&d| d as u32).collect();
+            let dimensions: Vec<u32> = tensor.dims().iter().map(|&d| d as u32).collect();
             let data = tensor.into_data();
-            self.track(data.len())?;
+            self.track(tensor_cost(&dimensions, &data))?;
             handles.push((output, self.table.push(HostTensor { dimensions, ty, data })?));
         }
         Ok(Ok(handles))
     }
 
     fn drop(&mut self, context: Resource<HostExecutionContext>) -> wasmtime::Result<()> {
-        self.table.delete(context)?;
+        let context = self.table.delete(context)?;
+        self.release(context.name.len() + RESOURCE_OVERHEAD);
         Ok(())
     }
 }

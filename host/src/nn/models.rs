@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::backend::{Backend, BackendKind, Backends, Graph, Signature, TensorSpec};
+use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Share};
-use crate::registry::ModelSpec;
 use crate::registry::ids::ModelName;
 use crate::registry::manifest::{Drift, Padding};
-use crate::telemetry::drift::{DriftMonitors, SampleBudget, check_baseline_rows};
+use crate::registry::{ModelOrigin, ModelSpec};
+use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, SampleBudget, check_baseline_rows, tensor_bytes};
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::stats::ModelStats;
 
@@ -51,6 +52,14 @@ impl LoadedModel {
                 return Err(format!("input '{}' is given twice", spec.name));
             }
             spec.check(tensor)?;
+            if tensor.dims().contains(&0) {
+                // Engines answer an empty batch with an internal error, if at all.
+                return Err(format!(
+                    "input '{}' has no elements (shape {:?}); send at least one row",
+                    spec.name,
+                    tensor.dims()
+                ));
+            }
         }
         if self.signature.batchable() {
             let rows: Vec<usize> = inputs.iter().map(|(_, t)| t.rows()).collect();
@@ -101,6 +110,7 @@ impl LoadedModel {
         let started = Instant::now();
         // A sampled call keeps a copy of its inputs for the drift thread (the queue takes them).
         let drift = (metrics().is_enabled()
+            && tensor_bytes(&inputs) <= MAX_SAMPLE_BYTES
             && self.drift_settings.sample()
             && self.drift_budget.take(started, self.drift_settings.max_samples_per_second))
         .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
@@ -136,6 +146,7 @@ impl LoadedModel {
         started: Instant,
     ) -> Result<NamedTensors, ComputeError> {
         let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
+        let counters = self.stats.of(&share.tenant);
         let result = match self.check_inputs(&inputs) {
             Ok(()) => {
                 let span = tracing::debug_span!("queue", model = %self.queue.model(), rows);
@@ -143,7 +154,7 @@ impl LoadedModel {
             }
             Err(message) => Err(ComputeError::InvalidInput(message)),
         };
-        self.stats.request(result.is_ok(), started.elapsed(), rows);
+        counters.request(result.is_ok(), started.elapsed(), rows);
         result
     }
 }
@@ -153,8 +164,10 @@ impl LoadedModel {
 pub enum ModelLoadError {
     #[error("model '{model}' pins backend {backend}, which is not available here")]
     BackendMissing { model: String, backend: BackendKind },
-    #[error("model '{model}' ({path}) could not be loaded: {reasons}")]
-    Failed { model: String, path: String, reasons: String },
+    #[error("model '{model}' could not be loaded: {reasons}")]
+    Failed { model: String, reasons: String },
+    #[error("model '{model}' is refused: {reason}")]
+    Refused { model: String, reason: OnnxError },
 }
 
 /// Every resident model, keyed by weights digest and backend.
@@ -182,6 +195,17 @@ impl ModelStore {
                 }
                 None => backends.available.clone(),
             };
+        // Weights never make an engine open a file, except an operator's beside the model.
+        let refused = |reason| ModelLoadError::Refused { model: spec.name.to_string(), reason };
+        let model_file = match spec.origin {
+            ModelOrigin::Upload => {
+                check_self_contained(&spec.bytes).map_err(refused)?;
+                None
+            }
+            ModelOrigin::Manifest => {
+                check_external_data_within(&spec.bytes, &spec.path).map_err(refused)?.then(|| spec.path.clone())
+            }
+        };
         let mut reasons = Vec::new();
         for backend in candidates {
             let key = (spec.sha256.clone(), backend.kind());
@@ -189,11 +213,15 @@ impl ModelStore {
                 return Ok(model.clone());
             }
             let started = Instant::now();
-            let bytes = spec.bytes.clone();
+            let (bytes, file) = (spec.bytes.clone(), model_file.clone());
             let loader = backend.clone();
             let instances = spec.batching.instances;
+            let load_one = move || match &file {
+                Some(file) => loader.load_file(file),
+                None => loader.load(&bytes),
+            };
             // One loaded copy per execution instance, so instances never wait on each other.
-            let load_all = move || (0..instances).map(|_| loader.load(&bytes).map(Arc::<dyn Graph>::from)).collect();
+            let load_all = move || (0..instances).map(|_| load_one().map(Arc::<dyn Graph>::from)).collect();
             let graphs: Vec<Arc<dyn Graph>> = match tokio::task::spawn_blocking(load_all).await {
                 Ok(Ok(graphs)) => graphs,
                 Ok(Err(err)) => {
@@ -210,11 +238,10 @@ impl ModelStore {
                 None => None,
                 Some(padding) => {
                     let signature = graphs.first().map(|g| g.signature().clone()).unwrap_or_default();
-                    Some(padding_rule(padding, &signature).map_err(|reason| ModelLoadError::Failed {
-                        model: spec.name.to_string(),
-                        path: spec.path.display().to_string(),
-                        reasons: reason,
-                    })?)
+                    Some(
+                        padding_rule(padding, &signature)
+                            .map_err(|reasons| ModelLoadError::Failed { model: spec.name.to_string(), reasons })?,
+                    )
                 }
             };
             let settings = QueueSettings {
@@ -241,11 +268,7 @@ impl ModelStore {
             self.resident.insert(key, model.clone());
             return Ok(model);
         }
-        Err(ModelLoadError::Failed {
-            model: spec.name.to_string(),
-            path: spec.path.display().to_string(),
-            reasons: reasons.join("; "),
-        })
+        Err(ModelLoadError::Failed { model: spec.name.to_string(), reasons: reasons.join("; ") })
     }
 }
 
@@ -315,6 +338,11 @@ impl TenantModels {
     /// The tenant's own models with the digest of their weights.
     pub fn own_digests(&self) -> Vec<(ModelName, String)> {
         self.own_models().iter().map(|(n, m)| (n.clone(), m.sha256.clone())).collect()
+    }
+
+    /// Take a model out again (an upload whose state could not be saved).
+    pub fn remove(&self, name: &ModelName) {
+        self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
     }
 
     /// Add a model; `false` if the name is taken (model names are immutable).

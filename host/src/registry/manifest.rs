@@ -49,6 +49,8 @@ pub struct Quotas {
     pub guest_deadline_ms: u64,
     /// Largest request body.
     pub max_request_bytes: u64,
+    /// Largest answer: bytes of output tensors a model or component may return to a client.
+    pub max_response_bytes: u64,
     /// Largest element count of one tensor.
     pub max_tensor_elements: u64,
     /// Requests of this tenant in flight at once.
@@ -63,6 +65,10 @@ pub struct Quotas {
     pub max_component_bytes: u64,
     /// Largest model (ONNX weights) the tenant may upload through the control API.
     pub max_model_bytes: u64,
+    /// Guest log bytes one request may write; past it, lines are dropped (and counted).
+    pub max_log_bytes_per_request: u64,
+    /// Guest log bytes a second over all the tenant's requests (bursts up to one second's worth).
+    pub max_log_bytes_per_second: u64,
 }
 
 impl Default for Quotas {
@@ -71,6 +77,7 @@ impl Default for Quotas {
             guest_memory_mib: 64,
             guest_deadline_ms: 2_000,
             max_request_bytes: 16 << 20,
+            max_response_bytes: 16 << 20,
             max_tensor_elements: 4 << 20,
             max_concurrent_requests: 64,
             allow_raw_model_load: false,
@@ -78,6 +85,8 @@ impl Default for Quotas {
             compute_weight: 1,
             max_component_bytes: 64 << 20,
             max_model_bytes: 256 << 20,
+            max_log_bytes_per_request: 64 << 10,
+            max_log_bytes_per_second: 256 << 10,
         }
     }
 }

@@ -47,6 +47,16 @@ pub struct ModelSpec {
     pub backend: Option<BackendKind>,
     pub batching: Batching,
     pub drift: Drift,
+    pub origin: ModelOrigin,
+}
+
+/// Who supplied a model's weights, which decides whether they may name other files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelOrigin {
+    /// The operator's manifest: external data is allowed inside the model file's directory.
+    Manifest,
+    /// A tenant's upload: the weights must embed every tensor.
+    Upload,
 }
 
 /// One app version's component.
@@ -239,6 +249,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         backend: model.backend,
         batching: model.batching,
         drift: model.drift,
+        origin: ModelOrigin::Manifest,
     })
 }
 

@@ -162,15 +162,20 @@ impl Store {
         Ok(tenants)
     }
 
-    /// Replace a tenant's control-plane state atomically.
+    /// Replace a tenant's control-plane state atomically; a failed write leaves the previous
+    /// state and no temp file.
     pub fn write_state<T: Serialize>(&self, tenant: &str, state: &T) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
         let temp = self.temp_path("state");
-        let mut file = File::create(&temp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&temp, self.control.join(format!("{tenant}.json")))?;
+        let written = File::create(&temp).and_then(|mut file| {
+            file.write_all(&bytes)?;
+            file.sync_all()
+        });
+        let replaced = written.and_then(|()| fs::rename(&temp, self.control.join(format!("{tenant}.json"))));
+        if let Err(error) = replaced {
+            let _ = fs::remove_file(&temp);
+            return Err(error);
+        }
         sync_dir(&self.control)
     }
 

@@ -5,7 +5,7 @@
 //! answer; when the queue is full a mirror is dropped and counted.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -61,47 +61,55 @@ pub struct ShadowJob {
     pub primary: Vec<ValidTensor>,
     pub stats: Arc<ShadowStats>,
     pub series: ShadowSeries,
+    /// What the job holds in memory (the request's inputs and the primary's outputs).
+    pub bytes: usize,
 }
 
 /// The shadow queue and its worker thread.
 #[derive(Clone)]
 pub struct Shadows {
     sender: mpsc::Sender<ShadowJob>,
+    /// Bytes held by mirrors waiting; past `max_bytes`, new ones are dropped.
+    queued_bytes: Arc<AtomicUsize>,
+    max_bytes: usize,
 }
 
 impl Shadows {
-    /// Start the worker; at most `capacity` mirrors wait.
-    pub fn start(runtime: Arc<Runtime>, capacity: usize) -> std::io::Result<Self> {
+    /// Start the worker; at most `capacity` mirrors holding at most `max_bytes` wait.
+    pub fn start(runtime: Arc<Runtime>, capacity: usize, max_bytes: usize) -> std::io::Result<Self> {
         let (sender, mut receiver) = mpsc::channel::<ShadowJob>(capacity.max(1));
+        let queued_bytes = Arc::new(AtomicUsize::new(0));
         let worker = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let taken = queued_bytes.clone();
         std::thread::Builder::new().name("sluice-shadow".to_string()).spawn(move || {
-            lowest_cpu_priority();
+            crate::runtime::lowest_cpu_priority();
             worker.block_on(async move {
                 while let Some(job) = receiver.recv().await {
+                    taken.fetch_sub(job.bytes, Ordering::Relaxed);
                     run(&runtime, job).await;
                 }
             });
         })?;
-        Ok(Self { sender })
+        Ok(Self { sender, queued_bytes, max_bytes })
     }
 
-    /// Queue a mirror, or count it dropped when the queue is full.
+    /// Queue a mirror, or count it dropped when the queue is full (in jobs or in bytes).
     pub fn mirror(&self, job: ShadowJob) {
-        let (stats, series) = (job.stats.clone(), job.series.clone());
-        match self.sender.try_send(job) {
-            Ok(()) => {
-                stats.mirrored.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(_) => {
-                stats.dropped.fetch_add(1, Ordering::Relaxed);
-                series.dropped.inc();
-            }
+        let (stats, series, bytes) = (job.stats.clone(), job.series.clone(), job.bytes);
+        let reserved = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes <= self.max_bytes;
+        let queued = reserved && self.sender.try_send(job).is_ok();
+        if queued {
+            stats.mirrored.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
+            series.dropped.inc();
         }
     }
 }
 
 async fn run(runtime: &Runtime, job: ShadowJob) {
-    let ShadowJob { prepared, call, primary, stats, series } = job;
+    let ShadowJob { prepared, call, primary, stats, series, .. } = job;
     let outputs = match runtime.invoke(&prepared, call()).await {
         Ok(response) => response
             .outputs
@@ -131,17 +139,3 @@ async fn run(runtime: &Runtime, job: ShadowJob) {
         }
     }
 }
-
-/// Give this thread the lowest CPU priority, so shadows run on otherwise idle CPU time.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)] // setpriority(2) on this thread's id: no memory is shared with the call
-fn lowest_cpu_priority() {
-    // SAFETY: both calls take plain integers and only change this thread's scheduling.
-    let changed = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
-    if changed != 0 {
-        tracing::warn!("could not lower the shadow thread's CPU priority; shadows compete with primary requests");
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lowest_cpu_priority() {}

@@ -7,8 +7,14 @@ use std::path::Path;
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+/// A component, and the cache file it was stored in when it was compiled just now.
+pub struct Compiled {
+    pub component: Component,
+    pub stored: Option<std::path::PathBuf>,
+}
+
 /// Load the compiled form of `wasm` from `cache_dir`, or compile and store it.
-pub fn load_or_compile(engine: &Engine, cache_dir: &Path, sha256: &str, wasm: &[u8]) -> wasmtime::Result<Component> {
+pub fn load_or_compile(engine: &Engine, cache_dir: &Path, sha256: &str, wasm: &[u8]) -> wasmtime::Result<Compiled> {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
     let file = cache_dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish()));
@@ -16,7 +22,7 @@ pub fn load_or_compile(engine: &Engine, cache_dir: &Path, sha256: &str, wasm: &[
         match deserialize(engine, &file) {
             Ok(component) => {
                 tracing::debug!(file = %file.display(), "compiled component loaded from cache");
-                return Ok(component);
+                return Ok(Compiled { component, stored: None });
             }
             Err(err) => {
                 tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cached component unusable; recompiling")
@@ -26,10 +32,14 @@ pub fn load_or_compile(engine: &Engine, cache_dir: &Path, sha256: &str, wasm: &[
     let started = std::time::Instant::now();
     let component = Component::new(engine, wasm)?;
     tracing::info!(sha256, compile_ms = started.elapsed().as_millis() as u64, "component compiled");
-    if let Err(err) = store(&component, cache_dir, &file) {
-        tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot cache the compiled component");
-    }
-    Ok(component)
+    let stored = match store(&component, cache_dir, &file) {
+        Ok(()) => Some(file),
+        Err(err) => {
+            tracing::warn!(file = %file.display(), error = %format!("{err:#}"), "cannot cache the compiled component");
+            None
+        }
+    };
+    Ok(Compiled { component, stored })
 }
 
 #[allow(unsafe_code)] // deserializing native code: only files this module wrote, checked by wasmtime's header
@@ -44,9 +54,11 @@ fn store(component: &Component, cache_dir: &Path, file: &Path) -> wasmtime::Resu
     std::fs::create_dir_all(cache_dir)?;
     let bytes = component.serialize()?;
     let temp = tempfile_in(cache_dir)?;
-    std::fs::write(&temp, bytes)?;
-    std::fs::rename(&temp, file)?;
-    Ok(())
+    let stored = std::fs::write(&temp, bytes).and_then(|()| std::fs::rename(&temp, file));
+    if stored.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    Ok(stored?)
 }
 
 fn tempfile_in(dir: &Path) -> std::io::Result<std::path::PathBuf> {

@@ -10,6 +10,10 @@ use super::store::{GuestLog, StoreState};
 use super::{Prepared, Runtime};
 use crate::nn::host::NnCtx;
 use crate::nn::scheduler::ComputeError;
+use crate::telemetry::text::bounded;
+
+/// Longest text of the guest's own (an error message, its stderr) kept in an error.
+const MAX_GUEST_TEXT: usize = 1024;
 
 /// Everything one call needs besides the component.
 pub struct GuestCall {
@@ -63,20 +67,18 @@ impl Runtime {
         let mut store = Store::new(self.engine(), StoreState::new(nn, GuestLimiter::new(memory_bytes), log));
         store.limiter(|state| &mut state.limiter);
         // Guest code yields to the async runtime every epoch tick, so a busy guest never
-        // holds a runtime thread that other requests need; one that runs past a whole tick
-        // gives its CPU turn up for good; past the deadline it is interrupted.
+        // holds a runtime thread that other requests need; at each tick it also ends its time
+        // slice, giving its CPU turn to a waiting request and waiting for it back in round
+        // robin; past the deadline it is interrupted.
         let hard_deadline = deadline.into_std();
-        let mut ticks = 0u32;
         store.epoch_deadline_callback(move |mut context| {
-            ticks += 1;
-            if ticks == 2 {
-                context.data_mut().nn.turn.detach();
-            }
             if std::time::Instant::now() >= hard_deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
+                return Ok(UpdateDeadline::Interrupt);
             }
+            Ok(match context.data_mut().nn.turn.end_slice() {
+                Some(wait_for_turn) => UpdateDeadline::YieldCustom(1, wait_for_turn),
+                None => UpdateDeadline::Yield(1),
+            })
         });
         store.set_epoch_deadline(1);
 
@@ -94,12 +96,14 @@ impl Runtime {
             Ok(Ok(Ok(response))) => Ok(response),
             Ok(Ok(Err(guest_error))) => Err(match state.nn.queue_failure.clone() {
                 // The guest failed because a model call was shed or timed out: report that.
-                Some(ComputeError::DeadlineExceeded { .. }) => GuestError::Deadline { ms: deadline_ms },
+                Some(ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. }) => {
+                    GuestError::Deadline { ms: deadline_ms }
+                }
                 Some(failure) => GuestError::Queue(failure),
                 None => match guest_error {
-                    InferError::InvalidInput(message) => GuestError::InvalidInput(message),
-                    InferError::ModelError(message) => GuestError::Model(message),
-                    InferError::Internal(message) => GuestError::Internal(message),
+                    InferError::InvalidInput(message) => GuestError::InvalidInput(bounded(message, MAX_GUEST_TEXT)),
+                    InferError::ModelError(message) => GuestError::Model(bounded(message, MAX_GUEST_TEXT)),
+                    InferError::Internal(message) => GuestError::Internal(bounded(message, MAX_GUEST_TEXT)),
                 },
             }),
             Ok(Err(error)) => Err(classify_trap(&error, state, deadline_ms)),
@@ -118,11 +122,8 @@ fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) 
             let cause = trap.map_or_else(|| format!("{error:#}"), |t| t.to_string());
             let stderr = state.stderr_tail();
             let first_line = cause.lines().next().unwrap_or_default().to_string();
-            GuestError::Trap(if stderr.is_empty() {
-                first_line
-            } else {
-                format!("{first_line}; guest stderr: {stderr}")
-            })
+            let text = if stderr.is_empty() { first_line } else { format!("{first_line}; guest stderr: {stderr}") };
+            GuestError::Trap(bounded(text, MAX_GUEST_TEXT))
         }
     }
 }

@@ -10,7 +10,9 @@ pub mod bindings;
 mod compile;
 mod invoke;
 mod limits;
+mod poll;
 mod store;
+mod world;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -51,6 +53,8 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<StoreState>,
     settings: RuntimeSettings,
+    /// Uploaded components compile one at a time.
+    uploads: tokio::sync::Semaphore,
 }
 
 impl Runtime {
@@ -67,11 +71,15 @@ impl Runtime {
             .wasm_component_model(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool))
             .memory_init_cow(true)
-            .epoch_interruption(true);
+            .epoch_interruption(true)
+            // Compiling on the calling thread only: an upload's compile runs at the lowest
+            // priority and must not fan out to threads of normal priority.
+            .parallel_compilation(false);
         let engine = Engine::new(&config).map_err(engine_error)?;
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_error)?;
+        poll::add_to_linker(&mut linker).map_err(engine_error)?;
         crate::nn::host::add_to_linker(&mut linker, |state: &mut StoreState| crate::nn::host::NnView {
             ctx: &mut state.nn,
             table: &mut state.table,
@@ -83,20 +91,49 @@ impl Runtime {
         .map_err(engine_error)?;
 
         start_epoch_ticker(&engine, settings.epoch_tick);
-        Ok(Self { engine, linker, settings })
+        Ok(Self { engine, linker, settings, uploads: tokio::sync::Semaphore::new(1) })
     }
 
-    /// Compile (or load from the cache) and link a component.
+    /// Compile (or load from the cache) and link a component. A compiled form that does not
+    /// link is not kept.
     pub fn prepare(&self, path: &std::path::Path, sha256: &str, wasm: &[u8]) -> Result<Prepared, RuntimeError> {
         let component_error = |message: String| RuntimeError::Component { path: path.display().to_string(), message };
-        let component = compile::load_or_compile(&self.engine, &self.settings.cache_dir, sha256, wasm)
-            .map_err(|e| component_error(format!("{e:#}")))?;
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
+        let compile::Compiled { component, stored } =
+            compile::load_or_compile(&self.engine, &self.settings.cache_dir, sha256, wasm)
+                .map_err(|e| component_error(format!("{e:#}")))?;
+        let linked = self.linker.instantiate_pre(&component).map_err(|e| {
             component_error(format!(
                 "{e:#}; it must target the sluice:tenant/component world (build it with sluice-guest)"
             ))
-        })?;
-        Prepared::new(instance_pre).map_err(|e| component_error(format!("{e:#}")))
+        });
+        let prepared = linked.and_then(|pre| Prepared::new(pre).map_err(|e| component_error(format!("{e:#}"))));
+        if let (Err(_), Some(stored)) = (&prepared, stored) {
+            let _ = std::fs::remove_file(stored);
+        }
+        prepared
+    }
+
+    /// [`Runtime::prepare`] for a component a tenant uploads: its world is checked before it
+    /// is compiled, and it compiles on a thread of the lowest CPU priority, one upload at a
+    /// time, so that compiling never takes CPU from serving.
+    pub async fn prepare_upload(
+        self: &std::sync::Arc<Self>,
+        label: PathBuf,
+        sha256: String,
+        wasm: Vec<u8>,
+    ) -> Result<Prepared, RuntimeError> {
+        world::check(&wasm)
+            .map_err(|message| RuntimeError::Component { path: label.display().to_string(), message })?;
+        let _one_at_a_time = self.uploads.acquire().await;
+        let (sender, receiver) = tokio::sync::oneshot::channel();
+        let runtime = self.clone();
+        let spawned = std::thread::Builder::new().name("sluice-compile".to_string()).spawn(move || {
+            lowest_cpu_priority();
+            let _ = sender.send(runtime.prepare(&label, &sha256, &wasm));
+        });
+        let failed = |message: String| RuntimeError::Engine(message);
+        spawned.map_err(|e| failed(format!("cannot start a compile thread: {e}")))?;
+        receiver.await.map_err(|_| failed("the compile thread ended without an answer".to_string()))?
     }
 
     /// The most linear memory one guest may have (the pool's slot size).
@@ -112,6 +149,21 @@ impl Runtime {
         &self.engine
     }
 }
+
+/// Give this thread the lowest CPU priority, so what it does (shadow requests, compiling
+/// uploads) runs on otherwise idle CPU time.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // setpriority(2) on this thread's id: no memory is shared with the call
+pub fn lowest_cpu_priority() {
+    // SAFETY: both calls take plain integers and only change this thread's scheduling.
+    let changed = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    if changed != 0 {
+        tracing::warn!("could not lower a background thread's CPU priority; it competes with requests");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn lowest_cpu_priority() {}
 
 /// Advance the engine's epoch every tick for as long as the process runs.
 fn start_epoch_ticker(engine: &Engine, tick: Duration) {

@@ -2,6 +2,8 @@
 //! environment or inherited stdio), the resource table, the `wasi:nn` context, the limiter,
 //! and the guest's log identity. A fresh store serves each request and is dropped after it.
 
+use std::sync::Arc;
+
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -9,15 +11,27 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::sluice::tenant::log;
 use super::limits::GuestLimiter;
 use crate::nn::host::NnCtx;
+use crate::telemetry::rate::TokenBucket;
+use crate::telemetry::text::{cut, escape_controls};
 
 /// Bytes of guest stderr kept, so a panic message can explain a trap.
 const STDERR_CAPACITY: usize = 4096;
 
-/// Who a guest's log lines are from.
+/// Who a guest's log lines are from, and what it may still log: at most `budget` bytes in
+/// this request and what the tenant's per-second allowance (shared by its requests) holds.
 pub struct GuestLog {
     pub tenant: String,
     pub app: String,
     pub version: String,
+    pub budget: usize,
+    pub allowance: Arc<TokenBucket>,
+    dropped: u64,
+}
+
+impl GuestLog {
+    pub fn new(tenant: String, app: String, version: String, budget: usize, allowance: Arc<TokenBucket>) -> Self {
+        Self { tenant, app, version, budget, allowance, dropped: 0 }
+    }
 }
 
 pub struct StoreState {
@@ -58,17 +72,21 @@ impl WasiView for StoreState {
 
 /// Longest guest log message kept; longer ones are cut.
 const MAX_LOG_MESSAGE: usize = 4096;
+/// What the server's log adds to a guest's line, charged to its log budgets.
+const LOG_LINE_OVERHEAD: usize = 128;
 
 impl log::Host for GuestLog {
     fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        let mut message = message;
-        if message.len() > MAX_LOG_MESSAGE {
-            let mut cut = MAX_LOG_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
+        let message = cut(&message, MAX_LOG_MESSAGE);
+        // A line costs its text and what the log adds to it (time, level, tenant, app).
+        let cost = message.len() + LOG_LINE_OVERHEAD;
+        if cost > self.budget || self.allowance.take(cost as f64, std::time::Instant::now()).is_err() {
+            self.dropped += 1;
+            return Ok(());
         }
+        self.budget -= cost;
+        // Control characters are escaped: a guest's text cannot start a line of its own.
+        let message = escape_controls(message);
         let (tenant, app, version) = (&self.tenant, &self.app, &self.version);
         match level {
             log::Level::Trace => {
@@ -84,5 +102,21 @@ impl log::Host for GuestLog {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for GuestLog {
+    fn drop(&mut self) {
+        if self.dropped > 0 {
+            let (tenant, app, version, dropped) = (&self.tenant, &self.app, &self.version, self.dropped);
+            tracing::warn!(
+                target: "guest",
+                tenant,
+                app,
+                version,
+                dropped,
+                "guest log lines dropped: over max_log_bytes_per_request or max_log_bytes_per_second"
+            );
+        }
     }
 }

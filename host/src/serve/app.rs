@@ -14,7 +14,7 @@ use crate::rollout::shadow::ShadowStats;
 use crate::rollout::traffic::Traffic;
 use crate::runtime::Prepared;
 use crate::telemetry::slo::AppSlo;
-use crate::telemetry::stats::ModelStats;
+use crate::telemetry::stats::Counters;
 use crate::telemetry::versions::VersionStats;
 
 /// One version of an app: its component, ready to instantiate, and its outcomes.
@@ -36,7 +36,7 @@ pub struct AppState {
     /// the manifest started with).
     pub spec: AppSpec,
     versions: RwLock<BTreeMap<VersionName, AppVersion>>,
-    pub stats: ModelStats,
+    pub stats: Counters,
     traffic: RwLock<Traffic>,
     pub shadow: Arc<ShadowStats>,
     /// The canary analysis' open window and its decisions so far.
@@ -52,7 +52,7 @@ impl AppState {
         Self {
             spec,
             versions: RwLock::new(versions),
-            stats: ModelStats::default(),
+            stats: Counters::default(),
             traffic,
             shadow: Arc::default(),
             analysis: Mutex::default(),
@@ -86,6 +86,11 @@ impl AppState {
         }
         versions.insert(name, version);
         true
+    }
+
+    /// Take a version out again (an upload whose state could not be saved).
+    pub fn remove_version(&self, name: &VersionName) {
+        self.versions.write().unwrap_or_else(PoisonError::into_inner).remove(name);
     }
 
     /// The pinned version, or the stable one; unknown versions get a 404 naming the known.

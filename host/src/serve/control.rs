@@ -17,7 +17,7 @@ use crate::nn::models::LoadedModel;
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, Drift, Quotas};
 use crate::registry::store::Uploaded;
-use crate::registry::{AppSpec, ModelSpec, Tenant};
+use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::traffic::Traffic;
 
 /// What is saved per tenant: its uploaded models (by weights digest) and each app's
@@ -51,6 +51,29 @@ impl ServingState {
     /// Save a tenant's apps (versions and traffic), atomically.
     pub fn save_control(&self, tenant: &TenantState) -> Result<(), ApiError> {
         let _one_writer = self.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.write_control(tenant)
+    }
+
+    /// Make a change to a tenant's serving state and save it as one step: when saving fails,
+    /// `undo` takes the change back, so what the client is answered (an error) and what
+    /// serves, before and after a restart, agree.
+    fn change_and_save<T>(
+        &self,
+        tenant: &TenantState,
+        change: impl FnOnce() -> Result<T, ApiError>,
+        undo: impl FnOnce(&T),
+    ) -> Result<T, ApiError> {
+        let _one_writer = self.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = change()?;
+        if let Err(error) = self.write_control(tenant) {
+            undo(&changed);
+            return Err(error);
+        }
+        Ok(changed)
+    }
+
+    /// Write a tenant's control state; the caller holds `control_writes`.
+    fn write_control(&self, tenant: &TenantState) -> Result<(), ApiError> {
         let apps = tenant
             .apps()
             .into_iter()
@@ -155,24 +178,36 @@ impl ServingState {
             ));
         }
         let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
-        let (runtime, sha256) = (self.runtime.clone(), uploaded.sha256.clone());
         let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
-        let prepared = tokio::task::spawn_blocking(move || runtime.prepare(&label, &sha256, &bytes))
+        let prepared = self
+            .runtime
+            .prepare_upload(label, uploaded.sha256.clone(), bytes)
             .await
-            .map_err(|e| internal("compiling the component", e))?
             .map_err(|e| ApiError::invalid(format!("not a usable component: {e}")))?;
         self.store.commit(&uploaded).map_err(|e| internal("storing the component", e))?;
-        let app = match tenant.app(app_name.as_str()) {
-            Some(app) => app,
-            None => {
-                let spec = new_app_spec(&app_name, &Traffic::stable_only(version.clone()));
-                tenant.insert_app(app_name.clone(), AppState::new(spec, BTreeMap::new()))
+        let add = || {
+            let (app, created) = match tenant.app(app_name.as_str()) {
+                Some(app) => (app, false),
+                None => {
+                    let spec = new_app_spec(&app_name, &Traffic::stable_only(version.clone()));
+                    (tenant.insert_app(app_name.clone(), AppState::new(spec, BTreeMap::new())), true)
+                }
+            };
+            if !app.add_version(version.clone(), AppVersion::new(prepared, uploaded.sha256.clone())) {
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("version '{version}' of app '{app_name}' exists"),
+                ));
+            }
+            Ok((app, created))
+        };
+        let undo = |(app, created): &(Arc<AppState>, bool)| {
+            app.remove_version(&version);
+            if *created {
+                tenant.remove_app(&app_name);
             }
         };
-        if !app.add_version(version.clone(), AppVersion::new(prepared, uploaded.sha256.clone())) {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("version '{version}' of app '{app_name}' exists")));
-        }
-        self.save_control(tenant)?;
+        let (app, _) = self.change_and_save(tenant, add, undo)?;
         tracing::info!(tenant = %tenant.tenant().id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
         Ok(app)
     }
@@ -188,6 +223,7 @@ impl ServingState {
             backend: None,
             batching: Batching::default(),
             drift: Drift::default(),
+            origin: ModelOrigin::Upload,
         };
         self.resident
             .lock()
@@ -208,10 +244,11 @@ impl ServingState {
         let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
         let model = self.load_model(&name, &uploaded.sha256, bytes).await?;
         self.store.commit(&uploaded).map_err(|e| internal("storing the model", e))?;
-        if !tenant.models.add(name.clone(), model) {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("model '{name}' exists")));
-        }
-        self.save_control(tenant)?;
+        let add = || match tenant.models.add(name.clone(), model) {
+            true => Ok(()),
+            false => Err(ApiError::new(ErrorKind::Conflict, format!("model '{name}' exists"))),
+        };
+        self.change_and_save(tenant, add, |()| tenant.models.remove(&name))?;
         tracing::info!(tenant = %tenant.tenant().id, model = %name, sha256 = %uploaded.sha256, "model added");
         Ok(())
     }
@@ -220,9 +257,11 @@ impl ServingState {
     pub fn set_traffic(&self, tenant: &TenantState, app: &AppState, traffic: Traffic) -> Result<(), ApiError> {
         let names = app.version_names();
         traffic.check(|v| names.contains(v)).map_err(|e| ApiError::invalid(format!("app '{}': {e}", app.spec.name)))?;
-        app.update_traffic(|current| *current = traffic);
+        let replace = || Ok(app.update_traffic(|current| std::mem::replace(current, traffic)));
+        let undo = |previous: &Traffic| app.update_traffic(|current| *current = previous.clone());
+        self.change_and_save(tenant, replace, undo)?;
         app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restart();
-        self.save_control(tenant)
+        Ok(())
     }
 }
 

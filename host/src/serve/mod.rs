@@ -4,6 +4,7 @@
 mod admin;
 mod app;
 mod control;
+pub mod listen;
 mod state;
 
 use std::net::SocketAddr;
@@ -15,11 +16,12 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 pub use app::{AppState, AppVersion};
-pub use state::{ServingState, TenantState};
+pub use state::{BodyTimeouts, ServingState, TenantState};
 
 use crate::nn::backend::{self, BackendKind, BackendSettings};
 use crate::registry::Registry;
 use crate::runtime::{Runtime, RuntimeSettings};
+use listen::{ConnectionLimits, ConnectionSettings};
 
 /// How often the canary analysis checks whether an app's interval has passed.
 const ANALYSIS_TICK: Duration = Duration::from_millis(100);
@@ -48,7 +50,15 @@ pub struct ServeConfig {
     pub max_waiting_requests: usize,
     /// The platform admin's token for `/admin/v1`; `None` turns the admin API off.
     pub admin_token: Option<String>,
+    /// What clients may hold open: connections, and time to send a request.
+    pub connections: ConnectionSettings,
+    pub body_timeouts: BodyTimeouts,
 }
+
+/// Descriptors kept free of client connections, for models, uploads and the store.
+const RESERVED_DESCRIPTORS: u64 = 256;
+/// How long connections get to finish their requests after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Build everything, bind the listeners and serve HTTP and gRPC until Ctrl-C / SIGTERM.
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
@@ -80,25 +90,65 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         tokio::spawn(export_gauges(state.clone(), GAUGE_EXPORT_TICK));
     }
 
+    let limits = ConnectionLimits::new(within_descriptor_limit(config.connections));
+    if config.metrics.is_some() {
+        tokio::spawn(export_connections(limits.clone(), GAUGE_EXPORT_TICK));
+    }
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut http_stop = stop.subscribe();
     let mut grpc_stop = stop.subscribe();
-    let http_server = axum::serve(http, crate::api::http::router(state.clone())).with_graceful_shutdown(async move {
-        let _ = http_stop.recv().await;
-    });
+    let router = crate::api::http::router(state.clone());
+    let http_server = listen::serve_http(
+        http,
+        router,
+        limits.clone(),
+        async move {
+            let _ = http_stop.recv().await;
+        },
+        SHUTDOWN_GRACE,
+    );
+    let body_limits = crate::api::grpc_body::BodyLimits::new(
+        state.clone(),
+        config.grpc_max_message_bytes,
+        config.body_timeouts.request,
+    );
     let grpc_server = tonic::transport::Server::builder()
+        .layer(body_limits)
         .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes))
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), async move {
+        .serve_with_incoming_shutdown(listen::incoming(grpc, limits, "grpc"), async move {
             let _ = grpc_stop.recv().await;
         });
     tokio::spawn(async move {
         shutdown_signal().await;
         let _ = stop.send(());
     });
-    let (http_result, grpc_result) = tokio::join!(http_server, grpc_server);
-    http_result.context("HTTP server failed")?;
+    let ((), grpc_result) = tokio::join!(http_server, grpc_server);
     grpc_result.context("gRPC server failed")?;
     Ok(())
+}
+
+/// The connection settings, with `max_connections` lowered where the process may not open
+/// that many descriptors (after raising its soft limit to the hard one).
+fn within_descriptor_limit(mut settings: ConnectionSettings) -> ConnectionSettings {
+    let available = listen::raise_descriptor_limit().saturating_sub(RESERVED_DESCRIPTORS);
+    let available = usize::try_from(available).unwrap_or(usize::MAX).max(1);
+    if settings.max_connections > available {
+        tracing::warn!(
+            requested = settings.max_connections,
+            allowed = available,
+            "the descriptor limit allows fewer connections than --max-connections; using fewer"
+        );
+        settings.max_connections = available;
+    }
+    settings
+}
+
+async fn export_connections(limits: Arc<ConnectionLimits>, tick: Duration) {
+    let mut ticker = tokio::time::interval(tick);
+    loop {
+        ticker.tick().await;
+        crate::telemetry::metrics::metrics().connections_open(limits.open());
+    }
 }
 
 /// Load the registry and build the serving state.
@@ -137,7 +187,10 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let store = crate::registry::store::Store::open(&config.data_dir)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
-    ServingState::build(registry, runtime, backends, config.default_backend, turns, store, admin_token).await
+    let mut state =
+        ServingState::build(registry, runtime, backends, config.default_backend, turns, store, admin_token).await?;
+    state.body_timeouts = config.body_timeouts;
+    Ok(state)
 }
 
 /// Keep every app's SLO gauges (budgets and burn rates change with time alone) and every

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use sha2::{Digest, Sha256};
@@ -18,11 +19,13 @@ use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
 use crate::rollout::shadow::Shadows;
 use crate::runtime::Runtime;
+use crate::telemetry::rate::TokenBucket;
 use crate::tenancy::Admission;
 use crate::tenancy::turns::Turns;
 
-/// Mirrors waiting for the shadow thread before new ones are dropped.
+/// Mirrors waiting for the shadow thread before new ones are dropped, in jobs and in bytes.
 const SHADOW_QUEUE: usize = 64;
+const SHADOW_QUEUE_BYTES: usize = 64 << 20;
 
 /// One tenant's serving state.
 pub struct TenantState {
@@ -34,6 +37,8 @@ pub struct TenantState {
     pub raw_backend: Option<Arc<dyn Backend>>,
     /// Keys or quotas were set through the admin API: they are saved and win over the manifest.
     pub admin_managed: AtomicBool,
+    /// The tenant's guest log bytes a second (`max_log_bytes_per_second`).
+    log_allowance: RwLock<Arc<TokenBucket>>,
 }
 
 impl TenantState {
@@ -43,13 +48,20 @@ impl TenantState {
         apps: BTreeMap<AppName, Arc<AppState>>,
         raw_backend: Option<Arc<dyn Backend>>,
     ) -> Self {
+        let log_allowance = RwLock::new(log_allowance(&spec.quotas));
         Self {
             spec: RwLock::new(spec),
             models,
             apps: RwLock::new(apps),
             raw_backend,
             admin_managed: AtomicBool::new(false),
+            log_allowance,
         }
+    }
+
+    /// The bucket the tenant's guest log lines are paid from.
+    pub fn log_allowance(&self) -> Arc<TokenBucket> {
+        self.log_allowance.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// The tenant's id and current quotas.
@@ -59,6 +71,7 @@ impl TenantState {
 
     /// Replace the tenant's quotas.
     pub fn set_quotas(&self, quotas: Quotas) {
+        *self.log_allowance.write().unwrap_or_else(PoisonError::into_inner) = log_allowance(&quotas);
         let mut spec = self.spec.write().unwrap_or_else(PoisonError::into_inner);
         let mut updated = Tenant::clone(&spec);
         updated.quotas = quotas;
@@ -79,10 +92,35 @@ impl TenantState {
         self.apps.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(n, a)| (n.clone(), a.clone())).collect()
     }
 
+    /// Take an app out again (one created by an upload whose state could not be saved).
+    pub fn remove_app(&self, name: &AppName) {
+        self.apps.write().unwrap_or_else(PoisonError::into_inner).remove(name);
+    }
+
     /// Add an app; the existing one if the name is taken.
     pub fn insert_app(&self, name: AppName, app: AppState) -> Arc<AppState> {
         self.apps.write().unwrap_or_else(PoisonError::into_inner).entry(name).or_insert_with(|| Arc::new(app)).clone()
     }
+}
+
+/// How long a client may take to send a request's body.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyTimeouts {
+    /// An inference request's body (both protocols).
+    pub request: Duration,
+    /// An upload's body (models and components, which may be large).
+    pub upload: Duration,
+}
+
+impl Default for BodyTimeouts {
+    fn default() -> Self {
+        Self { request: Duration::from_secs(30), upload: Duration::from_secs(300) }
+    }
+}
+
+fn log_allowance(quotas: &Quotas) -> Arc<TokenBucket> {
+    let rate = quotas.max_log_bytes_per_second as f64;
+    Arc::new(TokenBucket::new(rate, rate))
 }
 
 /// Everything a request needs.
@@ -108,6 +146,7 @@ pub struct ServingState {
     pub shared_models: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>,
     /// SHA-256 (hex) of the admin token; `None` turns the admin API off.
     pub admin_token_sha256: Option<String>,
+    pub body_timeouts: BodyTimeouts,
 }
 
 impl ServingState {
@@ -157,7 +196,8 @@ impl ServingState {
         let mut resident = ModelStore::default();
         let mut shared = BTreeMap::new();
         for (name, spec) in registry.shared_models() {
-            shared.insert(name.clone(), resident.load(spec, &backends, default_backend).await?);
+            let model = resident.load(spec, &backends, default_backend).await;
+            shared.insert(name.clone(), model.with_context(|| format!("shared model {}", spec.path.display()))?);
         }
         let shared = Arc::new(shared);
 
@@ -165,7 +205,10 @@ impl ServingState {
         for tenant in registry.tenants() {
             let mut own = BTreeMap::new();
             for (name, spec) in &tenant.models {
-                let model = resident.load(spec, &backends, default_backend).await?;
+                let model = resident
+                    .load(spec, &backends, default_backend)
+                    .await
+                    .with_context(|| format!("tenant '{}', model {}", tenant.id, spec.path.display()))?;
                 tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");
                 own.insert(name.clone(), model);
             }
@@ -192,7 +235,8 @@ impl ServingState {
         }
         let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
         let runtime = Arc::new(runtime);
-        let shadows = Shadows::start(runtime.clone(), SHADOW_QUEUE).context("starting the shadow thread")?;
+        let shadows =
+            Shadows::start(runtime.clone(), SHADOW_QUEUE, SHADOW_QUEUE_BYTES).context("starting the shadow thread")?;
         let keys = RwLock::new(registry.key_digests().clone());
         let state = Self {
             shared_models: shared,
@@ -208,6 +252,7 @@ impl ServingState {
             resident: tokio::sync::Mutex::new(resident),
             backends,
             default_backend,
+            body_timeouts: BodyTimeouts::default(),
         };
         state.restore_control().await.context("restoring the saved control state")?;
         Ok(state)

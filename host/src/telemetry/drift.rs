@@ -15,7 +15,7 @@
 //! (0.1) is moderate drift, at or above `psi_significant` (0.25) significant.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,11 @@ const PSI_BINS: usize = 10;
 const PSI_FLOOR: f64 = 1e-4;
 /// Samples waiting for the drift thread before new ones are dropped.
 const QUEUE: usize = 1024;
+/// Bytes of tensors the samples waiting for the drift thread may hold; past it, samples are
+/// dropped.
+const QUEUE_BYTES: usize = 64 << 20;
+/// A call whose tensors hold more than this is not sampled (features need a row or a few).
+pub const MAX_SAMPLE_BYTES: usize = 1 << 20;
 /// How often the drift thread takes in what is waiting.
 const DRAIN_EVERY: Duration = Duration::from_millis(50);
 
@@ -377,6 +382,8 @@ struct Sample {
 /// the thread takes the whole batch every [`DRAIN_EVERY`], so no request pays for a wake-up.
 struct Pending {
     samples: Mutex<Vec<Sample>>,
+    /// Tensor bytes the samples hold (changed under the samples' lock).
+    bytes: AtomicUsize,
 }
 
 fn pending() -> &'static Pending {
@@ -386,14 +393,23 @@ fn pending() -> &'static Pending {
             .spawn(|| {
                 loop {
                     std::thread::sleep(DRAIN_EVERY);
-                    let batch = std::mem::take(&mut *pending().samples.lock().unwrap_or_else(PoisonError::into_inner));
+                    let batch = {
+                        let mut samples = pending().samples.lock().unwrap_or_else(PoisonError::into_inner);
+                        pending().bytes.store(0, Ordering::Relaxed);
+                        std::mem::take(&mut *samples)
+                    };
                     take_in(batch);
                 }
             })
             .expect("spawning the drift thread");
-        Pending { samples: Mutex::new(Vec::with_capacity(QUEUE)) }
+        Pending { samples: Mutex::new(Vec::with_capacity(QUEUE)), bytes: AtomicUsize::new(0) }
     });
     &PENDING
+}
+
+/// Bytes of tensor data in named tensors.
+pub fn tensor_bytes(tensors: &[(String, Tensor)]) -> usize {
+    tensors.iter().map(|(_, t)| t.data().len()).sum()
 }
 
 /// Feed a batch of samples to their states: the samples of one state are stacked into one
@@ -447,9 +463,12 @@ impl DriftMonitor {
 
     /// Hand a sampled call to the drift thread; dropped if the thread is behind.
     pub fn offer(&self, inputs: Vec<(String, Tensor)>, outputs: Vec<(String, Tensor)>) {
+        let bytes = tensor_bytes(&inputs) + tensor_bytes(&outputs);
         let sample = Sample { state: self.state.clone(), observed: self.observed.clone(), inputs, outputs };
         let mut samples = pending().samples.lock().unwrap_or_else(PoisonError::into_inner);
-        if samples.len() < QUEUE {
+        let queued = pending().bytes.load(Ordering::Relaxed);
+        if samples.len() < QUEUE && queued + bytes <= QUEUE_BYTES {
+            pending().bytes.store(queued + bytes, Ordering::Relaxed);
             samples.push(sample);
         } else {
             tracing::debug!("drift queue full; a sample was dropped");

@@ -35,6 +35,8 @@ pub mod names {
     pub const SLO_BURN_RATE: &str = "sluice_slo_burn_rate";
     pub const DRIFT_PSI: &str = "sluice_drift_psi";
     pub const DRIFT_KS: &str = "sluice_drift_ks";
+    pub const OPEN_CONNECTIONS: &str = "sluice_open_connections";
+    pub const REFUSED_CONNECTIONS: &str = "sluice_refused_connections_total";
 }
 
 /// The protocol a request came in on.
@@ -125,6 +127,8 @@ pub struct Metrics {
     slo_burn: GaugeVec,
     drift_psi: GaugeVec,
     drift_ks: GaugeVec,
+    open_connections: IntGauge,
+    refused_connections: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -158,7 +162,17 @@ impl Metrics {
             IntGauge::new(RESIDENT_MODELS, "Models resident in memory (one per weights and backend).")
                 .expect("a valid gauge definition");
         registry.register(Box::new(resident_models.clone())).expect("each metric registered once");
+        let open_connections = IntGauge::new(OPEN_CONNECTIONS, "Client connections open on the HTTP and gRPC ports.")
+            .expect("a valid gauge definition");
+        registry.register(Box::new(open_connections.clone())).expect("each metric registered once");
         Self {
+            open_connections,
+            refused_connections: counter(
+                &registry,
+                REFUSED_CONNECTIONS,
+                "Connections closed at once because the server or the client address had its most open.",
+                &["port"],
+            ),
             enabled: AtomicBool::new(true),
             requests: counter(
                 &registry,
@@ -311,6 +325,16 @@ impl Metrics {
         if let Some(kind) = trap {
             self.guest_traps.with_label_values(&[tenant, app, version, kind]).inc();
         }
+    }
+
+    /// A connection refused on `port` ("http" or "grpc") because a connection limit was reached.
+    pub fn connection_refused(&self, port: &str) {
+        self.refused_connections.with_label_values(&[port]).inc();
+    }
+
+    /// The connections open now.
+    pub fn connections_open(&self, open: usize) {
+        self.open_connections.set(i64::try_from(open).unwrap_or(i64::MAX));
     }
 
     /// A compute call of `tenant` on its model `model` entering the batch queue.

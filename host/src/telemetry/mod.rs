@@ -7,7 +7,9 @@
 
 pub mod drift;
 pub mod metrics;
+pub mod rate;
 pub mod slo;
 pub mod stats;
+pub mod text;
 pub mod traces;
 pub mod versions;

@@ -1,8 +1,11 @@
 //! Per-model counters in the shape of Triton's statistics extension: request outcomes with
-//! their durations, time spent queued, and per-batch compute input / infer / output time.
-//! Lock-free: every field is an atomic, updated on the serving path.
+//! their durations, time spent queued, and per-batch compute input / infer / output time,
+//! kept per calling tenant. Every counter is an atomic; a tenant's set is found under a read
+//! lock (written once, on its first use of the model).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A count and the total nanoseconds of the events counted.
@@ -24,9 +27,9 @@ impl DurationCounter {
     }
 }
 
-/// Counters of one model or app.
+/// Counters of one tenant's use of a model, or of one app.
 #[derive(Debug, Default)]
-pub struct ModelStats {
+pub struct Counters {
     pub success: DurationCounter,
     pub fail: DurationCounter,
     pub queue: DurationCounter,
@@ -41,7 +44,7 @@ pub struct ModelStats {
     pub last_inference_ms: AtomicU64,
 }
 
-impl ModelStats {
+impl Counters {
     /// Record one request's outcome and duration.
     pub fn request(&self, succeeded: bool, duration: Duration, rows: u64) {
         if succeeded {
@@ -54,22 +57,60 @@ impl ModelStats {
         self.last_inference_ms.store(now, Ordering::Relaxed);
     }
 
-    /// Mean time of one batch (input + infer + output) so far; `None` before the first.
-    pub fn mean_execution(&self) -> Option<Duration> {
-        let executions = self.execution_count.load(Ordering::Relaxed);
-        if executions == 0 {
-            return None;
-        }
-        let ns: u64 = [&self.compute_input, &self.compute_infer, &self.compute_output].iter().map(|c| c.read().1).sum();
-        Some(Duration::from_nanos(ns / executions))
-    }
-
-    /// Record one batch execution.
+    /// Record one batch execution (or this tenant's share of one).
     pub fn execution(&self, input: Duration, infer: Duration, output: Duration) {
         self.execution_count.fetch_add(1, Ordering::Relaxed);
         self.compute_input.record(input);
         self.compute_infer.record(infer);
         self.compute_output.record(output);
+    }
+}
+
+/// One model's counters per calling tenant: identical weights of several tenants are one
+/// resident copy with one queue, and each tenant sees only its own use of it. A batch that
+/// mixes tenants counts as an execution of each, its times split by their rows.
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    tenants: RwLock<HashMap<Arc<str>, Arc<Counters>>>,
+    /// Every tenant's batches together, for the mean execution time admission predicts with.
+    executions: DurationCounter,
+}
+
+impl ModelStats {
+    /// A tenant's counters, created on its first use.
+    pub fn of(&self, tenant: &str) -> Arc<Counters> {
+        if let Some(counters) = self.tenants.read().unwrap_or_else(PoisonError::into_inner).get(tenant) {
+            return counters.clone();
+        }
+        self.tenants.write().unwrap_or_else(PoisonError::into_inner).entry(tenant.into()).or_default().clone()
+    }
+
+    /// A tenant's counters, all zero before its first use.
+    pub fn view(&self, tenant: &str) -> Arc<Counters> {
+        self.tenants.read().unwrap_or_else(PoisonError::into_inner).get(tenant).cloned().unwrap_or_default()
+    }
+
+    /// Mean time of one batch (input + infer + output) so far; `None` before the first.
+    pub fn mean_execution(&self) -> Option<Duration> {
+        let (executions, ns) = self.executions.read();
+        (executions > 0).then(|| Duration::from_nanos(ns / executions))
+    }
+
+    /// Record one batch execution of `rows` per tenant (one entry per job).
+    pub fn execution(&self, rows: &[(&str, usize)], input: Duration, infer: Duration, output: Duration) {
+        self.executions.record(input + infer + output);
+        let total = rows.iter().map(|(_, r)| *r as u128).sum::<u128>().max(1);
+        let mut per_tenant: Vec<(&str, u128)> = Vec::new();
+        for &(tenant, r) in rows {
+            match per_tenant.iter_mut().find(|(t, _)| *t == tenant) {
+                Some((_, sum)) => *sum += r as u128,
+                None => per_tenant.push((tenant, r as u128)),
+            }
+        }
+        let share = |d: Duration, r: u128| Duration::from_nanos((d.as_nanos() * r / total) as u64);
+        for (tenant, r) in per_tenant {
+            self.of(tenant).execution(share(input, r), share(infer, r), share(output, r));
+        }
     }
 }
 
@@ -79,7 +120,7 @@ mod tests {
 
     #[test]
     fn counts_outcomes_and_durations() {
-        let stats = ModelStats::default();
+        let stats = Counters::default();
         stats.request(true, Duration::from_micros(5), 3);
         stats.request(false, Duration::from_micros(7), 2);
         stats.execution(Duration::from_nanos(1), Duration::from_nanos(10), Duration::from_nanos(2));
@@ -89,5 +130,23 @@ mod tests {
         assert_eq!(stats.execution_count.load(Ordering::Relaxed), 1);
         assert_eq!(stats.compute_infer.read(), (1, 10));
         assert!(stats.last_inference_ms.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
+    fn each_tenant_sees_its_own_use_and_its_rows_share_of_mixed_batches() {
+        let stats = ModelStats::default();
+        stats.of("a").request(true, Duration::from_micros(5), 3);
+        let ms = Duration::from_millis;
+        stats.execution(&[("a", 2), ("b", 1), ("a", 1)], ms(4), ms(40), ms(4));
+        stats.execution(&[("a", 1)], ms(1), ms(10), ms(1));
+        let (a, b, c) = (stats.view("a"), stats.view("b"), stats.view("c"));
+        assert_eq!(a.success.read().0, 1);
+        assert_eq!(b.success.read().0, 0, "b's view holds none of a's requests");
+        assert_eq!(a.execution_count.load(Ordering::Relaxed), 2);
+        assert_eq!(b.execution_count.load(Ordering::Relaxed), 1);
+        assert_eq!(a.compute_infer.read(), (2, 40_000_000), "3/4 of the mixed batch and all of its own");
+        assert_eq!(b.compute_infer.read(), (1, 10_000_000));
+        assert_eq!(c.execution_count.load(Ordering::Relaxed), 0, "an unknown tenant sees zeros");
+        assert_eq!(stats.mean_execution(), Some(ms(30)), "admission predicts from every tenant's batches");
     }
 }

@@ -12,8 +12,9 @@
 //! tenant finishes what it has begun before it starts more, while across tenants the round
 //! robin holds for resumptions too (a batch of one tenant's requests coming back from a
 //! model must not make another tenant's new request wait for all of them). A guest that
-//! runs past one epoch tick gives its turn up for good, so a spinning guest cannot hold one
-//! for its whole deadline.
+//! computes past an epoch tick while others wait gives its turn up and waits to resume, so
+//! CPU-bound guests are time-sliced fairly between tenants; one that waits in any host call
+//! (a model, a timer) gives its turn up for the wait.
 //!
 //! The waiting room is bounded: when it is full, an arrival whose tenant already holds at
 //! least its weighted share of the waiters is refused, otherwise the newest waiter of the
@@ -83,6 +84,11 @@ impl<W> TurnState<W> {
     /// Requests waiting to start (not counting those resuming).
     pub fn waiting(&self) -> usize {
         self.waiting
+    }
+
+    /// Whether any request waits for a turn, to start or to resume.
+    pub fn anyone_waiting(&self) -> bool {
+        !self.lanes.is_empty()
     }
 
     /// A new request of `tenant` (with its weight) arrives.

@@ -1,7 +1,9 @@
 //! Fair turns on the host's CPU, the async half: a request waits for its turn on a oneshot
 //! channel while [`super::turn_state`] decides who is next (see there for the policy).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -142,24 +144,30 @@ pub struct Turn {
     /// The request's tenant and weight, for the line it resumes in.
     tenant: Arc<str>,
     weight: u32,
-    holding: bool,
-    detached: bool,
+    /// Shared with a time slice's wait (see [`Turn::end_slice`]), which sets it when the
+    /// turn comes back.
+    holding: Arc<AtomicBool>,
 }
 
 impl Turn {
     fn held(turns: Arc<Turns>, tenant: Arc<str>, weight: u32) -> Self {
-        Self { turns: Some(turns), tenant, weight, holding: true, detached: false }
+        Self { turns: Some(turns), tenant, weight, holding: Arc::new(AtomicBool::new(true)) }
     }
 
     /// A turn outside any accounting (benchmarks and tools that call the runtime directly).
     pub fn unmetered() -> Self {
-        Self { turns: None, tenant: Arc::from(""), weight: 1, holding: false, detached: true }
+        Self { turns: None, tenant: Arc::from(""), weight: 1, holding: Arc::new(AtomicBool::new(false)) }
     }
 
-    /// Give the turn up while the request waits for something else (a model).
+    /// Whether the request holds a turn now.
+    pub fn is_held(&self) -> bool {
+        self.holding.load(Ordering::Acquire)
+    }
+
+    /// Give the turn up while the request waits for something else (a model, a timer).
     pub fn pause(&mut self) {
         if let Some(turns) = &self.turns
-            && std::mem::take(&mut self.holding)
+            && self.holding.swap(false, Ordering::AcqRel)
         {
             turns.release();
         }
@@ -169,26 +177,37 @@ impl Turn {
     /// start, in round robin with other tenants.
     pub async fn resume(&mut self) {
         let Some(turns) = self.turns.clone() else { return };
-        if self.holding || self.detached {
+        if self.is_held() {
             return;
         }
-        let id = turns.next_id.fetch_add(1, Ordering::Relaxed);
-        let (wake, woken) = oneshot::channel();
-        if turns.lock().resume(&self.tenant, self.weight, Waiter { id, wake }) {
-            self.holding = true;
-            return;
-        }
-        let mut waiting = Waiting { turns: &turns, tenant: &self.tenant, id, woken, settled: false };
-        let woke = (&mut waiting.woken).await;
-        waiting.settled = true;
-        self.holding = matches!(woke, Ok(Wake::Run));
+        wait_to_resume(turns, self.tenant.clone(), self.weight, self.holding.clone()).await;
     }
 
-    /// Give the turn up for good (a guest that runs long competes without one).
-    pub fn detach(&mut self) {
+    /// End a guest's time slice: when other requests wait for a turn, give this one up and
+    /// return the wait for it to come back (in the tenant's lane, in round robin with the
+    /// others); `None` when nobody waits and the guest keeps its turn.
+    pub fn end_slice(&mut self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        let turns = self.turns.clone()?;
+        if !self.is_held() || !turns.lock().anyone_waiting() {
+            return None;
+        }
         self.pause();
-        self.detached = true;
+        Some(Box::pin(wait_to_resume(turns, self.tenant.clone(), self.weight, self.holding.clone())))
     }
+}
+
+/// Wait for a turn in `tenant`'s resumption lane; `holding` is set once it is held.
+async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holding: Arc<AtomicBool>) {
+    let id = turns.next_id.fetch_add(1, Ordering::Relaxed);
+    let (wake, woken) = oneshot::channel();
+    if turns.lock().resume(&tenant, weight, Waiter { id, wake }) {
+        holding.store(true, Ordering::Release);
+        return;
+    }
+    let mut waiting = Waiting { turns: &turns, tenant: &tenant, id, woken, settled: false };
+    let woke = (&mut waiting.woken).await;
+    waiting.settled = true;
+    holding.store(matches!(woke, Ok(Wake::Run)), Ordering::Release);
 }
 
 impl Drop for Turn {
@@ -256,7 +275,7 @@ mod tests {
             async move {
                 first.resume().await;
                 order.lock().expect("order lock").push("resumed");
-                first.holding
+                first.is_held()
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -264,6 +283,32 @@ mod tests {
         assert!(resumed.await.expect("joined"), "the first request holds a turn again");
         newer.await.expect("joined").expect("the newer request runs once the first is done");
         assert_eq!(*order.lock().expect("order lock"), ["resumed", "new"]);
+    }
+
+    #[tokio::test]
+    async fn a_time_slice_ends_only_when_someone_waits_and_the_turn_comes_back_after_them() {
+        let turns = Turns::new(1, 8);
+        let mut spinner = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        assert!(spinner.end_slice().is_none(), "nobody waits: the guest keeps its turn");
+        assert!(spinner.is_held());
+        let other = tokio::spawn({
+            let turns = turns.clone();
+            async move {
+                let turn = turns.enter("b".into(), 1, far()).await.expect("b's turn");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(turn);
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let wait = spinner.end_slice().expect("b waits: a's slice ends");
+        assert!(!spinner.is_held(), "a gave its turn to b");
+        let started = std::time::Instant::now();
+        wait.await;
+        assert!(spinner.is_held(), "a holds a turn again once b is done");
+        assert!(started.elapsed() >= Duration::from_millis(15), "a waited for b's work");
+        other.await.expect("joined");
+        drop(spinner);
+        assert_eq!(turns.lock().busy(), 0);
     }
 
     #[tokio::test]

@@ -10,8 +10,8 @@ pub mod onnxruntime;
 pub mod tract;
 
 use std::fmt;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
@@ -107,14 +107,65 @@ pub trait Graph: Send + Sync {
     fn signature(&self) -> &Signature;
 
     /// Run on named inputs already checked against the signature; outputs in signature order.
-    fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError>;
+    /// `stop` may end the run early from another thread (backends that cannot stop a run
+    /// ignore it).
+    fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError>;
+}
+
+/// Ends a graph run from another thread: when nobody waits for its result any more, a run
+/// must not keep a CPU busy.
+#[derive(Clone, Default)]
+pub struct Stop(Arc<Mutex<StopState>>);
+
+#[derive(Default)]
+struct StopState {
+    stopped: bool,
+    /// How the running backend stops (set while it runs).
+    hook: Option<Box<dyn Fn() + Send>>,
+}
+
+impl Stop {
+    /// Ask the run to stop, now or as soon as it starts.
+    pub fn stop(&self) {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        state.stopped = true;
+        if let Some(hook) = &state.hook {
+            hook();
+        }
+    }
+
+    /// While a run lasts, how to stop it (called at once when a stop was already asked).
+    pub fn on_stop(&self, hook: Box<dyn Fn() + Send>) {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.stopped {
+            hook();
+        }
+        state.hook = Some(hook);
+    }
+
+    /// The run is over: forget the hook.
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).hook = None;
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).stopped
+    }
 }
 
 /// A backend that turns ONNX bytes into graphs.
 pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
 
+    /// Load a model from memory. The bytes must name no other file (see `nn::onnx`): a model
+    /// loaded from memory resolves such names against the server's working directory.
     fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError>;
+
+    /// Load an operator's model file whose external data lies beside it (checked by the
+    /// caller); backends that cannot read external data refuse.
+    fn load_file(&self, _model_file: &Path) -> Result<Box<dyn Graph>, BackendError> {
+        Err(BackendError::Load { backend: self.kind(), reason: "models with external data are not supported".into() })
+    }
 }
 
 /// Settings for building the backends.

@@ -5,13 +5,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{RunOptions, Session};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
-use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, TensorSpec};
+use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
 use crate::nn::tensor::{ElementType, Tensor};
 
 const KIND: BackendKind = BackendKind::Onnxruntime;
@@ -58,7 +58,23 @@ impl Backend for OnnxRuntime {
     }
 
     fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
-        let load_error = |reason: String| BackendError::Load { backend: KIND, reason };
+        let session = self.builder()?.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
+        graph(session)
+    }
+
+    fn load_file(&self, model_file: &Path) -> Result<Box<dyn Graph>, BackendError> {
+        // From a file, ONNX Runtime reads external data relative to the file's directory.
+        let session = self.builder()?.commit_from_file(model_file).map_err(|e| load_error(e.to_string()))?;
+        graph(session)
+    }
+}
+
+fn load_error(reason: String) -> BackendError {
+    BackendError::Load { backend: KIND, reason }
+}
+
+impl OnnxRuntime {
+    fn builder(&self) -> Result<ort::session::builder::SessionBuilder, BackendError> {
         let environment = ENVIRONMENT
             .get()
             .and_then(|e| e.as_ref().ok())
@@ -66,7 +82,11 @@ impl Backend for OnnxRuntime {
         // Idle pool threads sleep instead of spinning: on a shared host a spinning thread
         // takes the CPU that other tenants' requests need (measured: B's p99 in the noisy
         // neighbour run, BENCHMARKS.md).
+        // Without the CPU arena, what a run allocates goes back when it ends: a model that needs
+        // much memory once does not keep it (the arena would hold its peak for the process).
+        let cpu = ort::ep::CPU::default().with_arena_allocator(false).build();
         let mut builder = Session::builder(environment)
+            .and_then(|b| b.with_execution_providers([cpu]).map_err(Into::into))
             .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::Level3).map_err(Into::into))
             .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
             .and_then(|b| b.with_inter_op_spinning(false).map_err(Into::into))
@@ -74,23 +94,26 @@ impl Backend for OnnxRuntime {
         if self.threads > 0 {
             builder = builder.with_intra_threads(self.threads).map_err(|e| load_error(e.to_string()))?;
         }
-        let session = builder.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
-        let signature = Signature {
-            inputs: session
-                .inputs()
-                .iter()
-                .map(|o| spec(o.name(), o.dtype()))
-                .collect::<Result<_, _>>()
-                .map_err(load_error)?,
-            outputs: session
-                .outputs()
-                .iter()
-                .map(|o| spec(o.name(), o.dtype()))
-                .collect::<Result<_, _>>()
-                .map_err(load_error)?,
-        };
-        Ok(Box::new(OrtGraph { session: Mutex::new(session), signature }))
+        Ok(builder)
     }
+}
+
+fn graph(session: Session) -> Result<Box<dyn Graph>, BackendError> {
+    let signature = Signature {
+        inputs: session
+            .inputs()
+            .iter()
+            .map(|o| spec(o.name(), o.dtype()))
+            .collect::<Result<_, _>>()
+            .map_err(load_error)?,
+        outputs: session
+            .outputs()
+            .iter()
+            .map(|o| spec(o.name(), o.dtype()))
+            .collect::<Result<_, _>>()
+            .map_err(load_error)?,
+    };
+    Ok(Box::new(OrtGraph { session: Mutex::new(session), signature }))
 }
 
 struct OrtGraph {
@@ -105,15 +128,25 @@ impl Graph for OrtGraph {
         &self.signature
     }
 
-    fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
         let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
+        let options = Arc::new(RunOptions::new().map_err(|e| run_error(e.to_string()))?);
+        let terminate = options.clone();
+        stop.on_stop(Box::new(move || {
+            let _ = terminate.terminate();
+        }));
         let values = inputs
             .into_iter()
             .map(|(name, tensor)| to_value(tensor).map(|v| (name, v)))
             .collect::<Result<Vec<(String, DynValue)>, _>>()
             .map_err(run_error)?;
         let mut session = self.session.lock().map_err(|_| run_error("session lock poisoned".to_string()))?;
-        let outputs = session.run(values).map_err(|e| run_error(e.to_string()))?;
+        let outputs = session.run_with_options(values, &options);
+        stop.clear();
+        if stop.is_stopped() {
+            return Err(run_error("stopped: every request in the batch had passed its deadline".into()));
+        }
+        let outputs = outputs.map_err(|e| run_error(e.to_string()))?;
         self.signature
             .outputs
             .iter()

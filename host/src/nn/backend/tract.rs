@@ -13,7 +13,7 @@ use tract_onnx::prelude::{
 use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
 
-use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, TensorSpec};
+use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
 use crate::nn::tensor::{ElementType, Tensor};
 
 const KIND: BackendKind = BackendKind::Tract;
@@ -141,8 +141,12 @@ impl Graph for TractGraph {
         &self.signature
     }
 
-    fn run(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, BackendError> {
+    /// tract cannot stop a run once started: `stop` is only checked before it starts.
+    fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
         let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
+        if stop.is_stopped() {
+            return Err(run_error("stopped: every request in the batch had passed its deadline".into()));
+        }
         // tract takes inputs by position: order them as the signature declares.
         let mut ordered: TVec<TValue> = TVec::new();
         for spec in &self.signature.inputs {

@@ -1,7 +1,8 @@
 //! Admission at a model queue: predict a new job's wait from the rows already waiting and
 //! the measured time per batch, and refuse at once a job that could not finish before its
-//! deadline — as the tenant's fault (429) when it holds more than its weighted share of the
-//! waiting rows, as server overload (503) otherwise.
+//! deadline — as the deadline's fault (504) when the job could not finish in time even alone,
+//! as the tenant's fault (429) when it holds more than its weighted share of the waiting
+//! rows, as server overload (503) otherwise.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,10 @@ use super::queue::Share;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Admit,
+    /// The job could not finish in time even alone: its deadline is the cause, not load.
+    TooLate {
+        needed: Duration,
+    },
     /// The tenant holds more than its share of the queue.
     OverShare {
         predicted: Duration,
@@ -40,7 +45,14 @@ pub struct Outlook {
 
 /// Decide whether a job of `rows` rows can finish within `budget`.
 pub fn decide(outlook: Outlook, rows: usize, budget: Duration) -> Verdict {
+    if budget.is_zero() {
+        return Verdict::TooLate { needed: outlook.time_per_batch.unwrap_or_default() };
+    }
     let Some(per_batch) = outlook.time_per_batch else { return Verdict::Admit };
+    let alone = per_batch.saturating_mul(rows.div_ceil(outlook.max_batch_rows.max(1)) as u32);
+    if alone > budget {
+        return Verdict::TooLate { needed: alone };
+    }
     let batches = (outlook.waiting_rows + rows).div_ceil(outlook.max_batch_rows.max(1)) as u32;
     let predicted = per_batch.saturating_mul(batches);
     if predicted <= budget {
@@ -127,6 +139,15 @@ mod tests {
         assert_eq!(decide(outlook(23, 11, Some(ms)), 1, ms), Verdict::Overloaded { predicted });
         // Most of the waiting rows are this tenant's: over its share.
         assert_eq!(decide(outlook(23, 20, Some(ms)), 1, ms), Verdict::OverShare { predicted });
+    }
+
+    #[test]
+    fn a_deadline_too_short_for_the_job_alone_is_the_deadlines_fault() {
+        let ms = Duration::from_millis(1);
+        assert_eq!(decide(outlook(0, 0, None), 1, Duration::ZERO), Verdict::TooLate { needed: Duration::ZERO });
+        assert_eq!(decide(outlook(0, 0, Some(ms * 4)), 1, ms), Verdict::TooLate { needed: ms * 4 });
+        // 9 rows are two batches of 8, whatever waits.
+        assert_eq!(decide(outlook(23, 0, Some(ms)), 9, ms), Verdict::TooLate { needed: ms * 2 });
     }
 
     #[test]

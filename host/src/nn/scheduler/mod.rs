@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::backend::{BackendError, Graph};
+use super::backend::{BackendError, Graph, Stop};
 use super::tensor::Tensor;
 use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
 use crate::telemetry::stats::ModelStats;
@@ -47,6 +47,11 @@ pub enum ComputeError {
     OverShare { model: String, tenant: String, predicted_ms: u64, budget_ms: u64 },
     #[error("the request's deadline passed while it waited for model '{model}'")]
     DeadlineExceeded { model: String },
+    #[error(
+        "the request's remaining {budget_ms} ms is less than model '{model}' needs for it ({needed_ms} ms); \
+         give it a longer deadline"
+    )]
+    TooLate { model: String, budget_ms: u64, needed_ms: u64 },
     #[error("{0}")]
     InvalidInput(String),
     #[error("model '{model}' failed: {message}")]
@@ -150,6 +155,11 @@ impl ModelQueue {
         let refusal = match admission::decide(outlook, rows, budget) {
             _ if full => Some(ComputeError::Overloaded { model: model.clone(), capacity: self.capacity }),
             Verdict::Admit => None,
+            Verdict::TooLate { needed } => Some(ComputeError::TooLate {
+                model: model.clone(),
+                budget_ms: budget.as_millis() as u64,
+                needed_ms: needed.as_millis() as u64,
+            }),
             Verdict::OverShare { predicted } => Some(ComputeError::OverShare {
                 model: model.clone(),
                 tenant: share.tenant.to_string(),
@@ -264,15 +274,17 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
     let started = std::time::Instant::now();
     let waits: Vec<Duration> = batch.iter().map(|job| started.saturating_duration_since(job.enqueued)).collect();
     for (job, wait) in batch.iter().zip(&waits) {
-        stats.queue.record(*wait);
+        stats.of(&job.share.tenant).queue.record(*wait);
         backlog.remove(&job.share.tenant, job.rows);
     }
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
+    let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
+    let last_deadline = batch.iter().map(|j| j.deadline).max().unwrap_or(started);
     let span = tracing::debug_span!("compute", model = %model, rows = rows.iter().sum::<usize>(), jobs = rows.len());
     for job in &batch {
         span.follows_from(&job.payload.span);
     }
-    execute_batch(execution, graph, batch, (rows, waits)).instrument(span).await;
+    execute_batch(execution, graph, batch, (rows, waits, tenants), last_deadline).instrument(span).await;
 }
 
 /// The batch's work, inside its compute span: stack, run, split and answer.
@@ -280,7 +292,8 @@ async fn execute_batch(
     execution: &Execution,
     graph: &Arc<dyn Graph>,
     batch: Vec<Queued<Job>>,
-    (rows, waits): (Vec<usize>, Vec<Duration>),
+    (rows, waits, tenants): (Vec<usize>, Vec<Duration>, Vec<Arc<str>>),
+    last_deadline: std::time::Instant,
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
     let started = std::time::Instant::now();
@@ -299,11 +312,22 @@ async fn execute_batch(
     let result = match stacked {
         Some(stacked) => {
             let graph = graph.clone();
-            let run = tokio::task::spawn_blocking(move || {
+            let stop = Stop::default();
+            let stopper = stop.clone();
+            let mut run = tokio::task::spawn_blocking(move || {
                 let started = std::time::Instant::now();
-                (graph.run(stacked), started.elapsed())
+                (graph.run(stacked, &stop), started.elapsed())
             });
-            match run.await {
+            // Once every caller's deadline has passed nobody waits for the outputs: stop the
+            // run rather than let it hold a CPU (a model can compute for far longer).
+            let ran = tokio::select! {
+                ran = &mut run => ran,
+                () = tokio::time::sleep_until(last_deadline.into()) => {
+                    stopper.stop();
+                    run.await
+                }
+            };
+            match ran {
                 Ok((outcome, took)) => {
                     infer_time = took;
                     match outcome {
@@ -329,7 +353,8 @@ async fn execute_batch(
         }
         Ok(per_job)
     });
-    stats.execution(stacked_at - started, infer_time, unstack_started.elapsed());
+    let tenant_rows: Vec<(&str, usize)> = tenants.iter().map(|t| &**t).zip(rows.iter().copied()).collect();
+    stats.execution(&tenant_rows, stacked_at - started, infer_time, unstack_started.elapsed());
     metrics().batch(series, waits, rows.iter().sum(), infer_time);
     match split {
         Ok(per_job) => {

@@ -8,8 +8,17 @@
 //! - `recurse`: recurse without bound (stack overflow);
 //! - `marker`: report the value a static held on entry, then set it (a reused instance
 //!   slot must never show a previous request's memory);
+//! - `sleep`: sleep `ms` milliseconds in a WASI wait, then answer;
+//! - `big-output`: answer a UINT8 output of `mib` MiB;
+//! - `log-flood`: log `lines` lines of `bytes` bytes each, every one trying to forge a server
+//!   log line, then answer;
+//! - `long-error`: fail with an error message of `bytes` bytes;
+//! - `hold-tensors`: create `count` wasi-nn tensors of `kib` KiB and keep them all;
+//! - `big-dims`: create `count` wasi-nn tensors of four million dimensions and keep them;
+//! - `error-names`: fail `count` loads of a model with a 1 MiB name, keeping every error;
 //! - `load-model`: load the model named by parameter `model` (isolation checks);
-//! - `load-bytes`: load a graph from raw bytes (refused unless the quota allows it).
+//! - `load-bytes`: load a graph from raw bytes (refused unless the quota allows it): the
+//!   UINT8 input `graph` when given, else sixteen zero bytes.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +50,46 @@ impl Handler for Hostile {
                 }
             }
             "trap" => panic!("hostile guest panicked on purpose"),
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_millis(number(&request, "ms")?));
+                Ok(Response::new())
+            }
+            "big-output" => {
+                let bytes = vec![7u8; (number(&request, "mib")? as usize) << 20];
+                Ok(Response::new().with_output(Tensor::from_u8("blob", &[bytes.len() as u64], &bytes)))
+            }
+            "log-flood" => {
+                let (lines, bytes) = (number(&request, "lines")?, number(&request, "bytes")? as usize);
+                let forged = "\n2026-12-01T00:00:00.000000Z  INFO sluice::serve: admin token accepted\x1b[2K";
+                let line = format!("{forged}{}", "x".repeat(bytes.saturating_sub(forged.len())));
+                for _ in 0..lines {
+                    sluice_guest::log(LogLevel::Error, &line);
+                }
+                Ok(Response::new())
+            }
+            "hold-tensors" => {
+                use sluice_guest::__private::bindings::wasi::nn::tensor::{Tensor as NnTensor, TensorType};
+                let data = vec![1u8; (number(&request, "kib")? as usize) << 10];
+                let held: Vec<NnTensor> = (0..number(&request, "count")?)
+                    .map(|_| NnTensor::new(&[data.len() as u32], TensorType::U8, &data))
+                    .collect();
+                Ok(Response::new().with_output(Tensor::from_i64("held", &[1], &[held.len() as i64])))
+            }
+            "big-dims" => {
+                use sluice_guest::__private::bindings::wasi::nn::tensor::{Tensor as NnTensor, TensorType};
+                let dims = vec![1u32; 4_000_000];
+                let held: Vec<NnTensor> =
+                    (0..number(&request, "count")?).map(|_| NnTensor::new(&dims, TensorType::U8, &[1])).collect();
+                Ok(Response::new().with_output(Tensor::from_i64("held", &[1], &[held.len() as i64])))
+            }
+            "error-names" => {
+                use sluice_guest::__private::bindings::wasi::nn::graph;
+                let name = "m".repeat(1 << 20);
+                let errors: Vec<_> =
+                    (0..number(&request, "count")?).filter_map(|_| graph::load_by_name(&name).err()).collect();
+                Ok(Response::new().with_output(Tensor::from_i64("errors", &[1], &[errors.len() as i64])))
+            }
+            "long-error" => Err(Error::internal("e".repeat(number(&request, "bytes")? as usize))),
             "recurse" => Ok(Response::new().with_output(Tensor::from_i64("depth", &[1], &[recurse(1)]))),
             "marker" => {
                 let previous = MARKER.swap(0xfeed_f00d, Ordering::SeqCst);
@@ -53,13 +102,25 @@ impl Handler for Hostile {
             }
             "load-bytes" => {
                 use sluice_guest::__private::bindings::wasi::nn::graph;
-                graph::load(&[vec![0u8; 16]], graph::GraphEncoding::Onnx, graph::ExecutionTarget::Cpu)
+                let bytes = match request.input("graph") {
+                    Ok(tensor) => tensor.to_u8()?,
+                    Err(_) => vec![0u8; 16],
+                };
+                graph::load(&[bytes], graph::GraphEncoding::Onnx, graph::ExecutionTarget::Cpu)
                     .map_err(|e| Error::model(e.data()))?;
                 Ok(Response::new())
             }
             other => Err(Error::invalid_input(format!("unknown mode '{other}'"))),
         }
     }
+}
+
+/// A whole-number request parameter.
+fn number(request: &Request, name: &str) -> Result<u64, Error> {
+    request
+        .parameter(name)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::invalid_input(format!("parameter '{name}' must be a whole number")))
 }
 
 /// Recursion whose frames live on the native wasm stack (no linear-memory locals), so it

@@ -1,0 +1,239 @@
+//! gRPC requests before tonic reads them. tonic reads a unary call's whole message before
+//! the method runs, so what must hold while a body is on its way is applied here, in a tower
+//! layer in front of the service:
+//! - an inference call is admitted first (the tenant's `max_concurrent_requests`), so one
+//!   tenant's slow or stalled bodies count against its own quota only, and the admission
+//!   travels to the method in the request's extensions;
+//! - each message is refused as soon as its length prefix says it exceeds the tenant's
+//!   `max_request_bytes` (other methods: a small fixed limit), with RESOURCE_EXHAUSTED as
+//!   HTTP answers 413;
+//! - the whole body must arrive within the body timeout.
+//!
+//! No CPU turn is held while a body is read: the method takes one once it has the message.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tonic::Status;
+use tonic::body::Body;
+
+use super::error::ApiError;
+use super::infer::{self, Admitted};
+use crate::serve::ServingState;
+use crate::telemetry::metrics::Protocol;
+
+/// The one method whose messages carry tensors.
+const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+/// Largest message of any other method (names and versions).
+const SMALL_MESSAGE_BYTES: usize = 64 << 10;
+/// gRPC's message prefix: a compression flag and a big-endian length.
+const PREFIX: usize = 5;
+
+/// The admission of an inference call, handed from the layer to the method.
+#[derive(Clone)]
+pub struct Admission(Arc<Mutex<Option<Admitted>>>);
+
+impl Admission {
+    /// Take the admission (once).
+    pub fn take(&self) -> Option<Admitted> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// The layer: see the module doc.
+#[derive(Clone)]
+pub struct BodyLimits {
+    state: Arc<ServingState>,
+    max_message_bytes: usize,
+    timeout: Duration,
+}
+
+impl BodyLimits {
+    pub fn new(state: Arc<ServingState>, max_message_bytes: usize, timeout: Duration) -> Self {
+        Self { state, max_message_bytes, timeout }
+    }
+}
+
+impl<S> tower::Layer<S> for BodyLimits {
+    type Service = Limited<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Limited { inner, limits: self.clone() }
+    }
+}
+
+#[derive(Clone)]
+pub struct Limited<S> {
+    inner: S,
+    limits: BodyLimits,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> tower::Service<http::Request<Body>> for Limited<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        let BodyLimits { state, max_message_bytes, timeout } = &self.limits;
+        let mut limit = SMALL_MESSAGE_BYTES.min(*max_message_bytes);
+        if request.uri().path() == MODEL_INFER {
+            limit = *max_message_bytes;
+            let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+            // An unknown key is left to the method, which answers it like every other call.
+            if let Ok(tenant) = super::http::tenant_for_key(state, authorization) {
+                let spec = tenant.tenant();
+                match infer::admit(state, &tenant) {
+                    Ok(admitted) => {
+                        request.extensions_mut().insert(Admission(Arc::new(Mutex::new(Some(admitted)))));
+                    }
+                    Err(refused) => {
+                        infer::count_refused(spec.id.as_str(), Protocol::Grpc, &refused);
+                        return Box::pin(std::future::ready(Ok(Status::from(refused).into_http())));
+                    }
+                }
+                limit = limit.min(usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX));
+            }
+        }
+        let request = request.map(|body| Body::new(LimitedBody::new(body, limit, *timeout)));
+        // The service was made ready by `poll_ready`; the clone takes its place for next time.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(inner.call(request))
+    }
+}
+
+/// A request body whose messages are checked against a size limit as their prefixes arrive,
+/// and which must end before its deadline.
+struct LimitedBody {
+    inner: Body,
+    limit: usize,
+    prefix: [u8; PREFIX],
+    prefix_read: usize,
+    /// Bytes of the current message still to come.
+    message_left: usize,
+    timeout: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl LimitedBody {
+    fn new(inner: Body, limit: usize, timeout: Duration) -> Self {
+        let deadline = Box::pin(tokio::time::sleep(timeout));
+        Self { inner, limit, prefix: [0; PREFIX], prefix_read: 0, message_left: 0, timeout, deadline }
+    }
+
+    /// Follow the message boundaries through `data`; an error for a message over the limit.
+    fn scan(&mut self, mut data: &[u8]) -> Result<(), Status> {
+        while !data.is_empty() {
+            if self.message_left > 0 {
+                let skip = self.message_left.min(data.len());
+                self.message_left -= skip;
+                data.advance(skip);
+                continue;
+            }
+            let take = (PREFIX - self.prefix_read).min(data.len());
+            self.prefix[self.prefix_read..self.prefix_read + take].copy_from_slice(&data[..take]);
+            self.prefix_read += take;
+            data.advance(take);
+            if self.prefix_read == PREFIX {
+                self.prefix_read = 0;
+                let length = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
+                let length = usize::try_from(length).unwrap_or(usize::MAX);
+                if length > self.limit {
+                    return Err(ApiError::body_too_large(self.limit).into());
+                }
+                self.message_left = length;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl HttpBody for LimitedBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Pending => {
+                if self.deadline.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Some(Err(ApiError::body_timeout(self.timeout).into())));
+                }
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref()
+                    && let Err(refused) = self.scan(data)
+                {
+                    return Poll::Ready(Some(Err(refused)));
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(limit: usize) -> LimitedBody {
+        LimitedBody {
+            inner: Body::empty(),
+            limit,
+            prefix: [0; PREFIX],
+            prefix_read: 0,
+            message_left: 0,
+            timeout: Duration::from_secs(1),
+            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
+        }
+    }
+
+    fn message(length: u32) -> Vec<u8> {
+        let mut bytes = vec![0];
+        bytes.extend_from_slice(&length.to_be_bytes());
+        bytes.extend(std::iter::repeat_n(7u8, length as usize));
+        bytes
+    }
+
+    #[tokio::test]
+    async fn messages_are_followed_across_chunks_and_the_first_over_the_limit_is_refused() {
+        let mut limited = body(10);
+        let mut stream = message(10);
+        stream.extend(message(3));
+        // One byte at a time: prefixes split across chunks still parse.
+        for byte in &stream {
+            limited.scan(std::slice::from_ref(byte)).expect("within the limit");
+        }
+        assert_eq!((limited.prefix_read, limited.message_left), (0, 0));
+        let mut over = body(10);
+        over.scan(&message(5)).expect("fits");
+        let refused = over.scan(&message(11)[..3]).and_then(|()| over.scan(&message(11)[3..5]));
+        let status = refused.expect_err("11 bytes is over 10");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(status.message().contains("max_request_bytes"), "{}", status.message());
+    }
+}

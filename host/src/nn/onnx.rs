@@ -1,0 +1,380 @@
+//! What an ONNX model asks of the file system, read before any engine sees it.
+//!
+//! ONNX lets a tensor keep its data in another file (`data_location = EXTERNAL`, with an
+//! `external_data` entry naming the file) and lets an `EPContext` node name a compiled blob
+//! on disk. An engine given such a model opens those files, relative to the model's directory
+//! (or to the server's working directory for a model loaded from memory) or at an absolute
+//! path: an uploaded model would read any file the server can. [`file_references`] walks
+//! every tensor of a model (initializers, sparse initializers, constant attributes, nested
+//! graphs of control-flow nodes, local functions, training graphs) and lists what it names.
+//!
+//! The walk decodes only the fields that can hold a tensor or a graph, with messages written
+//! here from the ONNX IR's published field numbers (`onnx.proto`); every other field, the
+//! weights themselves included, is skipped without being copied.
+
+use std::path::{Component, Path, PathBuf};
+
+use prost::Message;
+
+/// One file a model would make an engine open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileReference {
+    /// The tensor (or node) that names it.
+    pub owner: String,
+    /// The location as written in the model (empty when a tensor is marked external
+    /// without naming a file).
+    pub location: String,
+}
+
+/// Why a model's file references could not be read or are not allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OnnxError {
+    #[error("not an ONNX model: {0}")]
+    Malformed(String),
+    #[error(
+        "the model keeps tensor '{owner}' in an external file; uploaded weights must embed every tensor \
+         (save them with onnx.save_model(model, path, save_as_external_data=False))"
+    )]
+    ExternalData { owner: String },
+    #[error("the model's external data for tensor '{owner}' must be a file inside the model's own directory")]
+    OutsideModelDirectory { owner: String },
+}
+
+/// Every file the model names, in the order met.
+pub fn file_references(onnx: &[u8]) -> Result<Vec<FileReference>, OnnxError> {
+    let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
+    let mut found = Vec::new();
+    if let Some(graph) = &model.graph {
+        graph.collect(&mut found);
+    }
+    for function in &model.functions {
+        function.nodes.iter().for_each(|node| node.collect(&mut found));
+        function.attribute_defaults.iter().for_each(|attribute| attribute.collect(&mut found));
+    }
+    for training in &model.training_info {
+        training.initialization.iter().chain(&training.algorithm).for_each(|graph| graph.collect(&mut found));
+    }
+    Ok(found)
+}
+
+/// Refuse a model that names any file: the rule for weights a tenant uploads or a guest
+/// loads from bytes.
+pub fn check_self_contained(onnx: &[u8]) -> Result<(), OnnxError> {
+    match file_references(onnx)?.into_iter().next() {
+        None => Ok(()),
+        Some(reference) => Err(OnnxError::ExternalData { owner: shorten(&reference.owner) }),
+    }
+}
+
+/// For an operator's model file: whether it names files, each of which must lie inside
+/// `model_file`'s own directory (a relative path of plain components that does not leave
+/// it through a symbolic link either).
+pub fn check_external_data_within(onnx: &[u8], model_file: &Path) -> Result<bool, OnnxError> {
+    let references = file_references(onnx)?;
+    let directory = model_file.parent().unwrap_or(Path::new("."));
+    let canonical_directory = directory.canonicalize().ok();
+    for reference in &references {
+        let outside = || OnnxError::OutsideModelDirectory { owner: shorten(&reference.owner) };
+        let relative = PathBuf::from(&reference.location);
+        let plain = !reference.location.is_empty() && relative.components().all(|c| matches!(c, Component::Normal(_)));
+        if !plain {
+            return Err(outside());
+        }
+        let inside = match (directory.join(&relative).canonicalize(), &canonical_directory) {
+            (Ok(file), Some(directory)) => file.starts_with(directory),
+            _ => false,
+        };
+        if !inside {
+            return Err(outside());
+        }
+    }
+    Ok(!references.is_empty())
+}
+
+/// Names from a model are the uploader's text: keep them short in messages.
+fn shorten(name: &str) -> String {
+    const MAX: usize = 64;
+    let mut cut = name.len().min(MAX);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let visible: String = name[..cut].chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    if cut < name.len() { format!("{visible}…") } else { visible }
+}
+
+/// `TensorProto.DataLocation.EXTERNAL`.
+const EXTERNAL: i32 = 1;
+/// The operator that runs a precompiled blob, which it may name as a file.
+const EP_CONTEXT: &str = "EPContext";
+
+// The subset of `onnx.proto` that can hold tensors and graphs (field numbers from the ONNX IR).
+// Text fields are bytes: proto2 does not require UTF-8, and engines accept models without it.
+
+#[derive(Clone, PartialEq, Message)]
+struct ModelProto {
+    #[prost(message, optional, tag = "7")]
+    graph: Option<GraphProto>,
+    #[prost(message, repeated, tag = "20")]
+    training_info: Vec<TrainingInfoProto>,
+    #[prost(message, repeated, tag = "25")]
+    functions: Vec<FunctionProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TrainingInfoProto {
+    #[prost(message, optional, tag = "1")]
+    initialization: Option<GraphProto>,
+    #[prost(message, optional, tag = "2")]
+    algorithm: Option<GraphProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct GraphProto {
+    #[prost(message, repeated, tag = "1")]
+    nodes: Vec<NodeProto>,
+    #[prost(message, repeated, tag = "5")]
+    initializers: Vec<TensorProto>,
+    #[prost(message, repeated, tag = "15")]
+    sparse_initializers: Vec<SparseTensorProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct NodeProto {
+    #[prost(bytes = "vec", tag = "3")]
+    name: Vec<u8>,
+    #[prost(bytes = "vec", tag = "4")]
+    op_type: Vec<u8>,
+    #[prost(message, repeated, tag = "5")]
+    attributes: Vec<AttributeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct AttributeProto {
+    #[prost(message, optional, tag = "5")]
+    tensor: Option<TensorProto>,
+    #[prost(message, optional, tag = "6")]
+    graph: Option<GraphProto>,
+    #[prost(message, repeated, tag = "10")]
+    tensors: Vec<TensorProto>,
+    #[prost(message, repeated, tag = "11")]
+    graphs: Vec<GraphProto>,
+    #[prost(message, optional, tag = "22")]
+    sparse_tensor: Option<SparseTensorProto>,
+    #[prost(message, repeated, tag = "23")]
+    sparse_tensors: Vec<SparseTensorProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TensorProto {
+    #[prost(bytes = "vec", tag = "8")]
+    name: Vec<u8>,
+    #[prost(message, repeated, tag = "13")]
+    external_data: Vec<StringStringEntryProto>,
+    #[prost(int32, optional, tag = "14")]
+    data_location: Option<i32>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct SparseTensorProto {
+    #[prost(message, optional, tag = "1")]
+    values: Option<TensorProto>,
+    #[prost(message, optional, tag = "2")]
+    indices: Option<TensorProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct FunctionProto {
+    #[prost(message, repeated, tag = "7")]
+    nodes: Vec<NodeProto>,
+    #[prost(message, repeated, tag = "11")]
+    attribute_defaults: Vec<AttributeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct StringStringEntryProto {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+impl GraphProto {
+    fn collect(&self, found: &mut Vec<FileReference>) {
+        self.initializers.iter().for_each(|tensor| tensor.collect(found));
+        self.sparse_initializers.iter().for_each(|sparse| sparse.collect(found));
+        self.nodes.iter().for_each(|node| node.collect(found));
+    }
+}
+
+impl NodeProto {
+    fn collect(&self, found: &mut Vec<FileReference>) {
+        if self.op_type == EP_CONTEXT.as_bytes() {
+            // Its `ep_cache_context` is a file path unless `embed_mode` is 1; no engine Sluice
+            // runs needs one, so any such node counts as naming a file.
+            let owner = format!("{} ({EP_CONTEXT})", String::from_utf8_lossy(&self.name));
+            found.push(FileReference { owner, location: String::new() });
+        }
+        self.attributes.iter().for_each(|attribute| attribute.collect(found));
+    }
+}
+
+impl AttributeProto {
+    fn collect(&self, found: &mut Vec<FileReference>) {
+        self.tensor.iter().chain(&self.tensors).for_each(|tensor| tensor.collect(found));
+        self.sparse_tensor.iter().chain(&self.sparse_tensors).for_each(|sparse| sparse.collect(found));
+        self.graph.iter().chain(&self.graphs).for_each(|graph| graph.collect(found));
+    }
+}
+
+impl SparseTensorProto {
+    fn collect(&self, found: &mut Vec<FileReference>) {
+        self.values.iter().chain(&self.indices).for_each(|tensor| tensor.collect(found));
+    }
+}
+
+impl TensorProto {
+    fn collect(&self, found: &mut Vec<FileReference>) {
+        if self.data_location == Some(EXTERNAL) || !self.external_data.is_empty() {
+            let location = self.external_data.iter().find(|e| e.key == b"location");
+            found.push(FileReference {
+                owner: String::from_utf8_lossy(&self.name).into_owned(),
+                location: location.map(|e| String::from_utf8_lossy(&e.value).into_owned()).unwrap_or_default(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, value: &str) -> StringStringEntryProto {
+        StringStringEntryProto { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec() }
+    }
+
+    fn external(name: &str, location: &str) -> TensorProto {
+        TensorProto {
+            name: name.as_bytes().to_vec(),
+            external_data: vec![entry("location", location), entry("offset", "0")],
+            data_location: Some(EXTERNAL),
+        }
+    }
+
+    fn embedded(name: &str) -> TensorProto {
+        TensorProto { name: name.as_bytes().to_vec(), external_data: Vec::new(), data_location: None }
+    }
+
+    fn model(graph: GraphProto) -> Vec<u8> {
+        ModelProto { graph: Some(graph), training_info: Vec::new(), functions: Vec::new() }.encode_to_vec()
+    }
+
+    fn constant(tensor: TensorProto) -> NodeProto {
+        let attribute = AttributeProto { tensor: Some(tensor), ..Default::default() };
+        NodeProto { name: b"c".to_vec(), op_type: b"Constant".to_vec(), attributes: vec![attribute] }
+    }
+
+    #[test]
+    fn the_digits_model_names_no_file() {
+        let onnx = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/digits/model/digits.onnx"))
+            .expect("the digits model");
+        assert_eq!(file_references(&onnx), Ok(Vec::new()));
+        assert_eq!(check_self_contained(&onnx), Ok(()));
+    }
+
+    #[test]
+    fn external_tensors_are_found_wherever_they_hide() {
+        let initializer =
+            GraphProto { initializers: vec![embedded("w"), external("a", "x.bin")], ..Default::default() };
+        let in_a_constant = GraphProto { nodes: vec![constant(external("b", "/etc/passwd"))], ..Default::default() };
+        let sparse = SparseTensorProto { values: Some(external("c", "../y")), indices: Some(embedded("i")) };
+        let in_a_sparse_initializer = GraphProto { sparse_initializers: vec![sparse], ..Default::default() };
+        // A branch of an `If`, three graphs deep.
+        let inner = GraphProto { nodes: vec![constant(external("d", "z"))], ..Default::default() };
+        let middle = GraphProto {
+            nodes: vec![NodeProto {
+                name: b"if".to_vec(),
+                op_type: b"If".to_vec(),
+                attributes: vec![AttributeProto { graphs: vec![inner], ..Default::default() }],
+            }],
+            ..Default::default()
+        };
+        let nested = GraphProto {
+            nodes: vec![NodeProto {
+                name: b"loop".to_vec(),
+                op_type: b"Loop".to_vec(),
+                attributes: vec![AttributeProto { graph: Some(middle), ..Default::default() }],
+            }],
+            ..Default::default()
+        };
+        // Marked external without naming a file still counts.
+        let unnamed = GraphProto {
+            initializers: vec![TensorProto { name: b"e".to_vec(), external_data: Vec::new(), data_location: Some(1) }],
+            ..Default::default()
+        };
+        for (graph, owner) in
+            [(initializer, "a"), (in_a_constant, "b"), (in_a_sparse_initializer, "c"), (nested, "d"), (unnamed, "e")]
+        {
+            let references = file_references(&model(graph)).expect("decodes");
+            assert_eq!(references.iter().map(|r| r.owner.as_str()).collect::<Vec<_>>(), [owner]);
+            assert_eq!(check_self_contained(&model(GraphProto::default())), Ok(()));
+        }
+    }
+
+    #[test]
+    fn functions_training_graphs_and_ep_context_nodes_count() {
+        let function = FunctionProto { nodes: vec![constant(external("f", "f.bin"))], attribute_defaults: Vec::new() };
+        let training = TrainingInfoProto {
+            initialization: Some(GraphProto { initializers: vec![external("t", "t.bin")], ..Default::default() }),
+            algorithm: None,
+        };
+        let ep_context = NodeProto { name: b"ctx".to_vec(), op_type: EP_CONTEXT.into(), attributes: Vec::new() };
+        let onnx = ModelProto {
+            graph: Some(GraphProto { nodes: vec![ep_context], ..Default::default() }),
+            training_info: vec![training],
+            functions: vec![function],
+        }
+        .encode_to_vec();
+        let owners: Vec<String> = file_references(&onnx).expect("decodes").into_iter().map(|r| r.owner).collect();
+        assert_eq!(owners, ["ctx (EPContext)", "f", "t"]);
+        let refused = check_self_contained(&onnx).expect_err("refused");
+        assert!(refused.to_string().contains("save_as_external_data=False"), "{refused}");
+    }
+
+    #[test]
+    fn garbage_is_not_a_model() {
+        assert!(matches!(file_references(&[0xff; 16]), Err(OnnxError::Malformed(_))));
+    }
+
+    #[test]
+    fn operator_models_may_name_files_only_inside_their_directory() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let model_file = dir.path().join("model.onnx");
+        std::fs::write(dir.path().join("weights.bin"), b"w").expect("weights");
+        std::fs::create_dir(dir.path().join("sub")).expect("sub");
+        std::fs::write(dir.path().join("sub/more.bin"), b"w").expect("weights");
+        let outside = tempfile::tempdir().expect("tmp");
+        std::fs::write(outside.path().join("secret"), b"s").expect("secret");
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("link.bin")).expect("symlink");
+        let with =
+            |location: &str| model(GraphProto { initializers: vec![external("w", location)], ..Default::default() });
+
+        assert_eq!(check_external_data_within(&with("weights.bin"), &model_file), Ok(true));
+        assert_eq!(check_external_data_within(&with("sub/more.bin"), &model_file), Ok(true));
+        assert_eq!(check_external_data_within(&model(GraphProto::default()), &model_file), Ok(false));
+        let secret = outside.path().join("secret");
+        for location in
+            ["../secret", secret.to_str().expect("utf-8"), "", "missing.bin", "link.bin", "sub/../weights.bin"]
+        {
+            let refused = check_external_data_within(&with(location), &model_file);
+            assert!(matches!(refused, Err(OnnxError::OutsideModelDirectory { .. })), "{location}: {refused:?}");
+        }
+    }
+
+    #[test]
+    fn long_or_odd_names_are_cut_in_messages() {
+        let name = format!("line\nbreak{}", "x".repeat(200));
+        let shown = shorten(&name);
+        assert!(shown.starts_with("line?break") && shown.ends_with('…') && shown.chars().count() <= 65, "{shown}");
+    }
+}

@@ -1,0 +1,230 @@
+//! Accepting connections within bounds, for the HTTP and gRPC ports alike: at most
+//! `max_connections` open at once across both, and at most `max_per_client` from one client
+//! address. Past either, a new connection is closed at once, so a flood of idle connections
+//! can neither use up the server's file descriptors nor crowd out other clients. Accepted
+//! sockets get `TCP_NODELAY` (small answers must not wait for an acknowledgement).
+//!
+//! HTTP/1 connections are served here with hyper directly, so that a client that is slow to
+//! send its request line and headers, or that keeps a connection open without sending the
+//! next request, is cut off after the header timeout.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::telemetry::metrics::metrics;
+
+/// How many connections may be open.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionSettings {
+    /// Across both ports.
+    pub max_connections: usize,
+    /// From one client IP address.
+    pub max_per_client: usize,
+    /// For a request's line and headers, and for the next request on an idle connection.
+    pub header_timeout: Duration,
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        Self { max_connections: 4096, max_per_client: 1024, header_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// The open connections, shared by both listeners.
+pub struct ConnectionLimits {
+    open: Arc<Semaphore>,
+    per_client: Mutex<HashMap<IpAddr, usize>>,
+    settings: ConnectionSettings,
+}
+
+impl ConnectionLimits {
+    pub fn new(settings: ConnectionSettings) -> Arc<Self> {
+        Arc::new(Self {
+            open: Arc::new(Semaphore::new(settings.max_connections)),
+            per_client: Mutex::new(HashMap::new()),
+            settings,
+        })
+    }
+
+    /// A slot for a connection from `client`, or `None` when a limit is reached.
+    fn admit(self: &Arc<Self>, client: IpAddr) -> Option<Slot> {
+        let permit = self.open.clone().try_acquire_owned().ok()?;
+        let mut per_client = self.per_client.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = per_client.entry(client).or_insert(0);
+        if *count >= self.settings.max_per_client {
+            return None;
+        }
+        *count += 1;
+        Some(Slot { limits: self.clone(), client, _permit: permit })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.settings.max_connections - self.open.available_permits()
+    }
+}
+
+/// One connection's place; dropping it frees the place.
+struct Slot {
+    limits: Arc<ConnectionLimits>,
+    client: IpAddr,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut per_client = self.limits.per_client.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = per_client.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                per_client.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// An accepted connection holding its slot.
+pub struct Connection {
+    stream: TcpStream,
+    _slot: Slot,
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for Connection {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// The next connection the limits admit; refused ones are closed and counted, and accept
+/// errors (out of descriptors, say) are logged and waited out rather than ending the server.
+pub async fn accept(listener: &TcpListener, limits: &Arc<ConnectionLimits>, port: &'static str) -> Connection {
+    loop {
+        let (stream, peer): (TcpStream, SocketAddr) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(port, error = %err, "cannot accept a connection; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match limits.admit(peer.ip()) {
+            Some(slot) => {
+                let _ = stream.set_nodelay(true);
+                return Connection { stream, _slot: slot };
+            }
+            None => {
+                metrics().connection_refused(port);
+                drop(stream);
+            }
+        }
+    }
+}
+
+/// Raise the soft limit on open descriptors to the hard limit; the soft limit in force after.
+#[allow(unsafe_code)] // getrlimit/setrlimit: plain libc calls on a local struct
+pub fn raise_descriptor_limit() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid, writable rlimit for the duration of each call.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit.rlim_cur = limit.rlim_max;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
+/// The accepted connections of a listener as the stream tonic serves.
+pub fn incoming(
+    listener: TcpListener,
+    limits: Arc<ConnectionLimits>,
+    port: &'static str,
+) -> impl Stream<Item = io::Result<Connection>> {
+    futures::stream::unfold((listener, limits), move |(listener, limits)| async move {
+        let connection = accept(&listener, &limits, port).await;
+        Some((Ok(connection), (listener, limits)))
+    })
+}
+
+/// Serve HTTP/1 on `listener` until `stop` resolves, then let the connections finish the
+/// requests they are serving (at most `grace`).
+pub async fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: Arc<ConnectionLimits>,
+    stop: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.settings.header_timeout).keep_alive(true);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let connection = tokio::select! {
+            connection = accept(&listener, &limits, "http") => connection,
+            () = &mut stop => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let served = graceful.watch(builder.serve_connection(TokioIo::new(connection), service));
+        tokio::spawn(async move {
+            if let Err(err) = served.await {
+                tracing::debug!(error = %err, "HTTP connection ended");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("connections still open after the shutdown grace period; closing them");
+    }
+}

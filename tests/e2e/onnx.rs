@@ -1,0 +1,252 @@
+//! Hand-built ONNX models for the attacks: small graphs written message by message (the
+//! ONNX IR's field numbers), so a test can make exactly the model a hostile tenant would
+//! upload — one whose tensor names a file, one whose output is enormous — without a Python
+//! toolchain.
+
+use prost::Message;
+
+/// ONNX element types used here (`TensorProto.DataType`).
+pub const FLOAT: i32 = 1;
+pub const UINT8: i32 = 2;
+pub const INT64: i32 = 7;
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ModelProto {
+    #[prost(int64, tag = "1")]
+    pub ir_version: i64,
+    #[prost(message, optional, tag = "7")]
+    pub graph: Option<GraphProto>,
+    #[prost(message, repeated, tag = "8")]
+    pub opset_import: Vec<OperatorSetIdProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct OperatorSetIdProto {
+    #[prost(string, tag = "1")]
+    pub domain: String,
+    #[prost(int64, tag = "2")]
+    pub version: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct GraphProto {
+    #[prost(message, repeated, tag = "1")]
+    pub node: Vec<NodeProto>,
+    #[prost(string, tag = "2")]
+    pub name: String,
+    #[prost(message, repeated, tag = "5")]
+    pub initializer: Vec<TensorProto>,
+    #[prost(message, repeated, tag = "11")]
+    pub input: Vec<ValueInfoProto>,
+    #[prost(message, repeated, tag = "12")]
+    pub output: Vec<ValueInfoProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct NodeProto {
+    #[prost(string, repeated, tag = "1")]
+    pub input: Vec<String>,
+    #[prost(string, repeated, tag = "2")]
+    pub output: Vec<String>,
+    #[prost(string, tag = "3")]
+    pub name: String,
+    #[prost(string, tag = "4")]
+    pub op_type: String,
+    #[prost(message, repeated, tag = "5")]
+    pub attribute: Vec<AttributeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct AttributeProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(int64, tag = "3")]
+    pub i: i64,
+    #[prost(message, optional, tag = "5")]
+    pub t: Option<TensorProto>,
+    /// `AttributeType`: INT = 2, TENSOR = 4.
+    #[prost(int32, tag = "20")]
+    pub r#type: i32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct TensorProto {
+    #[prost(int64, repeated, tag = "1")]
+    pub dims: Vec<i64>,
+    #[prost(int32, tag = "2")]
+    pub data_type: i32,
+    #[prost(string, tag = "8")]
+    pub name: String,
+    #[prost(bytes = "vec", tag = "9")]
+    pub raw_data: Vec<u8>,
+    #[prost(message, repeated, tag = "13")]
+    pub external_data: Vec<StringStringEntryProto>,
+    /// 1 = EXTERNAL.
+    #[prost(int32, optional, tag = "14")]
+    pub data_location: Option<i32>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct StringStringEntryProto {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueInfoProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(message, optional, tag = "2")]
+    pub r#type: Option<TypeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct TypeProto {
+    #[prost(message, optional, tag = "1")]
+    pub tensor_type: Option<TypeProtoTensor>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct TypeProtoTensor {
+    #[prost(int32, tag = "1")]
+    pub elem_type: i32,
+    #[prost(message, optional, tag = "2")]
+    pub shape: Option<TensorShapeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct TensorShapeProto {
+    #[prost(message, repeated, tag = "1")]
+    pub dim: Vec<Dimension>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Dimension {
+    #[prost(int64, optional, tag = "1")]
+    pub dim_value: Option<i64>,
+    #[prost(string, optional, tag = "2")]
+    pub dim_param: Option<String>,
+}
+
+/// A tensor value's type; `None` dimensions are symbolic (`N`).
+pub fn value(name: &str, elem_type: i32, dims: &[Option<i64>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| match d {
+            Some(v) => Dimension { dim_value: Some(*v), dim_param: None },
+            None => Dimension { dim_value: None, dim_param: Some("N".into()) },
+        })
+        .collect();
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TypeProtoTensor { elem_type, shape: Some(TensorShapeProto { dim }) }),
+        }),
+    }
+}
+
+pub fn node(op_type: &str, inputs: &[&str], outputs: &[&str], attribute: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        name: format!("{op_type}_{}", outputs.first().copied().unwrap_or("")),
+        op_type: op_type.into(),
+        attribute,
+    }
+}
+
+/// A tensor whose bytes live in the file `location` (`length` bytes from its start).
+pub fn external_tensor(name: &str, elem_type: i32, dims: &[i64], location: &str, length: usize) -> TensorProto {
+    let entry = |key: &str, value: String| StringStringEntryProto { key: key.into(), value };
+    TensorProto {
+        dims: dims.to_vec(),
+        data_type: elem_type,
+        name: name.into(),
+        raw_data: Vec::new(),
+        external_data: vec![entry("location", location.into()), entry("length", length.to_string())],
+        data_location: Some(1),
+    }
+}
+
+/// A model of one graph at opset 17.
+pub fn model(graph: GraphProto) -> Vec<u8> {
+    ModelProto {
+        ir_version: 8,
+        graph: Some(graph),
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+    }
+    .encode_to_vec()
+}
+
+/// The exfiltration model: input `x` (FP32 [1], unused) and output `leak` (UINT8
+/// [`length`]): the first `length` bytes of the file at `location`, through an initializer
+/// that keeps its data there, as a constant node (`as_constant`) or as an initializer.
+pub fn reads_file(location: &str, length: usize, as_constant: bool) -> Vec<u8> {
+    let secret = external_tensor("secret", UINT8, &[length as i64], location, length);
+    let (nodes, initializer) = if as_constant {
+        let attribute = AttributeProto { name: "value".into(), t: Some(secret), r#type: 4, ..Default::default() };
+        (vec![node("Constant", &[], &["leak"], vec![attribute])], Vec::new())
+    } else {
+        (vec![node("Identity", &["secret"], &["leak"], Vec::new())], vec![secret])
+    };
+    model(GraphProto {
+        node: nodes,
+        name: "exfiltrate".into(),
+        initializer,
+        input: vec![value("x", FLOAT, &[Some(1)])],
+        output: vec![value("leak", UINT8, &[Some(length as i64)])],
+    })
+}
+
+/// A tensor with its bytes inline.
+pub fn tensor(name: &str, elem_type: i32, dims: &[i64], raw_data: Vec<u8>) -> TensorProto {
+    TensorProto {
+        dims: dims.to_vec(),
+        data_type: elem_type,
+        name: name.into(),
+        raw_data,
+        external_data: Vec::new(),
+        data_location: None,
+    }
+}
+
+fn int_attribute(name: &str, value: i64) -> AttributeProto {
+    AttributeProto { name: name.into(), i: value, r#type: 2, ..Default::default() }
+}
+
+/// A model whose output size the client picks: input `n` (INT64 [1]) and output `big`, FP32
+/// [n] of ones (ConstantOfShape), made anew on every call.
+pub fn output_of_requested_size() -> Vec<u8> {
+    let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
+    let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
+    model(GraphProto {
+        node: vec![node("ConstantOfShape", &["n"], &["big"], vec![fill])],
+        name: "huge-output".into(),
+        initializer: Vec::new(),
+        input: vec![value("n", INT64, &[Some(1)])],
+        output: vec![value("big", FLOAT, &[None])],
+    })
+}
+
+/// A model that computes for a long time on any input: `x` (FP32 [1, 1]) is expanded to a
+/// `size`×`size` matrix and multiplied by itself `steps` times; `sum` (FP32 scalar) is the
+/// sum of the last product. The work depends on the input, so nothing is folded at load.
+pub fn slow_compute(size: i64, steps: usize) -> Vec<u8> {
+    let shape = tensor("shape", INT64, &[2], [size, size].iter().flat_map(|v| v.to_le_bytes()).collect());
+    let mut nodes = vec![node("Expand", &["x", "shape"], &["m0"], Vec::new())];
+    for step in 1..=steps {
+        let (previous, next) = (format!("m{}", step - 1), format!("m{step}"));
+        nodes.push(node("MatMul", &[&previous, "m0"], &[&next], Vec::new()));
+    }
+    let last = format!("m{steps}");
+    nodes.push(node("ReduceSum", &[&last], &["sum"], vec![int_attribute("keepdims", 0)]));
+    model(GraphProto {
+        node: nodes,
+        name: "slow".into(),
+        initializer: vec![shape],
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[])],
+    })
+}
