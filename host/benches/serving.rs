@@ -248,6 +248,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         cpu_turns: 0,
         max_waiting_requests: 1024,
         admin_token: None,
+        metrics_token: None,
         connections: Default::default(),
         body_timeouts: Default::default(),
     };

@@ -94,6 +94,10 @@ struct ServeArgs {
     /// Address for Prometheus metrics (`GET /metrics`).
     #[arg(long, env = "SLUICE_METRICS", default_value = "127.0.0.1:8002")]
     metrics: SocketAddr,
+    /// A token that scrapes of `/metrics` must send (`Authorization: Bearer <token>`); without
+    /// it the metrics port is open to whoever can reach it.
+    #[arg(long, env = "SLUICE_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
     /// Serve no metrics and record none on the serving path (drift sampling included).
     #[arg(long, env = "SLUICE_NO_METRICS")]
     no_metrics: bool,
@@ -207,6 +211,7 @@ fn main() -> anyhow::Result<()> {
                 cpu_turns: args.cpu_turns,
                 max_waiting_requests: args.max_waiting_requests,
                 admin_token: args.admin_token,
+                metrics_token: args.metrics_token,
                 connections: ConnectionSettings {
                     max_connections: args.max_connections.max(1),
                     max_per_client: args.max_connections_per_client.max(1),

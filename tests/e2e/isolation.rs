@@ -94,3 +94,28 @@ async fn models_the_platform_shares_are_visible_to_every_tenant() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(output(&body, "loaded")["data"], json!(["shared-digits"]));
 }
+
+#[tokio::test]
+async fn a_reused_instance_slot_reads_zeros_whoever_used_it_last() {
+    // One pool slot: every request of either tenant runs in the same memory slot.
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", ACME, "");
+    acme += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("acme.toml", &acme);
+    let mut beta = tenant_header("beta", BETA, "");
+    beta += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("beta.toml", &beta);
+    let server = Server::start(tenants.path(), &["--max-instances", "1"]);
+    let call = |mode: &str| json!({ "inputs": [], "parameters": { "mode": mode } });
+    for round in 0..3 {
+        for (key, other) in [(ACME, "beta"), (BETA, "acme")] {
+            // Static data comes from the heap image; grown pages from no image at all.
+            let (status, body) = server.infer("hostile", key, &call("marker")).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(i64s(&output(&body, "previous")["data"]), vec![0], "round {round}: {other}'s static leaked");
+            let (status, body) = server.infer("hostile", key, &call("heap-marker")).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(i64s(&output(&body, "dirty")["data"]), vec![0], "round {round}: {other}'s grown memory leaked");
+        }
+    }
+}

@@ -250,3 +250,27 @@ pub fn slow_compute(size: i64, steps: usize) -> Vec<u8> {
         output: vec![value("sum", FLOAT, &[])],
     })
 }
+
+/// `y` = `x` (FP32 [4]) reshaped to the shape `s` (INT64 [2]) asks for: a model that fails
+/// in the engine whenever `s` does not hold four elements.
+pub fn reshapes_on_request() -> Vec<u8> {
+    model(GraphProto {
+        node: vec![node("Reshape", &["x", "s"], &["y"], Vec::new())],
+        name: "fragile".into(),
+        initializer: Vec::new(),
+        input: vec![value("x", FLOAT, &[Some(4)]), value("s", INT64, &[Some(2)])],
+        output: vec![value("y", FLOAT, &[None, None])],
+    })
+}
+
+/// `y` = `x` (FP32 [4]), with the same inputs as [`reshapes_on_request`]: a model that
+/// always answers.
+pub fn passes_through() -> Vec<u8> {
+    model(GraphProto {
+        node: vec![node("Identity", &["x"], &["y"], Vec::new())],
+        name: "backup".into(),
+        initializer: Vec::new(),
+        input: vec![value("x", FLOAT, &[Some(4)]), value("s", INT64, &[Some(2)])],
+        output: vec![value("y", FLOAT, &[Some(4)])],
+    })
+}

@@ -175,7 +175,7 @@ impl Server {
     }
 
     /// [`Server::start_in`] with the server's working directory at `cwd` (where a relative
-    /// data directory, the default `data`, would be).
+    /// data directory, the default `data`, would be); the server's log goes there too.
     pub fn start_in_dir(tenants: &Path, data: &Path, cwd: &Path, extra: &[&str]) -> Result<Self, String> {
         Self::launch(tenants, data, extra, &[], Some(cwd))
     }
@@ -187,7 +187,8 @@ impl Server {
         env: &[(&str, &str)],
         cwd: Option<&Path>,
     ) -> Result<Self, String> {
-        let log = data.join(format!(
+        // Beside the working directory when one is given, so a test can fill the data directory.
+        let log = cwd.unwrap_or(data).join(format!(
             "server-{}.log",
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
         ));

@@ -21,7 +21,7 @@ use crate::registry::ids::{AppName, ModelName, VersionName};
 use crate::registry::store::{UploadError, Uploaded};
 use crate::rollout::status::status;
 use crate::rollout::traffic::Traffic;
-use crate::serve::{AppState, ServingState, TenantState};
+use crate::serve::{Addition, AppState, ServingState, TenantState};
 
 type Shared = Arc<ServingState>;
 
@@ -99,7 +99,10 @@ async fn upload_version(
     let app_name = parse("app name", &app, AppName::new)?;
     let version = parse("version", &version, VersionName::new)?;
     let max = tenant.tenant().quotas.max_component_bytes;
+    let addition = Addition::Version { app: app_name.as_str() };
+    state.check_storage(tenant, addition, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_component_bytes").await?;
+    state.check_storage(tenant, addition, uploaded.length)?;
     let sha256 = uploaded.sha256.clone();
     let app = state.add_app_version(tenant, app_name, version.clone(), uploaded).await?;
     let body = serde_json::json!({ "app": app.spec.name, "version": version, "sha256": sha256 });
@@ -116,7 +119,9 @@ async fn upload_model(
     let tenant = &authenticate(&state, &headers)?;
     let name = parse("model name", &model, ModelName::new)?;
     let max = tenant.tenant().quotas.max_model_bytes;
+    state.check_storage(tenant, Addition::Model, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_model_bytes").await?;
+    state.check_storage(tenant, Addition::Model, uploaded.length)?;
     let sha256 = uploaded.sha256.clone();
     state.add_model(tenant, name.clone(), uploaded).await?;
     let body = serde_json::json!({ "model": name, "sha256": sha256 });

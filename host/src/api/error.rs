@@ -25,6 +25,8 @@ pub enum ErrorKind {
     Unauthenticated,
     /// The tenant is over one of its quotas.
     QuotaExceeded,
+    /// The tenant's stored models, apps or versions are at one of its storage quotas.
+    StorageQuota,
     /// The server (a model queue) is over capacity.
     Overloaded,
     /// The request ran past its deadline.
@@ -49,6 +51,7 @@ impl ErrorKind {
             Self::Conflict => StatusCode::CONFLICT,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            Self::StorageQuota => StatusCode::INSUFFICIENT_STORAGE,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Self::GuestResource | Self::GuestFailure | Self::ModelFailure | Self::Internal => {
@@ -64,7 +67,9 @@ impl ErrorKind {
             Self::InvalidInput => tonic::Code::InvalidArgument,
             Self::Conflict => tonic::Code::AlreadyExists,
             Self::Unauthenticated => tonic::Code::Unauthenticated,
-            Self::PayloadTooLarge | Self::QuotaExceeded | Self::GuestResource => tonic::Code::ResourceExhausted,
+            Self::PayloadTooLarge | Self::QuotaExceeded | Self::StorageQuota | Self::GuestResource => {
+                tonic::Code::ResourceExhausted
+            }
             Self::Overloaded => tonic::Code::Unavailable,
             Self::DeadlineExceeded | Self::BodyTimeout => tonic::Code::DeadlineExceeded,
             Self::GuestFailure | Self::ModelFailure | Self::Internal => tonic::Code::Internal,
@@ -81,6 +86,7 @@ impl ErrorKind {
             Self::Conflict => "conflict",
             Self::Unauthenticated => "unauthenticated",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::StorageQuota => "storage_quota",
             Self::Overloaded => "overloaded",
             Self::DeadlineExceeded => "deadline_exceeded",
             Self::GuestResource => "guest_resource",
@@ -97,11 +103,18 @@ impl ErrorKind {
 pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
+    /// When the client may try again (HTTP `Retry-After`), if known.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self { kind, message: message.into(), retry_after: None }
+    }
+
+    pub fn with_retry_after(mut self, wait: std::time::Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -138,6 +151,10 @@ impl From<ComputeError> for ApiError {
             ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. } => ErrorKind::DeadlineExceeded,
             ComputeError::Backend { .. } => ErrorKind::ModelFailure,
             ComputeError::Stopped { .. } => ErrorKind::Overloaded,
+            ComputeError::CircuitOpen { retry_ms, .. } => {
+                let wait = std::time::Duration::from_millis(*retry_ms);
+                return Self::new(ErrorKind::Overloaded, error.to_string()).with_retry_after(wait);
+            }
         };
         Self::new(kind, error.to_string())
     }
@@ -175,8 +192,13 @@ impl IntoResponse for ApiError {
             // The unread rest of the body makes the connection unusable: tell the client.
             response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
         }
-        if matches!(self.kind, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) {
-            response.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+        let retry_after = match (self.retry_after, self.kind) {
+            (Some(wait), _) => Some(wait.as_secs_f64().ceil().max(1.0) as u64),
+            (None, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) => Some(1),
+            _ => None,
+        };
+        if let Some(seconds) = retry_after {
+            response.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
         }
         response
     }

@@ -179,9 +179,23 @@ pub struct Admitted {
     in_flight: OwnedSemaphorePermit,
 }
 
-/// Admit a request of `tenant` under its concurrency quota (429 past it).
+/// Admit a request of `tenant` under its rate and concurrency quotas (429 past either, with
+/// the wait in `Retry-After`).
 pub fn admit(state: &ServingState, tenant: &TenantState) -> Result<Admitted, ApiError> {
-    Ok(Admitted { in_flight: state.admission.admit(&tenant.tenant().id)? })
+    let spec = tenant.tenant();
+    tenant.take_request().map_err(|wait| {
+        ApiError::new(
+            ErrorKind::QuotaExceeded,
+            format!(
+                "tenant '{}' is over its rate of {} requests a second (max_requests_per_second); retry in {} ms",
+                spec.id,
+                spec.quotas.max_requests_per_second,
+                wait.as_millis().max(1)
+            ),
+        )
+        .with_retry_after(wait)
+    })?;
+    Ok(Admitted { in_flight: state.admission.admit(&spec.id)? })
 }
 
 /// Count a request refused before it was served (as [`observed`] counts served ones).
@@ -256,6 +270,31 @@ async fn within_deadline<T>(
     Ok(finished?)
 }
 
+/// What the stages of one request share: who asks, with which limits, until when.
+struct Run<'a> {
+    state: &'a ServingState,
+    tenant: &'a TenantState,
+    spec: Arc<Tenant>,
+    share: Share,
+    deadline: Instant,
+    budget: Duration,
+}
+
+/// What a stage answers: outputs, response parameters, and the version that answered.
+type Answer = (Vec<ValidTensor>, Vec<(String, String)>, String);
+
+/// A failed app call, and why, when its fallback may answer instead.
+struct Failed {
+    error: ApiError,
+    degradable: Option<&'static str>,
+}
+
+impl From<ApiError> for Failed {
+    fn from(error: ApiError) -> Self {
+        Self { error, degradable: None }
+    }
+}
+
 /// Run one validated request.
 pub async fn infer(
     state: &ServingState,
@@ -266,112 +305,196 @@ pub async fn infer(
     request: ValidInferRequest,
     caller: Caller<'_>,
 ) -> Result<InferOutcome, ApiError> {
-    let Caller { header, routed } = caller;
-    let Entry { _in_flight, mut turn, arrived, client_timeout } = entry;
+    let Entry { _in_flight, turn, arrived, client_timeout } = entry;
     let target = resolve(tenant, name, version)?;
     let slo = match &target {
         Target::App { app, .. } => app.slo.clone(),
         Target::Model { .. } => None,
     };
-    routed.set(name, target.version(), slo.as_ref());
+    caller.routed.set(name, target.version(), slo.as_ref());
     let spec = tenant.tenant();
-    let quotas = &spec.quotas;
     // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
     // `timeout` request parameter in microseconds, as Triton reads it), from arrival.
     let requested_timeout = timeout_parameter(&request.parameters)?;
-    let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout, requested_timeout]
+    let budget = [Some(Duration::from_millis(spec.quotas.guest_deadline_ms)), client_timeout, requested_timeout]
         .into_iter()
         .flatten()
         .min()
         .unwrap_or_default();
-    let deadline = arrived + budget;
-    let budget_ms = budget.as_millis() as u64;
-    let requested = request.requested_outputs.clone();
-    let share = Share { tenant: spec.id.as_str().into(), weight: quotas.compute_weight };
+    let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
+    let run = Run { state, tenant, spec, share, deadline: arrived + budget, budget };
+    let (id, requested) = (request.id.clone(), request.requested_outputs.clone());
 
     let (outputs, parameters, version) = match target {
-        Target::Model { model, .. } => {
-            let inputs =
-                request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
-            turn.pause();
-            let outputs = within_deadline(deadline, budget, model.compute(inputs, deadline, share)).await?;
-            turn.resume().await;
-            let outputs: Vec<ValidTensor> =
-                outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect();
-            check_response_size(name, &outputs, quotas.max_response_bytes)?;
-            (outputs, Vec::new(), PLAIN_MODEL_VERSION.to_string())
-        }
-        Target::App { app, version: resolved, chosen, pinned } => {
-            let (route, chosen) = if pinned {
-                (Route { version: resolved, shadow: None }, chosen)
-            } else {
-                let traffic = app.traffic();
-                let key = traffic.sticky_header.as_deref().and_then(header);
-                let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
-                let chosen = app.version(&route.version).ok_or_else(|| {
-                    ApiError::new(
-                        ErrorKind::Internal,
-                        format!("routed to version '{}', which is not loaded", route.version),
-                    )
-                })?;
-                routed.set(name, route.version.as_str(), slo.as_ref());
-                (route, chosen)
-            };
-            let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
-            let request_bytes: usize = request.inputs.iter().map(|t| t.payload.byte_size()).sum();
-            let mirror = route.shadow.as_ref().and_then(|shadow| {
-                let prepared = app.version(shadow)?.prepared;
-                let call = shadow_call(tenant, &spec, &app, shadow, &share, &request, memory_bytes);
-                Some((prepared, call))
-            });
-            let raw_load = tenant.raw_backend.clone().map(|backend| RawLoad {
-                backend,
-                max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
-            });
-            let call = GuestCall {
-                nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load, memory_bytes, turn),
-                memory_bytes,
-                log: guest_log(tenant, &spec, &app, &route.version),
-                deadline,
-                deadline_ms: budget_ms,
-                request: InferRequest {
-                    id: request.id.clone(),
-                    inputs: request.inputs.into_iter().map(ValidTensor::into_guest).collect(),
-                    parameters: request.parameters,
+        Target::Model { model, .. } => run_model(&run, name, &model, request, turn).await?,
+        Target::App { app, version, chosen, pinned } => {
+            // Kept only where a fallback may need it.
+            let spare = app.spec.fallback.as_ref().map(|_| request.clone());
+            let choice = Choice { version, chosen, pinned, slo };
+            match run_app(&run, name, &app, choice, request, turn, caller).await {
+                Ok(answer) => answer,
+                Err(Failed { error, degradable }) => match (degradable, &app.spec.fallback, spare) {
+                    (Some(reason), Some(fallback), Some(spare)) => {
+                        fall_back(&run, name, fallback, reason, spare).await?
+                    }
+                    _ => return Err(error),
                 },
-            };
-            let started = std::time::Instant::now();
-            let span = tracing::debug_span!("guest", app = %name, version = %route.version);
-            let response = state.runtime.invoke(&chosen.prepared, call).instrument(span).await;
-            let elapsed = started.elapsed();
-            let trap = response.as_ref().err().and_then(GuestError::trap_kind);
-            metrics().guest(spec.id.as_str(), name, route.version.as_str(), elapsed, trap);
-            let rows = response.as_ref().ok().and_then(|r| r.outputs.first()).and_then(|t| t.shape.first().copied());
-            app.stats.request(response.is_ok(), elapsed, rows.unwrap_or(1));
-            let server_error =
-                response.as_ref().err().is_some_and(|e| ApiError::from(e.clone()).kind.status().is_server_error());
-            chosen.stats.record(server_error, elapsed);
-            let response = response?;
-            let outputs =
-                response.outputs.into_iter().map(ValidTensor::from_guest).collect::<Result<Vec<_>, _>>().map_err(
-                    |e| {
-                        ApiError::new(ErrorKind::GuestFailure, format!("the component returned an invalid output: {e}"))
-                    },
-                )?;
-            check_response_size(name, &outputs, quotas.max_response_bytes)?;
-            if let (Some((prepared, call)), Some(shadow_version)) = (mirror, &route.shadow) {
-                let series = metrics().shadow_series(spec.id.as_str(), name, shadow_version.as_str());
-                let bytes = request_bytes + outputs.iter().map(|t| t.payload.byte_size()).sum::<usize>();
-                let job =
-                    ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone(), series, bytes };
-                state.shadows.mirror(job);
             }
-            (outputs, response.parameters, route.version.to_string())
         }
     };
-    InferOutcome { model_name: name.to_string(), model_version: version, id: request.id, outputs, parameters }
+    InferOutcome { model_name: name.to_string(), model_version: version, id, outputs, parameters }
         .select(requested.as_deref())
 }
+
+/// A plain model's answer to the request.
+async fn run_model(
+    run: &Run<'_>,
+    name: &str,
+    model: &LoadedModel,
+    request: ValidInferRequest,
+    mut turn: Turn,
+) -> Result<Answer, ApiError> {
+    let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
+    turn.pause();
+    let outputs =
+        within_deadline(run.deadline, run.budget, model.compute(inputs, run.deadline, run.share.clone())).await?;
+    turn.resume().await;
+    let outputs: Vec<ValidTensor> =
+        outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect();
+    check_response_size(name, &outputs, run.spec.quotas.max_response_bytes)?;
+    Ok((outputs, Vec::new(), PLAIN_MODEL_VERSION.to_string()))
+}
+
+/// Which version of an app serves: the resolved one, pinned or to be routed by traffic.
+struct Choice {
+    version: VersionName,
+    chosen: AppVersion,
+    pinned: bool,
+    slo: Option<Arc<AppSlo>>,
+}
+
+/// An app's answer to the request: route it, run the component, mirror it to the shadow.
+async fn run_app(
+    run: &Run<'_>,
+    name: &str,
+    app: &Arc<AppState>,
+    choice: Choice,
+    request: ValidInferRequest,
+    turn: Turn,
+    caller: Caller<'_>,
+) -> Result<Answer, Failed> {
+    let Run { state, tenant, spec, share, deadline, budget } = run;
+    let quotas = &spec.quotas;
+    let Choice { version: resolved, chosen, pinned, slo } = choice;
+    let (route, chosen) = if pinned {
+        (Route { version: resolved, shadow: None }, chosen)
+    } else {
+        let traffic = app.traffic();
+        let key = traffic.sticky_header.as_deref().and_then(caller.header);
+        let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
+        let chosen = app.version(&route.version).ok_or_else(|| {
+            ApiError::new(ErrorKind::Internal, format!("routed to version '{}', which is not loaded", route.version))
+        })?;
+        caller.routed.set(name, route.version.as_str(), slo.as_ref());
+        (route, chosen)
+    };
+    let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
+    let request_bytes: usize = request.inputs.iter().map(|t| t.payload.byte_size()).sum();
+    let mirror = route.shadow.as_ref().and_then(|shadow| {
+        let prepared = app.version(shadow)?.prepared;
+        let call = shadow_call(tenant, spec, app, shadow, share, &request, memory_bytes);
+        Some((prepared, call))
+    });
+    let raw_load = tenant.raw_backend.clone().map(|backend| RawLoad {
+        backend,
+        max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
+    });
+    let call = GuestCall {
+        nn: NnCtx::new(tenant.models.clone(), share.clone(), *deadline, raw_load, memory_bytes, turn),
+        memory_bytes,
+        log: guest_log(tenant, spec, app, &route.version),
+        deadline: *deadline,
+        deadline_ms: budget.as_millis() as u64,
+        request: InferRequest {
+            id: request.id.clone(),
+            inputs: request.inputs.into_iter().map(ValidTensor::into_guest).collect(),
+            parameters: request.parameters,
+        },
+    };
+    let started = std::time::Instant::now();
+    let span = tracing::debug_span!("guest", app = %name, version = %route.version);
+    let response = state.runtime.invoke(&chosen.prepared, call).instrument(span).await;
+    let elapsed = started.elapsed();
+    let trap = response.as_ref().err().and_then(GuestError::trap_kind);
+    metrics().guest(spec.id.as_str(), name, route.version.as_str(), elapsed, trap);
+    let rows = response.as_ref().ok().and_then(|r| r.outputs.first()).and_then(|t| t.shape.first().copied());
+    app.stats.request(response.is_ok(), elapsed, rows.unwrap_or(1));
+    let server_error =
+        response.as_ref().err().is_some_and(|e| ApiError::from(e.clone()).kind.status().is_server_error());
+    chosen.stats.record(server_error, elapsed);
+    let response = response.map_err(|error| Failed { degradable: degradation(&error), error: error.into() })?;
+    let outputs =
+        response.outputs.into_iter().map(ValidTensor::from_guest).collect::<Result<Vec<_>, _>>().map_err(|e| {
+            ApiError::new(ErrorKind::GuestFailure, format!("the component returned an invalid output: {e}"))
+        })?;
+    check_response_size(name, &outputs, quotas.max_response_bytes)?;
+    if let (Some((prepared, call)), Some(shadow_version)) = (mirror, &route.shadow) {
+        let series = metrics().shadow_series(spec.id.as_str(), name, shadow_version.as_str());
+        let bytes = request_bytes + outputs.iter().map(|t| t.payload.byte_size()).sum::<usize>();
+        let job = ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone(), series, bytes };
+        state.shadows.mirror(job);
+    }
+    Ok((outputs, response.parameters, route.version.to_string()))
+}
+
+/// Why a failed component call may be answered by its app's fallback: its model calls were
+/// refused (open circuit, overload, too little deadline left to queue). `None` for failures
+/// of the component itself.
+fn degradation(error: &GuestError) -> Option<&'static str> {
+    match error {
+        GuestError::Queue(ComputeError::CircuitOpen { .. }) => Some(DEGRADED_CIRCUIT_OPEN),
+        GuestError::Queue(
+            ComputeError::Overloaded { .. } | ComputeError::WaitTooLong { .. } | ComputeError::OverShare { .. },
+        ) => Some(DEGRADED_OVERLOADED),
+        GuestError::Queue(ComputeError::TooLate { .. }) => Some(DEGRADED_DEADLINE),
+        _ => None,
+    }
+}
+
+/// The `degraded` response parameter's values (and metric labels).
+const DEGRADED_CIRCUIT_OPEN: &str = "circuit_open";
+const DEGRADED_OVERLOADED: &str = "overloaded";
+const DEGRADED_DEADLINE: &str = "deadline";
+
+/// Answer with the app's fallback (another app or a plain model of the tenant) within what
+/// is left of the request's deadline, marking the answer degraded.
+async fn fall_back(
+    run: &Run<'_>,
+    app: &str,
+    fallback: &str,
+    reason: &'static str,
+    request: ValidInferRequest,
+) -> Result<Answer, ApiError> {
+    metrics().degraded(run.spec.id.as_str(), app, reason);
+    let turn = run.state.turns.enter(run.share.tenant.clone(), run.share.weight, run.deadline).await?;
+    let (outputs, mut parameters, version) = match resolve(run.tenant, fallback, None)? {
+        Target::Model { model, .. } => run_model(run, fallback, &model, request, turn).await?,
+        Target::App { app: other, version, chosen, .. } => {
+            // The fallback's own stable version, and no fallback of its own.
+            let choice = Choice { version, chosen, pinned: true, slo: None };
+            let routed = Routed::default();
+            let caller = Caller { header: &|_| None, routed: &routed };
+            run_app(run, fallback, &other, choice, request, turn, caller).await.map_err(|failed| failed.error)?
+        }
+    };
+    parameters.push((DEGRADED_PARAMETER.to_string(), reason.to_string()));
+    parameters.push((FALLBACK_PARAMETER.to_string(), fallback.to_string()));
+    Ok((outputs, parameters, version))
+}
+
+/// Response parameters of an answer given by a fallback.
+pub const DEGRADED_PARAMETER: &str = "degraded";
+pub const FALLBACK_PARAMETER: &str = "fallback";
 
 /// Refuse an answer over the tenant's `max_response_bytes` before it is encoded (encoding is
 /// work on the serving path, and JSON makes it larger still).

@@ -1,15 +1,33 @@
 //! The metrics port: `GET /metrics` in the Prometheus text format (Triton's port 8002 by
 //! default), apart from the inference ports so that scrapes never queue behind requests.
+//! With a metrics token set, a scrape must send it (`Authorization: Bearer <token>`, as
+//! Prometheus' `authorization` scrape setting does); without it, the port is open.
 
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use sha2::{Digest, Sha256};
 
 use crate::telemetry::metrics::metrics;
 
-pub fn router() -> axum::Router {
-    axum::Router::new().route(
-        "/metrics",
-        get(|| async { ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], metrics().render()).into_response() }),
-    )
+/// `token`: the scrape token, when the port requires one.
+pub fn router(token: Option<&str>) -> axum::Router {
+    let digest = token.map(|t| Sha256::digest(t.as_bytes()).to_vec());
+    axum::Router::new().route("/metrics", get(scrape)).with_state(digest)
+}
+
+async fn scrape(State(digest): State<Option<Vec<u8>>>, headers: HeaderMap) -> Response {
+    if let Some(expected) = digest {
+        let sent = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let key = crate::tenancy::bearer_key(sent).ok();
+        // Digests of equal length compare without leaking the token through timing.
+        if key.is_none_or(|key| Sha256::digest(key.as_bytes()).as_slice() != expected.as_slice()) {
+            let body = axum::Json(
+                serde_json::json!({ "error": "the metrics port needs its token: send 'Authorization: Bearer <metrics token>'" }),
+            );
+            return (StatusCode::UNAUTHORIZED, body).into_response();
+        }
+    }
+    ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], metrics().render()).into_response()
 }

@@ -360,6 +360,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                         | ComputeError::OverShare { .. }
                         | ComputeError::DeadlineExceeded { .. }
                         | ComputeError::TooLate { .. }
+                        | ComputeError::CircuitOpen { .. }
                 ) {
                     self.ctx.queue_failure = Some(err.clone());
                 }
@@ -370,7 +371,8 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     | ComputeError::WaitTooLong { .. }
                     | ComputeError::OverShare { .. }
                     | ComputeError::Backend { .. }
-                    | ComputeError::Stopped { .. } => errors::ErrorCode::RuntimeError,
+                    | ComputeError::Stopped { .. }
+                    | ComputeError::CircuitOpen { .. } => errors::ErrorCode::RuntimeError,
                 };
                 let message = match err {
                     ComputeError::InvalidInput(message) => format!("model '{name}': {message}"),

@@ -4,6 +4,7 @@
 //! every stage shares; [`onnx`] reads what files a model would make an engine open.
 
 pub mod backend;
+pub mod breaker;
 pub mod host;
 pub mod models;
 pub mod onnx;

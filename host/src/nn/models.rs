@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use super::backend::{Backend, BackendKind, Backends, Graph, Signature, TensorSpec};
+use super::breaker::{Breakers, Outcome};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Share};
 use crate::registry::ids::ModelName;
-use crate::registry::manifest::{Drift, Padding};
+use crate::registry::manifest::{BreakerSettings, Drift, Padding};
 use crate::registry::{ModelOrigin, ModelSpec};
 use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, SampleBudget, check_baseline_rows, tensor_bytes};
 use crate::telemetry::metrics::metrics;
@@ -33,6 +34,8 @@ pub struct LoadedModel {
     pub drift: DriftMonitors,
     /// Caps the samples taken a second, over every tenant.
     drift_budget: SampleBudget,
+    /// Each calling tenant's circuit on this model.
+    breakers: Breakers,
 }
 
 impl LoadedModel {
@@ -90,7 +93,14 @@ impl LoadedModel {
             drift_settings: Drift { sample_rate: 0.0, ..Drift::default() },
             drift: DriftMonitors::default(),
             drift_budget: SampleBudget::default(),
+            breakers: Breakers::default(),
         }
+    }
+
+    /// Open a tenant's circuit on this model as `settings` say.
+    pub fn with_breaker(mut self, settings: BreakerSettings) -> Self {
+        self.breakers = Breakers::new(settings);
+        self
     }
 
     /// Sample calls for drift statistics as `drift` says.
@@ -147,6 +157,15 @@ impl LoadedModel {
     ) -> Result<NamedTensors, ComputeError> {
         let rows = inputs.first().map_or(1, |(_, t)| t.rows()) as u64;
         let counters = self.stats.of(&share.tenant);
+        let breaker = self.breakers.of(&share.tenant);
+        if let Err(wait) = breaker.admit(Instant::now()) {
+            counters.request(false, started.elapsed(), rows);
+            return Err(ComputeError::CircuitOpen {
+                model: self.queue.model().to_string(),
+                failures: breaker.threshold(),
+                retry_ms: wait.as_millis().max(1) as u64,
+            });
+        }
         let result = match self.check_inputs(&inputs) {
             Ok(()) => {
                 let span = tracing::debug_span!("queue", model = %self.queue.model(), rows);
@@ -155,7 +174,18 @@ impl LoadedModel {
             Err(message) => Err(ComputeError::InvalidInput(message)),
         };
         counters.request(result.is_ok(), started.elapsed(), rows);
+        breaker.record(breaker_outcome(&result), Instant::now());
         result
+    }
+}
+
+/// What a call's result says about the model's health: failures in the model and timeouts
+/// count; the caller's bad input, shedding and a deadline too short to start say nothing.
+fn breaker_outcome(result: &Result<NamedTensors, ComputeError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Success,
+        Err(ComputeError::Backend { .. } | ComputeError::DeadlineExceeded { .. }) => Outcome::Failure,
+        Err(_) => Outcome::Neutral,
     }
 }
 
@@ -254,7 +284,8 @@ impl ModelStore {
             };
             let model = Arc::new(
                 LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graphs, settings)
-                    .with_drift(spec.drift.clone()),
+                    .with_drift(spec.drift.clone())
+                    .with_breaker(spec.breaker.clone()),
             );
             tracing::info!(
                 model = %spec.name,

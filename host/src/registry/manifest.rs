@@ -55,6 +55,9 @@ pub struct Quotas {
     pub max_tensor_elements: u64,
     /// Requests of this tenant in flight at once.
     pub max_concurrent_requests: u32,
+    /// Requests a second the tenant may start (a token bucket with a second's worth of
+    /// burst); 0: no rate limit.
+    pub max_requests_per_second: u32,
     /// Whether guests may load models from raw bytes (`wasi:nn` `load`).
     pub allow_raw_model_load: bool,
     /// Largest model a guest may load from raw bytes.
@@ -65,6 +68,14 @@ pub struct Quotas {
     pub max_component_bytes: u64,
     /// Largest model (ONNX weights) the tenant may upload through the control API.
     pub max_model_bytes: u64,
+    /// Bytes of uploaded models and components the tenant may keep stored.
+    pub max_stored_bytes: u64,
+    /// Models the tenant may have (its manifest's and its uploads).
+    pub max_models: u32,
+    /// Apps the tenant may have.
+    pub max_apps: u32,
+    /// Versions one app may have.
+    pub max_versions_per_app: u32,
     /// Guest log bytes one request may write; past it, lines are dropped (and counted).
     pub max_log_bytes_per_request: u64,
     /// Guest log bytes a second over all the tenant's requests (bursts up to one second's worth).
@@ -80,11 +91,16 @@ impl Default for Quotas {
             max_response_bytes: 16 << 20,
             max_tensor_elements: 4 << 20,
             max_concurrent_requests: 64,
+            max_requests_per_second: 0,
             allow_raw_model_load: false,
             max_raw_model_bytes: 32 << 20,
             compute_weight: 1,
             max_component_bytes: 64 << 20,
             max_model_bytes: 256 << 20,
+            max_stored_bytes: 1 << 30,
+            max_models: 32,
+            max_apps: 32,
+            max_versions_per_app: 32,
             max_log_bytes_per_request: 64 << 10,
             max_log_bytes_per_second: 256 << 10,
         }
@@ -106,6 +122,24 @@ pub struct ModelManifest {
     pub batching: Batching,
     #[serde(default)]
     pub drift: Drift,
+    #[serde(default)]
+    pub breaker: BreakerSettings,
+}
+
+/// `[models.X.breaker]`: after `failures` consecutive calls of one tenant that failed in the
+/// model or timed out, its calls are refused (503) for `cooldown_ms`, then one probe decides.
+/// `failures = 0` turns it off.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSettings {
+    pub failures: u32,
+    pub cooldown_ms: u64,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self { failures: 5, cooldown_ms: 5_000 }
+    }
 }
 
 /// `[models.X.drift]`: a `sample_rate` share of compute calls, at most `max_samples_per_second`
@@ -230,6 +264,11 @@ pub struct AppManifest {
     /// Service-level objectives; none by default.
     #[serde(default)]
     pub slo: Option<SloManifest>,
+    /// Another app or model of the tenant that answers instead while this app's model calls
+    /// are refused (an open circuit, an overloaded queue, too little deadline left); its
+    /// answer carries the response parameter `degraded`.
+    #[serde(default)]
+    pub fallback: Option<String>,
 }
 
 /// `[apps.X.slo]`: availability (requests not failing with a server error) and, with

@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 
 use ids::{AppName, ModelName, TenantId, VersionName};
 use manifest::{
-    Analysis, AppManifest, Batching, Drift, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION, SloManifest,
-    TenantManifest, TensorMetadata,
+    Analysis, AppManifest, Batching, BreakerSettings, Drift, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION,
+    SloManifest, TenantManifest, TensorMetadata,
 };
 
 use crate::nn::backend::BackendKind;
@@ -47,6 +47,7 @@ pub struct ModelSpec {
     pub backend: Option<BackendKind>,
     pub batching: Batching,
     pub drift: Drift,
+    pub breaker: BreakerSettings,
     pub origin: ModelOrigin,
 }
 
@@ -75,6 +76,7 @@ pub struct AppSpec {
     pub traffic: Traffic,
     pub analysis: Analysis,
     pub slo: Option<SloManifest>,
+    pub fallback: Option<String>,
     pub versions: BTreeMap<VersionName, ComponentSpec>,
     pub inputs: Vec<TensorMetadata>,
     pub outputs: Vec<TensorMetadata>,
@@ -155,6 +157,15 @@ impl Registry {
         let mut apps = BTreeMap::new();
         for (name, app) in manifest.apps {
             apps.insert(name.clone(), load_app(path, name, app)?);
+        }
+        for (name, app) in &apps {
+            let Some(fallback) = &app.fallback else { continue };
+            let known = apps.keys().any(|a| a.as_str() == fallback) || models.keys().any(|m| m.as_str() == fallback);
+            if fallback == name.as_str() || !known {
+                return Err(invalid(format!(
+                    "app '{name}': fallback '{fallback}' must be another app or a model of this tenant"
+                )));
+            }
         }
         let tenant = Tenant { id: manifest.id.clone(), quotas: manifest.quotas, models, apps };
         self.tenants.insert(manifest.id, Arc::new(tenant));
@@ -249,6 +260,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         backend: model.backend,
         batching: model.batching,
         drift: model.drift,
+        breaker: model.breaker,
         origin: ModelOrigin::Manifest,
     })
 }
@@ -293,5 +305,14 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
              window_days from 1 to 90"
         )));
     }
-    Ok(AppSpec { name, traffic, analysis, slo: app.slo, versions, inputs: app.inputs, outputs: app.outputs })
+    Ok(AppSpec {
+        name,
+        traffic,
+        analysis,
+        slo: app.slo,
+        fallback: app.fallback,
+        versions,
+        inputs: app.inputs,
+        outputs: app.outputs,
+    })
 }

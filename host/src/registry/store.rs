@@ -116,6 +116,11 @@ impl Store {
         self.blobs.join(sha256)
     }
 
+    /// The size of a stored blob, if it is stored.
+    pub fn blob_size(&self, sha256: &str) -> Option<u64> {
+        fs::metadata(self.blob_path(sha256)).ok().map(|m| m.len())
+    }
+
     pub fn read_blob(&self, sha256: &str) -> io::Result<Vec<u8>> {
         fs::read(self.blob_path(sha256))
     }

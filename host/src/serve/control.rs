@@ -15,7 +15,7 @@ use super::state::{ServingState, TenantState};
 use crate::api::error::{ApiError, ErrorKind};
 use crate::nn::models::LoadedModel;
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
-use crate::registry::manifest::{Analysis, Batching, Drift, Quotas};
+use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas};
 use crate::registry::store::Uploaded;
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::traffic::Traffic;
@@ -223,6 +223,7 @@ impl ServingState {
             backend: None,
             batching: Batching::default(),
             drift: Drift::default(),
+            breaker: BreakerSettings::default(),
             origin: ModelOrigin::Upload,
         };
         self.resident
@@ -265,6 +266,64 @@ impl ServingState {
     }
 }
 
+/// What an upload adds, for the storage quotas.
+#[derive(Debug, Clone, Copy)]
+pub enum Addition<'a> {
+    Model,
+    Version { app: &'a str },
+}
+
+impl ServingState {
+    /// Refuse an upload of `bytes` that would take the tenant past one of its storage quotas
+    /// (507): uploaded bytes kept, models, apps, versions per app. The counts also bound the
+    /// metric series a tenant can create.
+    pub fn check_storage(&self, tenant: &TenantState, addition: Addition<'_>, bytes: u64) -> Result<(), ApiError> {
+        let quotas = tenant.tenant().quotas.clone();
+        let full = |message: String| ApiError::new(ErrorKind::StorageQuota, message);
+        let uploaded: BTreeMap<String, u64> = self.uploaded_blobs(tenant);
+        match addition {
+            Addition::Model => {
+                let models = tenant.models.own_names().len();
+                if models >= quotas.max_models as usize {
+                    return Err(full(format!("the tenant has {models} models, its limit (max_models)")));
+                }
+            }
+            Addition::Version { app } => match tenant.app(app) {
+                Some(app) if app.version_names().len() >= quotas.max_versions_per_app as usize => {
+                    return Err(full(format!(
+                        "app '{}' has {} versions, its limit (max_versions_per_app)",
+                        app.spec.name,
+                        app.version_names().len()
+                    )));
+                }
+                None if tenant.apps().len() >= quotas.max_apps as usize => {
+                    return Err(full(format!("the tenant has {} apps, its limit (max_apps)", tenant.apps().len())));
+                }
+                _ => {}
+            },
+        }
+        let stored: u64 = uploaded.values().sum();
+        if stored.saturating_add(bytes) > quotas.max_stored_bytes {
+            return Err(full(format!(
+                "the tenant stores {stored} bytes of uploads; {bytes} more would pass its limit of {} bytes \
+                 (max_stored_bytes)",
+                quotas.max_stored_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The tenant's uploaded blobs (its models' weights and its apps' components that are in
+    /// the store) and their sizes.
+    fn uploaded_blobs(&self, tenant: &TenantState) -> BTreeMap<String, u64> {
+        let models = tenant.models.own_digests().into_iter().map(|(_, digest)| digest);
+        let versions = tenant.apps().into_iter().flat_map(|(_, app)| {
+            app.version_names().into_iter().filter_map(move |v| app.version(&v)).map(|v| v.sha256).collect::<Vec<_>>()
+        });
+        models.chain(versions).filter_map(|digest| self.store.blob_size(&digest).map(|size| (digest, size))).collect()
+    }
+}
+
 /// The spec of an app created through the API: no declared tensors, default analysis.
 fn new_app_spec(name: &AppName, traffic: &Traffic) -> AppSpec {
     AppSpec {
@@ -272,6 +331,7 @@ fn new_app_spec(name: &AppName, traffic: &Traffic) -> AppSpec {
         traffic: traffic.clone(),
         analysis: Analysis::default(),
         slo: None,
+        fallback: None,
         versions: BTreeMap::new(),
         inputs: Vec::new(),
         outputs: Vec::new(),

@@ -16,6 +16,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 pub use app::{AppState, AppVersion};
+pub use control::Addition;
 pub use state::{BodyTimeouts, ServingState, TenantState};
 
 use crate::nn::backend::{self, BackendKind, BackendSettings};
@@ -50,6 +51,8 @@ pub struct ServeConfig {
     pub max_waiting_requests: usize,
     /// The platform admin's token for `/admin/v1`; `None` turns the admin API off.
     pub admin_token: Option<String>,
+    /// The bearer token a scrape of `/metrics` must send; `None`: the port is open.
+    pub metrics_token: Option<String>,
     /// What clients may hold open: connections, and time to send a request.
     pub connections: ConnectionSettings,
     pub body_timeouts: BodyTimeouts,
@@ -74,8 +77,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             let listener =
                 TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address} for metrics"))?;
             println!("metrics listening on http://{}", listener.local_addr()?);
+            let router = crate::api::metrics::router(config.metrics_token.as_deref());
             tokio::spawn(async move {
-                if let Err(err) = axum::serve(listener, crate::api::metrics::router()).await {
+                if let Err(err) = axum::serve(listener, router).await {
                     tracing::error!(error = %err, "the metrics server stopped");
                 }
             });

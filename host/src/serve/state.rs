@@ -39,6 +39,8 @@ pub struct TenantState {
     pub admin_managed: AtomicBool,
     /// The tenant's guest log bytes a second (`max_log_bytes_per_second`).
     log_allowance: RwLock<Arc<TokenBucket>>,
+    /// The tenant's requests a second (`max_requests_per_second`), when limited.
+    request_rate: RwLock<Option<Arc<TokenBucket>>>,
 }
 
 impl TenantState {
@@ -49,6 +51,7 @@ impl TenantState {
         raw_backend: Option<Arc<dyn Backend>>,
     ) -> Self {
         let log_allowance = RwLock::new(log_allowance(&spec.quotas));
+        let request_rate = RwLock::new(request_rate(&spec.quotas));
         Self {
             spec: RwLock::new(spec),
             models,
@@ -56,7 +59,14 @@ impl TenantState {
             raw_backend,
             admin_managed: AtomicBool::new(false),
             log_allowance,
+            request_rate,
         }
+    }
+
+    /// Count a request against the tenant's rate; `Err` with the wait when it is over it.
+    pub fn take_request(&self) -> Result<(), Duration> {
+        let rate = self.request_rate.read().unwrap_or_else(PoisonError::into_inner).clone();
+        rate.map_or(Ok(()), |bucket| bucket.take(1.0, std::time::Instant::now()))
     }
 
     /// The bucket the tenant's guest log lines are paid from.
@@ -72,6 +82,7 @@ impl TenantState {
     /// Replace the tenant's quotas.
     pub fn set_quotas(&self, quotas: Quotas) {
         *self.log_allowance.write().unwrap_or_else(PoisonError::into_inner) = log_allowance(&quotas);
+        *self.request_rate.write().unwrap_or_else(PoisonError::into_inner) = request_rate(&quotas);
         let mut spec = self.spec.write().unwrap_or_else(PoisonError::into_inner);
         let mut updated = Tenant::clone(&spec);
         updated.quotas = quotas;
@@ -116,6 +127,11 @@ impl Default for BodyTimeouts {
     fn default() -> Self {
         Self { request: Duration::from_secs(30), upload: Duration::from_secs(300) }
     }
+}
+
+fn request_rate(quotas: &Quotas) -> Option<Arc<TokenBucket>> {
+    let rate = f64::from(quotas.max_requests_per_second);
+    (rate > 0.0).then(|| Arc::new(TokenBucket::new(rate, rate)))
 }
 
 fn log_allowance(quotas: &Quotas) -> Arc<TokenBucket> {

@@ -36,6 +36,7 @@ pub mod names {
     pub const DRIFT_PSI: &str = "sluice_drift_psi";
     pub const DRIFT_KS: &str = "sluice_drift_ks";
     pub const OPEN_CONNECTIONS: &str = "sluice_open_connections";
+    pub const DEGRADED_REQUESTS: &str = "sluice_degraded_requests_total";
     pub const REFUSED_CONNECTIONS: &str = "sluice_refused_connections_total";
 }
 
@@ -129,6 +130,7 @@ pub struct Metrics {
     drift_ks: GaugeVec,
     open_connections: IntGauge,
     refused_connections: IntCounterVec,
+    degraded: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -166,6 +168,12 @@ impl Metrics {
             .expect("a valid gauge definition");
         registry.register(Box::new(open_connections.clone())).expect("each metric registered once");
         Self {
+            degraded: counter(
+                &registry,
+                DEGRADED_REQUESTS,
+                "App requests answered by the app's fallback, by why its own could not answer.",
+                &["tenant", "app", "reason"],
+            ),
             open_connections,
             refused_connections: counter(
                 &registry,
@@ -330,6 +338,13 @@ impl Metrics {
     /// A connection refused on `port` ("http" or "grpc") because a connection limit was reached.
     pub fn connection_refused(&self, port: &str) {
         self.refused_connections.with_label_values(&[port]).inc();
+    }
+
+    /// A request of `app` answered by its fallback; `reason` is one of a closed set.
+    pub fn degraded(&self, tenant: &str, app: &str, reason: &str) {
+        if self.on() {
+            self.degraded.with_label_values(&[tenant, app, reason]).inc();
+        }
     }
 
     /// The connections open now.

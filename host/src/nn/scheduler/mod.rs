@@ -58,6 +58,11 @@ pub enum ComputeError {
     Backend { model: String, message: String },
     #[error("model '{model}' is shutting down")]
     Stopped { model: String },
+    #[error(
+        "model '{model}' is failing for this tenant: its circuit opened after {failures} consecutive failures or \
+         timeouts; the next call goes through in {retry_ms} ms"
+    )]
+    CircuitOpen { model: String, failures: u32, retry_ms: u64 },
 }
 
 struct Job {

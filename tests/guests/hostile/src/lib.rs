@@ -16,6 +16,10 @@
 //! - `hold-tensors`: create `count` wasi-nn tensors of `kib` KiB and keep them all;
 //! - `big-dims`: create `count` wasi-nn tensors of four million dimensions and keep them;
 //! - `error-names`: fail `count` loads of a model with a 1 MiB name, keeping every error;
+//! - `heap-marker`: grow linear memory by 16 pages (memory no heap image covers), report how
+//!   many of their bytes were not zero, then fill them with a marker;
+//! - `compute`: run the model named by parameter `model` on the request's FP32 and INT64
+//!   inputs and answer its FP32 outputs;
 //! - `load-model`: load the model named by parameter `model` (isolation checks);
 //! - `load-bytes`: load a graph from raw bytes (refused unless the quota allows it): the
 //!   UINT8 input `graph` when given, else sixteen zero bytes.
@@ -23,7 +27,7 @@
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sluice_guest::{Error, Handler, LogLevel, Model, Request, Response, Tensor};
+use sluice_guest::{Datatype, Error, Handler, LogLevel, Model, ModelTensor, Request, Response, Tensor};
 
 static MARKER: AtomicU64 = AtomicU64::new(0);
 
@@ -66,6 +70,32 @@ impl Handler for Hostile {
                     sluice_guest::log(LogLevel::Error, &line);
                 }
                 Ok(Response::new())
+            }
+            "compute" => {
+                let model = Model::load(request.parameter("model").unwrap_or(""))?;
+                let mut inputs = Vec::new();
+                for input in &request.inputs {
+                    let dims: Vec<u32> = input.shape.iter().map(|&d| d as u32).collect();
+                    let tensor = match input.datatype {
+                        Datatype::Fp32 => ModelTensor::from_f32(&dims, &input.to_f32()?),
+                        Datatype::Int64 => ModelTensor::from_i64(&dims, &input.to_i64()?),
+                        other => {
+                            return Err(Error::invalid_input(format!("compute takes FP32 and INT64, not {other:?}")));
+                        }
+                    };
+                    inputs.push((input.name.clone(), tensor));
+                }
+                let outputs = model.compute(inputs)?;
+                let mut response = Response::new();
+                for (name, tensor) in outputs.0 {
+                    let shape: Vec<u64> = tensor.dimensions.iter().map(|&d| u64::from(d)).collect();
+                    response = response.with_output(Tensor::from_f32(&name, &shape, &tensor.to_f32()?));
+                }
+                Ok(response)
+            }
+            "heap-marker" => {
+                let dirty = grow_and_mark().ok_or_else(|| Error::internal("memory.grow failed"))?;
+                Ok(Response::new().with_output(Tensor::from_i64("dirty", &[1], &[dirty])))
             }
             "hold-tensors" => {
                 use sluice_guest::__private::bindings::wasi::nn::tensor::{Tensor as NnTensor, TensorType};
@@ -113,6 +143,37 @@ impl Handler for Hostile {
             other => Err(Error::invalid_input(format!("unknown mode '{other}'"))),
         }
     }
+}
+
+/// Grow linear memory by 16 pages, count the bytes of them that are not zero, then fill them
+/// with a marker; `None` if memory cannot grow.
+#[cfg(target_arch = "wasm32")]
+fn grow_and_mark() -> Option<i64> {
+    const PAGES: usize = 16;
+    let first = core::arch::wasm32::memory_grow(0, PAGES);
+    if first == usize::MAX {
+        return None;
+    }
+    let start = (first * 65536) as *mut u8;
+    let mut dirty = 0i64;
+    for offset in 0..PAGES * 65536 {
+        #[allow(unsafe_code)] // reading what a reused slot holds is the point of this mode
+        // SAFETY: these pages were just grown and belong to nothing else.
+        unsafe {
+            let byte = start.add(offset);
+            if std::ptr::read_volatile(byte) != 0 {
+                dirty += 1;
+            }
+            std::ptr::write_volatile(byte, 0xab);
+        }
+    }
+    Some(dirty)
+}
+
+/// Off wasm (the workspace's unit-test build) there is no linear memory to grow.
+#[cfg(not(target_arch = "wasm32"))]
+fn grow_and_mark() -> Option<i64> {
+    None
 }
 
 /// A whole-number request parameter.

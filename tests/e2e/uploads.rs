@@ -1,0 +1,124 @@
+//! Uploads cost what they should and leave the state consistent: a component of another
+//! world is refused before it is compiled (no compile time, no compiled artifact); an upload
+//! that cannot be saved (the disk is full) is answered with an error and does not serve,
+//! before or after a restart, and leaves no temp file.
+
+use std::path::Path;
+use std::process::Command;
+
+use reqwest::Method;
+
+use crate::support::*;
+
+const KEY: &str = "test-key-acme";
+
+fn tenants() -> Tenants {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", KEY, "max_component_bytes = 100000000\nmax_model_bytes = 10000000");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    manifest += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &manifest);
+    tenants
+}
+
+async fn versions(server: &Server) -> Vec<String> {
+    let (code, body) = server.get("/control/v1/apps/digits", Some(KEY)).await;
+    assert_eq!(code, 200, "{body}");
+    body["versions"].as_object().expect("versions").keys().cloned().collect()
+}
+
+fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| entries.count())
+}
+
+#[tokio::test]
+async fn a_component_of_another_world_is_refused_before_it_is_compiled() {
+    let tenants = tenants();
+    let data = tempfile::tempdir().expect("tmp");
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
+    let compiled = files_in(&data.path().join("compiled"));
+    let cpu = server.cpu_time();
+    let other_world = std::fs::read(guest("other_world_guest")).expect("the wasi:cli/command component");
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/digits/versions/2", KEY, other_world).await;
+    assert_eq!(code, 400, "{body}");
+    let spent = server.cpu_time().saturating_sub(cpu);
+    assert_eq!(files_in(&data.path().join("compiled")), compiled, "no compiled artifact was left");
+    assert_eq!(files_in(&data.path().join("registry/blobs/sha256")), 0, "nothing was stored");
+    assert!(spent.as_millis() < 60, "refusing it took {spent:?} of server CPU");
+    assert!(error_message(&body).contains("wasi:cli/run"), "the message says what it is instead: {body}");
+    assert_eq!(versions(&server).await, ["1"]);
+}
+
+/// A tmpfs of `mib` MiB mounted at `dir` for the test's life (the full-disk case needs a
+/// file system that fills up).
+struct Mounted<'a>(&'a Path);
+
+impl<'a> Mounted<'a> {
+    fn tmpfs(dir: &'a Path, mib: usize) -> Self {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "the full-disk test mounts a tmpfs and needs root (mount -t tmpfs) to do it");
+        Self(dir)
+    }
+
+    /// Fill the file system until `room` bytes are left (rounded to its blocks).
+    fn leave(&self, room: u64) {
+        let output = Command::new("stat").args(["-f", "-c", "%a %S"]).arg(self.0).output().expect("stat -f");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().expect("a number"));
+        let (available, block) = (fields.next().expect("blocks"), fields.next().expect("block size"));
+        let keep = room.div_ceil(block) * block;
+        let filler = (available * block).saturating_sub(keep);
+        std::fs::write(self.0.join("filler"), vec![0u8; filler as usize]).expect("filling the disk");
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.0.join("filler")).expect("the filler");
+    }
+}
+
+impl Drop for Mounted<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0).status();
+    }
+}
+
+#[tokio::test]
+async fn an_upload_that_cannot_be_saved_fails_and_a_restart_agrees() {
+    let tenants = tenants();
+    let root = tempfile::tempdir().expect("tmp");
+    let data = root.path().join("data");
+    std::fs::create_dir(&data).expect("data directory");
+    let disk = Mounted::tmpfs(&data, 16);
+    let server = Server::start_in_dir(tenants.path(), &data, root.path(), &[]).expect("starts");
+    let component = std::fs::read(guest("hostile_guest")).expect("component");
+    let weights = std::fs::read(digits_small_model()).expect("weights");
+
+    // Room for the upload itself and nothing more: its state cannot be saved.
+    disk.leave(component.len() as u64);
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/digits/versions/2", KEY, component.clone()).await;
+    assert_eq!(code, 500, "{body}");
+    assert_eq!(versions(&server).await, ["1"], "a version that was not saved does not serve");
+    disk.free();
+    disk.leave(weights.len() as u64);
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/small", KEY, weights.clone()).await;
+    assert_eq!(code, 500, "{body}");
+    assert_eq!(server.get("/v2/models/small", Some(KEY)).await.0, 404, "a model that was not saved does not serve");
+    assert_eq!(files_in(&data.join("registry/tmp")), 0, "no temp file is left");
+
+    drop(server);
+    disk.free();
+    let server = Server::start_in_dir(tenants.path(), &data, root.path(), &[]).expect("restarts");
+    assert_eq!(versions(&server).await, ["1"], "the restart agrees with the answer");
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/digits/versions/2", KEY, component).await;
+    assert_eq!(code, 201, "a retry is a new upload, not a conflict: {body}");
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/small", KEY, weights).await;
+    assert_eq!(code, 201, "{body}");
+    drop(server);
+    let server = Server::start_in_dir(tenants.path(), &data, root.path(), &[]).expect("restarts again");
+    assert_eq!(versions(&server).await, ["1", "2"]);
+    assert_eq!(server.get("/v2/models/small", Some(KEY)).await.0, 200);
+}
