@@ -75,6 +75,9 @@ struct PerfArgs {
     /// Length of one `--alternate` period, in seconds.
     #[arg(long, default_value_t = 1.0)]
     alternate_period_s: f64,
+    /// Also report how long failed requests (refusals, timeouts) took to get their error.
+    #[arg(long)]
+    refusals: bool,
     /// Seconds of warm-up before measuring.
     #[arg(long, default_value_t = 2.0)]
     warmup_s: f64,
@@ -265,6 +268,7 @@ fn perf_config(args: PerfArgs) -> anyhow::Result<sluice::perf::PerfConfig> {
         warmup: Duration::from_secs_f64(args.warmup_s),
         duration: Duration::from_secs_f64(args.duration_s),
         tenants,
+        refusals: args.refusals,
         alternate: args
             .alternate
             .map(|tenant| sluice::perf::Alternate { tenant, period: Duration::from_secs_f64(args.alternate_period_s) }),

@@ -404,4 +404,41 @@ mod tests {
         let error = typed_contents(Datatype::Fixed(ElementType::U8), contents(vec![256]), "x").expect_err("too big");
         assert!(error.message.contains("out of range"), "{}", error.message);
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Whatever a gRPC message decodes to, converting it answers (never panics) and
+            /// keeps the tensor limit.
+            #[test]
+            fn any_message_converts_or_is_refused(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+                let limits = TensorLimits { max_elements: 1000 };
+                if let Ok(message) = <ModelInferRequest as prost::Message>::decode(bytes.as_slice())
+                    && let Ok(valid) = parse_infer_request(message, limits)
+                {
+                    for input in valid.inputs {
+                        prop_assert!(input.shape.iter().product::<u64>() <= 1000);
+                    }
+                }
+            }
+
+            /// Typed contents of any shape: valid when they match it, refused when not.
+            #[test]
+            fn typed_contents_match_their_shape(values in proptest::collection::vec(any::<i64>(), 0..30), rows in 0i64..40) {
+                let input = model_infer_request::InferInputTensor {
+                    name: "x".into(),
+                    datatype: "INT64".into(),
+                    shape: vec![rows],
+                    contents: Some(InferTensorContents { int64_contents: values.clone(), ..Default::default() }),
+                    ..Default::default()
+                };
+                let message = ModelInferRequest { inputs: vec![input], ..Default::default() };
+                let parsed = parse_infer_request(message, TensorLimits { max_elements: 1000 });
+                prop_assert_eq!(parsed.is_ok(), values.len() as i64 == rows);
+            }
+        }
+    }
 }

@@ -578,4 +578,37 @@ mod tests {
         let json = serde_json::to_string(&encode_output(tensor)).expect("serializes");
         assert!(json.contains("[0.1]"), "{json}");
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Whatever the body, parsing answers (never panics) and keeps the limits.
+            #[test]
+            fn any_body_parses_or_is_refused(body in proptest::collection::vec(any::<u8>(), 0..512), split in 0usize..600) {
+                let length = (split < body.len()).then_some(split);
+                if let Ok(parsed) = parse_infer_request(&body, length, LIMITS) {
+                    for input in parsed.request.inputs {
+                        prop_assert!(input.shape.iter().product::<u64>() <= LIMITS.max_elements);
+                    }
+                }
+            }
+
+            /// Tensors written as JSON come back with the same bytes, flat or nested.
+            #[test]
+            fn json_tensors_round_trip(values in proptest::collection::vec(-1e6f32..1e6, 1..40), nested in any::<bool>()) {
+                let data: Value = if nested && values.len() % 2 == 0 {
+                    Value::from(values.chunks(2).map(|c| Value::from(c.to_vec())).collect::<Vec<_>>())
+                } else {
+                    Value::from(values.clone())
+                };
+                let body = serde_json::json!({ "inputs": [{ "name": "x", "shape": [values.len()], "datatype": "FP32", "data": data }] });
+                let parsed = parse(&body.to_string()).expect("a valid request");
+                let expected: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                prop_assert_eq!(&parsed.inputs[0].payload, &Payload::Fixed(expected));
+            }
+        }
+    }
 }

@@ -9,7 +9,8 @@ pub fn decode(datatype: Datatype, elements: u64, bytes: &[u8], name: &str) -> Re
     match datatype {
         Datatype::Fixed(_) => Ok(Payload::Fixed(bytes.to_vec())),
         Datatype::Bytes => {
-            let mut items = Vec::with_capacity(elements.min(1 << 20) as usize);
+            // Never more than the bytes could hold: a declared count alone allocates nothing.
+            let mut items = Vec::with_capacity(elements.min(bytes.len() as u64 / 4) as usize);
             let mut rest = bytes;
             while !rest.is_empty() {
                 let Some((length, tail)) = rest.split_first_chunk::<4>() else {
@@ -61,5 +62,24 @@ mod tests {
     fn truncated_bytes_are_refused_with_a_reason() {
         assert!(decode(Datatype::Bytes, 1, &[5, 0, 0, 0, b'a'], "t").expect_err("short").contains("declares 5 bytes"));
         assert!(decode(Datatype::Bytes, 1, &[5, 0], "t").expect_err("cut").contains("length prefix"));
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Binary tensors decode to what was encoded, and any bytes decode or are refused.
+            #[test]
+            fn binary_tensors_round_trip(elements in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..20), 0..20), raw in proptest::collection::vec(any::<u8>(), 0..200)) {
+                let payload = Payload::Bytes(elements.clone());
+                let decoded = decode(Datatype::Bytes, elements.len() as u64, &encode(&payload), "x");
+                prop_assert_eq!(decoded, Ok(payload));
+                for datatype in [Datatype::Bytes, Datatype::Fixed(crate::nn::tensor::ElementType::F32), Datatype::Fixed(crate::nn::tensor::ElementType::Bool)] {
+                    let _ = decode(datatype, raw.len() as u64 / 2, &raw, "x");
+                }
+            }
+        }
     }
 }

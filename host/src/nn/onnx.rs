@@ -377,4 +377,43 @@ mod tests {
         let shown = shorten(&name);
         assert!(shown.starts_with("line?break") && shown.ends_with('…') && shown.chars().count() <= 65, "{shown}");
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A graph `depth` control-flow levels deep whose innermost constant may be external.
+        fn nested(depth: usize, external_at_bottom: bool) -> GraphProto {
+            let bottom = if external_at_bottom { external("deep", "f") } else { embedded("deep") };
+            let mut graph = GraphProto { nodes: vec![constant(bottom)], ..Default::default() };
+            for _ in 0..depth {
+                let attribute = AttributeProto { graph: Some(graph), ..Default::default() };
+                graph = GraphProto {
+                    nodes: vec![NodeProto {
+                        name: b"if".to_vec(),
+                        op_type: b"If".to_vec(),
+                        attributes: vec![attribute],
+                    }],
+                    ..Default::default()
+                };
+            }
+            graph
+        }
+
+        proptest! {
+            /// Any bytes are a model or not; the walk never panics.
+            #[test]
+            fn any_bytes_are_read_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+                let _ = file_references(&bytes);
+            }
+
+            /// An external tensor is found however deep in nested graphs it hides.
+            #[test]
+            fn external_data_is_found_at_any_depth(depth in 0usize..20, external in any::<bool>()) {
+                let found = file_references(&model(nested(depth, external))).expect("decodes");
+                prop_assert_eq!(found.len(), usize::from(external));
+            }
+        }
+    }
 }

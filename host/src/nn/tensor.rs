@@ -273,4 +273,25 @@ mod tests {
         let b = f32s(vec![1, 3], &[1.0, 2.0, 3.0]);
         assert!(Tensor::concat_rows(&[&a, &b]).is_none());
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            /// Rows stacked into a batch split back into the same tensors.
+            #[test]
+            fn rows_stack_and_split_back(rows in proptest::collection::vec(1usize..5, 1..6), width in 1usize..4) {
+                let parts: Vec<Tensor> = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &r)| Tensor::new(ElementType::F32, vec![r, width], vec![i as u8; r * width * 4]).expect("valid"))
+                    .collect();
+                let stacked = Tensor::concat_rows(&parts.iter().collect::<Vec<_>>()).expect("same width");
+                prop_assert_eq!(stacked.rows(), rows.iter().sum::<usize>());
+                prop_assert_eq!(stacked.split_rows(&rows).expect("splits"), parts);
+            }
+        }
+    }
 }

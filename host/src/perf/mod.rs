@@ -47,6 +47,8 @@ pub struct PerfConfig {
     pub duration: Duration,
     pub tenants: Vec<TenantLoad>,
     pub alternate: Option<Alternate>,
+    /// Also report how long failed requests took to get their error.
+    pub refusals: bool,
 }
 
 /// A tenant that sends only in every other `period` of the measured window.
@@ -194,9 +196,18 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
         config.duration,
         Report::header()
     );
-    for (report, window) in reports {
-        text += &report.lock().await.row(window);
+    for (report, window) in &reports {
+        text += &report.lock().await.row(*window);
         text.push('\n');
+    }
+    if config.refusals {
+        text += "\nFailed requests, until their error:\n\n| tenant | failed | p50 | p99 | max |\n| --- | --- | --- | --- | --- |\n";
+        for (report, _) in &reports {
+            if let Some(row) = report.lock().await.refusal_row() {
+                text += &row;
+                text.push('\n');
+            }
+        }
     }
     Ok(text)
 }

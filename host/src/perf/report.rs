@@ -18,18 +18,41 @@ pub struct Report {
     tenant: String,
     latencies: Vec<Duration>,
     errors: BTreeMap<String, u64>,
+    /// How long the failed requests took to get their error (a refusal must be quick).
+    refused: Vec<Duration>,
 }
 
 impl Report {
     pub fn new(tenant: &str) -> Self {
-        Self { tenant: tenant.to_string(), latencies: Vec::new(), errors: BTreeMap::new() }
+        Self { tenant: tenant.to_string(), latencies: Vec::new(), errors: BTreeMap::new(), refused: Vec::new() }
     }
 
     pub fn record(&mut self, outcome: Outcome) {
         match outcome.error {
             None => self.latencies.push(outcome.latency),
-            Some(error) => *self.errors.entry(error).or_default() += 1,
+            Some(error) => {
+                *self.errors.entry(error).or_default() += 1;
+                self.refused.push(outcome.latency);
+            }
         }
+    }
+
+    /// The row of the failed requests' latencies (`--refusals`), when there were any.
+    pub fn refusal_row(&mut self) -> Option<String> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        self.refused.sort();
+        let at = |p: f64| self.refused[((self.refused.len() as f64 - 1.0) * p).round() as usize];
+        let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
+        Some(format!(
+            "| {} | {} | {} | {} | {} |",
+            self.tenant,
+            self.refused.len(),
+            ms(at(0.5)),
+            ms(at(0.99)),
+            ms(*self.refused.last().unwrap_or(&Duration::ZERO))
+        ))
     }
 
     pub fn header() -> &'static str {

@@ -375,3 +375,26 @@ pub struct TensorMetadata {
     pub datatype: String,
     pub shape: Vec<i64>,
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Any text is a manifest or a parse error naming why; never a panic.
+        #[test]
+        fn any_text_parses_or_is_refused(text in "\\PC{0,300}") {
+            let _ = toml::from_str::<TenantManifest>(&text);
+        }
+
+        /// Manifest-shaped text with random quota values: parsed exactly or refused.
+        #[test]
+        fn quotas_parse_exactly(memory in 0u64..1_000_000, rate in 0u32..100_000) {
+            let text = format!("guest_memory_mib = {memory}\nmax_requests_per_second = {rate}\n");
+            let quotas: Quotas = toml::from_str(&text).expect("valid quotas");
+            prop_assert_eq!((quotas.guest_memory_mib, quotas.max_requests_per_second), (memory, rate));
+        }
+    }
+}
