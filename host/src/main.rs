@@ -152,10 +152,12 @@ struct ServeArgs {
     admin_token: Option<String>,
     /// Client connections open at once across the HTTP and gRPC ports; past it a new one is
     /// closed at once (lowered to what the descriptor limit allows).
-    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 4096)]
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 16384)]
     max_connections: usize,
-    /// Client connections open at once from one IP address.
-    #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 1024)]
+    /// Client connections open at once from one IP address. Below what one busy client (a
+    /// load balancer) holds, refused connections come back as reconnects, which cost more than
+    /// the 503s the waiting room answers (BENCHMARKS.md, soak).
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 4096)]
     max_connections_per_client: usize,
     /// Milliseconds a client has to send a request's line and headers, and that an idle
     /// HTTP connection stays open waiting for the next request.

@@ -234,3 +234,19 @@ async fn spinning_guests_are_time_sliced_with_other_tenants() {
         assert_eq!(spinner.await.expect("joined"), 504, "each spinner still ends at its own deadline");
     }
 }
+
+#[tokio::test]
+async fn every_instance_slot_in_use_is_overload_not_a_guest_failure() {
+    let tenants = tenants("guest_deadline_ms = 5000");
+    let server = std::sync::Arc::new(Server::start(tenants.path(), &["--max-instances", "1"]));
+    let sleeper = {
+        let server = server.clone();
+        tokio::spawn(async move { server.infer("hostile", EVIL, &mode("sleep", json!({ "ms": "1000" }))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = server.infer("digits", VICTIM, &image_request(&heldout_digits()[1].0, &[1, 64])).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(error_message(&body).contains("instance slots"), "{body}");
+    assert_eq!(sleeper.await.expect("joined").0, 200);
+    assert_eq!(victim_http(&server).await.0, 200, "the slot is free again");
+}

@@ -169,6 +169,7 @@ impl From<GuestError> for ApiError {
             GuestError::Internal(_) | GuestError::Trap(_) => ErrorKind::GuestFailure,
             GuestError::Deadline { .. } => ErrorKind::DeadlineExceeded,
             GuestError::OutOfMemory { .. } | GuestError::StackOverflow => ErrorKind::GuestResource,
+            GuestError::NoInstanceSlot { .. } => ErrorKind::Overloaded,
         };
         Self::new(kind, error.to_string())
     }

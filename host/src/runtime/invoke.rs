@@ -44,6 +44,8 @@ pub enum GuestError {
     Trap(String),
     #[error("{0}")]
     Queue(ComputeError),
+    #[error("the server is at capacity: all {slots} component instance slots are in use; retry later")]
+    NoInstanceSlot { slots: u32 },
 }
 
 impl GuestError {
@@ -55,7 +57,11 @@ impl GuestError {
             Self::OutOfMemory { .. } => Some("out_of_memory"),
             Self::StackOverflow => Some("stack_overflow"),
             Self::Trap(_) => Some("trap"),
-            Self::InvalidInput(_) | Self::Model(_) | Self::Internal(_) | Self::Queue(_) => None,
+            Self::InvalidInput(_)
+            | Self::Model(_)
+            | Self::Internal(_)
+            | Self::Queue(_)
+            | Self::NoInstanceSlot { .. } => None,
         }
     }
 }
@@ -112,6 +118,11 @@ impl Runtime {
 }
 
 fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) -> GuestError {
+    // Every pool slot taken is the server's capacity, not the guest's fault.
+    if let Some(limit) = error.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
+        let slots = limit.to_string().split_whitespace().find_map(|word| word.parse().ok()).unwrap_or(0);
+        return GuestError::NoInstanceSlot { slots };
+    }
     if state.limiter.memory_refused {
         return GuestError::OutOfMemory { mib: state.limiter.memory_bytes >> 20 };
     }

@@ -38,7 +38,7 @@ pub struct ConnectionSettings {
 
 impl Default for ConnectionSettings {
     fn default() -> Self {
-        Self { max_connections: 4096, max_per_client: 1024, header_timeout: Duration::from_secs(10) }
+        Self { max_connections: 16384, max_per_client: 4096, header_timeout: Duration::from_secs(10) }
     }
 }
 

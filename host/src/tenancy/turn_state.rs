@@ -91,6 +91,29 @@ impl<W> TurnState<W> {
         !self.lanes.is_empty()
     }
 
+    /// About how many turns go to others before a new request of `tenant` gets one (zero
+    /// when a turn is free): round robin gives each waiting tenant its weight's worth per
+    /// round, so the tenant's own line, scaled by the active weight over its own, bounded by
+    /// everything waiting. With the rate turns pass hands this predicts the new request's wait.
+    /// Also whether the tenant already holds more than its weighted share of the line.
+    pub fn ahead_of(&self, tenant: &Arc<str>, weight: u32) -> (usize, bool) {
+        if self.busy < self.slots {
+            return (0, false);
+        }
+        let weight = u64::from(weight.max(1));
+        let (mut total, mut active_weight) = (0u64, weight);
+        for (other, lane) in &self.lanes {
+            total += (lane.resuming.len() + lane.waiters.len()) as u64;
+            if other != tenant {
+                active_weight += lane.weight;
+            }
+        }
+        let own = self.lanes.get(tenant).map_or(0, |lane| (lane.resuming.len() + lane.waiters.len()) as u64);
+        let ahead = ((own + 1) * active_weight).div_ceil(weight).saturating_sub(1).min(total);
+        let over_share = active_weight > weight && (own + 1) * active_weight > total.max(1) * weight;
+        (usize::try_from(ahead).unwrap_or(usize::MAX), over_share)
+    }
+
     /// A new request of `tenant` (with its weight) arrives.
     pub fn arrive(&mut self, tenant: &Arc<str>, weight: u32, waiter: W) -> Arrival<W> {
         if self.busy < self.slots {
@@ -214,6 +237,25 @@ mod tests {
 
     fn tenant(name: &str) -> Arc<str> {
         name.into()
+    }
+
+    #[test]
+    fn the_line_ahead_of_a_new_request_follows_the_round_robin() {
+        let mut state = TurnState::new(1, 64);
+        let (a, b) = (tenant("a"), tenant("b"));
+        assert_eq!(state.ahead_of(&a, 1), (0, false), "a free turn: nobody ahead");
+        assert_eq!(state.arrive(&a, 1, 0), Arrival::Run);
+        for n in 1..=9 {
+            assert_eq!(state.arrive(&a, 1, n), Arrival::Wait);
+        }
+        // b alone in its lane: it is served after at most one of a's.
+        assert_eq!(state.ahead_of(&b, 1), (1, false));
+        // a's new request waits behind a's nine, and a holds more than its share.
+        assert_eq!(state.ahead_of(&a, 1), (9, false), "alone, a is not over a share");
+        assert_eq!(state.arrive(&b, 1, 100), Arrival::Wait);
+        assert_eq!(state.ahead_of(&a, 1), (10, true));
+        // A heavier b (weight 3): its second request waits behind its first and one of a's.
+        assert_eq!(state.ahead_of(&b, 3), (2, false));
     }
 
     #[test]

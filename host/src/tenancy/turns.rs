@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -29,12 +30,23 @@ struct Waiter {
 pub struct Turns {
     state: Mutex<TurnState<Waiter>>,
     next_id: AtomicU64,
+    /// While requests wait, how often a turn passes to the next one (a moving average, in
+    /// nanoseconds): with the line ahead of a new request it predicts the request's wait.
+    handoff_interval_ns: AtomicU64,
+    last_handoff_ns: AtomicU64,
+    origin: std::time::Instant,
 }
 
 impl Turns {
     /// `slots` turns (the CPUs the host works on); at most `max_waiting` requests wait.
     pub fn new(slots: usize, max_waiting: usize) -> Arc<Self> {
-        Arc::new(Self { state: Mutex::new(TurnState::new(slots, max_waiting)), next_id: AtomicU64::new(0) })
+        Arc::new(Self {
+            state: Mutex::new(TurnState::new(slots, max_waiting)),
+            next_id: AtomicU64::new(0),
+            handoff_interval_ns: AtomicU64::new(0),
+            last_handoff_ns: AtomicU64::new(0),
+            origin: std::time::Instant::now(),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, TurnState<Waiter>> {
@@ -42,11 +54,24 @@ impl Turns {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Wait for a turn for a new request of `tenant`, until `deadline`.
+    /// Wait for a turn for a new request of `tenant`, until `deadline`. A request that would
+    /// not get one before its deadline, at the rate turns pass hands now, is refused at once:
+    /// past capacity, refusing fast is what keeps the admitted requests within their deadline.
     pub async fn enter(self: &Arc<Self>, tenant: Arc<str>, weight: u32, deadline: Instant) -> Result<Turn, ApiError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (wake, woken) = oneshot::channel();
-        let arrival = self.lock().arrive(&tenant, weight, Waiter { id, wake });
+        let interval = Duration::from_nanos(self.handoff_interval_ns.load(Ordering::Relaxed));
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let arrival = {
+            let mut state = self.lock();
+            let (ahead, over_share) = state.ahead_of(&tenant, weight);
+            let predicted = interval.saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX));
+            if ahead > 0 && predicted > budget {
+                drop(state);
+                return Err(too_late(&tenant, over_share, predicted, budget));
+            }
+            state.arrive(&tenant, weight, Waiter { id, wake })
+        };
         match arrival {
             Arrival::Run => {
                 let turn = Turn::held(self.clone(), tenant, weight);
@@ -91,10 +116,44 @@ impl Turns {
         loop {
             let Some(next) = self.lock().release() else { return };
             if next.wake.send(Wake::Run).is_ok() {
+                self.handed_off();
                 return;
             }
             // That waiter's request has gone: pass the turn on.
         }
+    }
+
+    /// A turn passed to a waiting request: fold the time since the last such pass into the
+    /// average (gaps of a second or more are idle time, not the rate of work).
+    fn handed_off(&self) {
+        let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let last = self.last_handoff_ns.swap(now, Ordering::Relaxed);
+        let interval = now.saturating_sub(last);
+        if last == 0 || interval >= 1_000_000_000 {
+            return;
+        }
+        let average = self.handoff_interval_ns.load(Ordering::Relaxed);
+        let updated = if average == 0 { interval } else { average - average / 16 + interval / 16 };
+        self.handoff_interval_ns.store(updated, Ordering::Relaxed);
+    }
+}
+
+/// A request refused because the line ahead of it would outlast its deadline.
+fn too_late(tenant: &str, over_share: bool, predicted: Duration, budget: Duration) -> ApiError {
+    let wait = format!(
+        "a new request would wait about {} ms for the server to start it, past its remaining {} ms",
+        predicted.as_millis(),
+        budget.as_millis()
+    );
+    if over_share {
+        ApiError::new(
+            ErrorKind::QuotaExceeded,
+            format!(
+                "the server is at capacity and tenant '{tenant}' holds more than its share of it: {wait}; retry later"
+            ),
+        )
+    } else {
+        ApiError::new(ErrorKind::Overloaded, format!("the server is at capacity: {wait}; retry later"))
     }
 }
 
@@ -309,6 +368,34 @@ mod tests {
         other.await.expect("joined");
         drop(spinner);
         assert_eq!(turns.lock().busy(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_that_would_wait_past_its_deadline_is_refused_at_once() {
+        let turns = Turns::new(1, 64);
+        let _held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        let waiting: Vec<_> = (0..5)
+            .map(|_| {
+                let turns = turns.clone();
+                tokio::spawn(async move { turns.enter("a".into(), 1, far()).await.map(drop) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Turns pass every 100 ms: b is second in line (one of a's goes first), a's sixth.
+        turns.handoff_interval_ns.store(100_000_000, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let soon = Instant::now() + Duration::from_millis(150);
+        let refused = turns.enter("a".into(), 1, soon).await.err().expect("500 ms of line, 150 ms of deadline");
+        assert!(started.elapsed() < Duration::from_millis(20), "refused at once");
+        assert_eq!(refused.kind, ErrorKind::Overloaded, "{}", refused.message);
+        assert!(refused.message.contains("would wait about 500 ms"), "{}", refused.message);
+        let b = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("b".into(), 1, Instant::now() + Duration::from_millis(150)).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!b.is_finished(), "b's wait fits its deadline: it waits");
+        drop(waiting);
     }
 
     #[tokio::test]
