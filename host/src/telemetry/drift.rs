@@ -666,4 +666,17 @@ mod tests {
         assert_eq!((report.status, report.reference_rows, report.window_rows), ("ready", 1000, 2000));
         assert_eq!(report.level, "none", "{report:?}");
     }
+
+    #[test]
+    fn samples_waiting_for_the_drift_thread_are_bounded_in_bytes() {
+        let monitor = DriftMonitor::new(settings(1000, 2000));
+        // 200 samples of 1 MiB offered at once: at most QUEUE_BYTES of them wait.
+        let sample = || {
+            vec![("X".to_string(), Tensor::new(ElementType::U8, vec![1, 1 << 20], vec![0; 1 << 20]).expect("valid"))]
+        };
+        for _ in 0..200 {
+            monitor.offer(sample(), Vec::new());
+            assert!(pending().bytes.load(Ordering::Relaxed) <= QUEUE_BYTES);
+        }
+    }
 }
