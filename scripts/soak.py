@@ -11,7 +11,8 @@
 
 Prints Markdown for BENCHMARKS.md and exits non-zero when a bound does not hold. Needs the
 release build and the test guests (`cargo build --release` builds both) and, for ONNX
-Runtime, ./.venv from the tests. The server runs on CPU 0, the load on CPU 1 when there are two.
+Runtime, ./.venv from the tests. The server runs on CPU 0, the load on CPU 1 when there are two;
+SOAK_SERVER_ARGS adds `sluice serve` options (say `--io-poll-interval 16`).
 """
 
 import glob
@@ -88,7 +89,8 @@ class Server:
 
     def start(self):
         command = [SLUICE, "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
-                   "--tenants", self.tenants, "--data-dir", self.data] + onnxruntime_args()
+                   "--tenants", self.tenants, "--data-dir", self.data] + onnxruntime_args() + \
+            os.environ.get("SOAK_SERVER_ARGS", "").split()
         if TWO_CPUS:
             command = ["taskset", "-c", "0"] + command
         log = open(os.path.join(os.path.dirname(self.data), "server.log"), "ab")
@@ -100,6 +102,8 @@ class Server:
                 raise RuntimeError(f"the server exited ({self.process.wait()}); see {log.name}")
             if line.startswith("listening on "):
                 self.base = line.split()[-1]
+            if line.startswith("metrics listening on "):
+                self.metrics = line.split()[-1]
             if line.startswith("grpc listening on "):
                 return self
         raise RuntimeError("the server did not start in 120 s")
@@ -178,9 +182,9 @@ def overload(server, capacity, factor, seconds):
             stop.wait(1.0)
 
     def probe():
-        # From another address (127.0.0.2), as a load balancer's or kubelet's probe would come:
-        # the load generator's own connections are capped per client address.
-        host, port = server.base.removeprefix("http://").rsplit(":", 1)
+        # On the metrics port, whose thread is its own, and from another address (127.0.0.2),
+        # as a kubelet's probe would come (the load's connections are capped per address).
+        host, port = server.metrics.removeprefix("http://").rsplit(":", 1)
         while not stop.is_set():
             started = time.perf_counter()
             try:

@@ -116,7 +116,7 @@ async fn uploads_past_a_storage_quota_get_507_and_store_nothing() {
 }
 
 #[tokio::test]
-async fn the_metrics_port_can_require_a_token() {
+async fn the_metrics_port_can_require_a_token_and_answers_health_without_one() {
     let tenants = tenants("");
     let server = Server::start(tenants.path(), &["--metrics-token", "scrape-secret"]);
     let url = format!("{}/metrics", server.metrics.as_ref().expect("metrics"));
@@ -126,4 +126,9 @@ async fn the_metrics_port_can_require_a_token() {
     let response = client.get(&url).bearer_auth("scrape-secret").send().await.expect("reaches");
     assert_eq!(response.status(), 200);
     assert!(response.text().await.expect("text").contains("sluice_"), "the metrics");
+    // Health is there too, for probes, and needs no token.
+    let health = format!("{}/v2/health/ready", server.metrics.as_ref().expect("metrics"));
+    let response = client.get(&health).send().await.expect("reaches");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.json::<serde_json::Value>().await.expect("json"), json!({ "ready": true }));
 }

@@ -2,11 +2,15 @@
 //! status code and a bounded `kind` label. Messages say what failed and how to fix it; the
 //! same failure reads the same over every protocol.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::nn::scheduler::ComputeError;
 use crate::runtime::GuestError;
+use crate::telemetry::rate::TokenBucket;
+use crate::tenancy::TenancyError;
 
 /// Error kinds, each with one status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +164,24 @@ impl From<ComputeError> for ApiError {
     }
 }
 
+impl From<TenancyError> for ApiError {
+    fn from(error: TenancyError) -> Self {
+        let kind = match &error {
+            TenancyError::MissingKey | TenancyError::MalformedKey | TenancyError::UnknownKey => {
+                ErrorKind::Unauthenticated
+            }
+            TenancyError::TooManyInFlight { .. } => ErrorKind::QuotaExceeded,
+            TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } if error.is_over_share() => {
+                ErrorKind::QuotaExceeded
+            }
+            TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } => ErrorKind::Overloaded,
+            TenancyError::DeadlineWaiting => ErrorKind::DeadlineExceeded,
+            TenancyError::NoAdmissionState { .. } | TenancyError::TurnLost => ErrorKind::Internal,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
 impl From<GuestError> for ApiError {
     fn from(error: GuestError) -> Self {
         let kind = match &error {
@@ -181,11 +203,29 @@ impl From<ApiError> for tonic::Status {
     }
 }
 
+/// Server-side failures logged a second, at most, with a burst: under overload every
+/// refusal is a 503, and a line for each would cost more than the refusal and fill the disk.
+/// Every failure is still counted in `sluice_requests_total`.
+const FAILURE_LINES_PER_SECOND: f64 = 20.0;
+const FAILURE_LINES_BURST: f64 = 200.0;
+
+fn log_failure(error: &ApiError) {
+    static ALLOWANCE: std::sync::LazyLock<TokenBucket> =
+        std::sync::LazyLock::new(|| TokenBucket::new(FAILURE_LINES_PER_SECOND, FAILURE_LINES_BURST));
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    if ALLOWANCE.take(1.0, std::time::Instant::now()).is_err() {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let suppressed = SUPPRESSED.swap(0, Ordering::Relaxed);
+    let error_text = crate::telemetry::text::escape_controls(&error.message);
+    tracing::warn!(kind = error.kind.label(), error = %error_text, suppressed, "request failed");
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.kind.status().is_server_error() {
-            let error = crate::telemetry::text::escape_controls(&self.message);
-            tracing::warn!(kind = self.kind.label(), %error, "request failed");
+            log_failure(&self);
         }
         let mut response =
             (self.kind.status(), axum::Json(serde_json::json!({ "error": self.message }))).into_response();

@@ -71,7 +71,7 @@ pub(super) fn authenticate(state: &ServingState, headers: &HeaderMap) -> Result<
 /// metadata).
 pub fn tenant_for_key(state: &ServingState, authorization: Option<&str>) -> Result<Arc<TenantState>, ApiError> {
     let key = crate::tenancy::bearer_key(authorization)?;
-    state.authenticate(key).ok_or_else(crate::tenancy::unknown_key)
+    state.authenticate(key).ok_or_else(|| crate::tenancy::TenancyError::UnknownKey.into())
 }
 
 /// The body length a request declares (`Content-Length`), if it declares one.

@@ -1,5 +1,7 @@
 //! The metrics port: `GET /metrics` in the Prometheus text format (Triton's port 8002 by
-//! default), apart from the inference ports so that scrapes never queue behind requests.
+//! default), and the health endpoints again (`/v2/health/live`, `/v2/health/ready`), apart
+//! from the inference ports and on a thread of their own, so that scrapes and probes never
+//! queue behind requests.
 //! With a metrics token set, a scrape must send it (`Authorization: Bearer <token>`, as
 //! Prometheus' `authorization` scrape setting does); without it, the port is open.
 
@@ -14,7 +16,11 @@ use crate::telemetry::metrics::metrics;
 /// `token`: the scrape token, when the port requires one.
 pub fn router(token: Option<&str>) -> axum::Router {
     let digest = token.map(|t| Sha256::digest(t.as_bytes()).to_vec());
-    axum::Router::new().route("/metrics", get(scrape)).with_state(digest)
+    axum::Router::new()
+        .route("/metrics", get(scrape))
+        .route("/v2/health/live", get(|| async { axum::Json(serde_json::json!({ "live": true })) }))
+        .route("/v2/health/ready", get(|| async { axum::Json(serde_json::json!({ "ready": true })) }))
+        .with_state(digest)
 }
 
 async fn scrape(State(digest): State<Option<Vec<u8>>>, headers: HeaderMap) -> Response {

@@ -153,33 +153,34 @@ pub async fn run(config: PerfConfig) -> anyhow::Result<String> {
             Some(rate) => {
                 let interval = Duration::from_secs_f64(1.0 / rate.max(0.001));
                 let (request, sink, key) = (request.clone(), sink.clone(), tenant.key.clone());
-                let runtime = tokio::runtime::Handle::current();
-                // Requests leave on a thread of their own that sleeps to each send time: the
-                // async runtime's timers tick in milliseconds and would send in bursts.
-                let pacer = tokio::task::spawn_blocking(move || {
-                    let mut inflight = Vec::new();
+                tasks.push(tokio::spawn(async move {
+                    // Each timer tick (tokio's tick in milliseconds) sends every request due
+                    // by then, from the runtime itself: a pacer thread that slept to each send
+                    // time and handed each request over cost a wake-up per request, more CPU
+                    // than the request, so the generator could not offer what it was asked.
+                    let mut inflight = tokio::task::JoinSet::new();
                     let mut next = Instant::now();
                     while next < stop_at {
-                        if let Some(phases) = own_phases.filter(|phases| !phases.is_on(next)) {
-                            next = phases.next_on(next);
-                            continue;
-                        }
-                        std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                        let (client, request, sink, key) = (client.clone(), request.clone(), sink.clone(), key.clone());
-                        inflight.push(runtime.spawn(async move {
-                            let outcome: Outcome = client.infer(&request, key.as_deref()).await;
-                            if outcome.started >= measure_from && outcome.started <= stop_at {
-                                sink.record(outcome).await;
+                        let now = Instant::now();
+                        while next <= now && next < stop_at {
+                            if let Some(phases) = own_phases.filter(|phases| !phases.is_on(next)) {
+                                next = phases.next_on(next);
+                                continue;
                             }
-                        }));
-                        next += interval;
+                            let (client, request, sink, key) =
+                                (client.clone(), request.clone(), sink.clone(), key.clone());
+                            inflight.spawn(async move {
+                                let outcome: Outcome = client.infer(&request, key.as_deref()).await;
+                                if outcome.started >= measure_from && outcome.started <= stop_at {
+                                    sink.record(outcome).await;
+                                }
+                            });
+                            next += interval;
+                        }
+                        while inflight.try_join_next().is_some() {}
+                        tokio::time::sleep_until(next.min(stop_at).into()).await;
                     }
-                    inflight
-                });
-                tasks.push(tokio::spawn(async move {
-                    for task in pacer.await.unwrap_or_default() {
-                        let _ = task.await;
-                    }
+                    while inflight.join_next().await.is_some() {}
                 }));
             }
         }

@@ -74,15 +74,11 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     println!("listening on http://{http_address}");
     match config.metrics {
         Some(address) => {
-            let listener =
-                TcpListener::bind(address).await.with_context(|| format!("cannot listen on {address} for metrics"))?;
+            let listener = std::net::TcpListener::bind(address)
+                .with_context(|| format!("cannot listen on {address} for metrics"))?;
             println!("metrics listening on http://{}", listener.local_addr()?);
             let router = crate::api::metrics::router(config.metrics_token.as_deref());
-            tokio::spawn(async move {
-                if let Err(err) = axum::serve(listener, router).await {
-                    tracing::error!(error = %err, "the metrics server stopped");
-                }
-            });
+            serve_beside(listener, router).context("starting the metrics thread")?;
         }
         None => crate::telemetry::metrics::metrics().set_enabled(false),
     }
@@ -128,6 +124,25 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     });
     let ((), grpc_result) = tokio::join!(http_server, grpc_server);
     grpc_result.context("gRPC server failed")?;
+    Ok(())
+}
+
+/// Serve the metrics port (metrics and health) on a thread and runtime of its own, so that
+/// scrapes and health probes answer at once even while the serving runtime is saturated.
+fn serve_beside(listener: std::net::TcpListener, router: axum::Router) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("sluice-metrics".to_string()).spawn(move || {
+        runtime.block_on(async move {
+            let served = match TcpListener::from_std(listener) {
+                Ok(listener) => axum::serve(listener, router).await,
+                Err(err) => Err(err),
+            };
+            if let Err(err) = served {
+                tracing::error!(error = %err, "the metrics server stopped");
+            }
+        });
+    })?;
     Ok(())
 }
 

@@ -1,35 +1,27 @@
 //! Tenancy: who is calling (API-key authentication) and whether they may start another
 //! request now (per-tenant concurrency admission), and fair turns on the host CPU.
 
+mod error;
 pub mod turn_state;
 pub mod turns;
+
+pub use error::TenancyError;
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::api::error::{ApiError, ErrorKind};
 use crate::registry::ids::TenantId;
 
 /// The key from an `Authorization: Bearer <key>` header value.
-pub fn bearer_key(authorization: Option<&str>) -> Result<&str, ApiError> {
-    let value = authorization.ok_or_else(|| {
-        ApiError::new(ErrorKind::Unauthenticated, "missing API key: send 'Authorization: Bearer <tenant key>'")
-    })?;
+pub fn bearer_key(authorization: Option<&str>) -> Result<&str, TenancyError> {
+    let value = authorization.ok_or(TenancyError::MissingKey)?;
     let (scheme, key) = value.trim().split_once(' ').unwrap_or((value, ""));
     if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
-        return Err(ApiError::new(
-            ErrorKind::Unauthenticated,
-            "malformed Authorization header: expected 'Bearer <tenant key>'",
-        ));
+        return Err(TenancyError::MalformedKey);
     }
     Ok(key.trim())
-}
-
-/// The error for a key no tenant owns.
-pub fn unknown_key() -> ApiError {
-    ApiError::new(ErrorKind::Unauthenticated, "invalid API key")
 }
 
 /// Per-tenant limits on requests in flight.
@@ -54,19 +46,14 @@ impl Admission {
     }
 
     /// A permit for one request; dropping it frees the slot.
-    pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, ApiError> {
+    pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, TenancyError> {
         let in_flight = self.in_flight.read().unwrap_or_else(PoisonError::into_inner);
-        let (semaphore, max) = in_flight
-            .get(tenant)
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, format!("tenant '{tenant}' has no admission state")))?;
-        semaphore.clone().try_acquire_owned().map_err(|_| {
-            ApiError::new(
-                ErrorKind::QuotaExceeded,
-                format!(
-                    "tenant '{tenant}' already has {max} requests in flight (max_concurrent_requests); retry later"
-                ),
-            )
-        })
+        let (semaphore, max) =
+            in_flight.get(tenant).ok_or_else(|| TenancyError::NoAdmissionState { tenant: tenant.to_string() })?;
+        semaphore
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| TenancyError::TooManyInFlight { tenant: tenant.to_string(), max: *max })
     }
 }
 
@@ -78,9 +65,9 @@ mod tests {
     fn parses_bearer_keys() {
         assert_eq!(bearer_key(Some("Bearer abc")).expect("valid"), "abc");
         assert_eq!(bearer_key(Some("bearer  abc ")).expect("valid"), "abc");
-        assert_eq!(bearer_key(None).expect_err("missing").kind, ErrorKind::Unauthenticated);
-        assert_eq!(bearer_key(Some("Basic abc")).expect_err("scheme").kind, ErrorKind::Unauthenticated);
-        assert_eq!(bearer_key(Some("Bearer")).expect_err("empty").kind, ErrorKind::Unauthenticated);
+        assert_eq!(bearer_key(None), Err(TenancyError::MissingKey));
+        assert_eq!(bearer_key(Some("Basic abc")), Err(TenancyError::MalformedKey));
+        assert_eq!(bearer_key(Some("Bearer")), Err(TenancyError::MalformedKey));
     }
 
     #[test]
@@ -89,7 +76,7 @@ mod tests {
         let globex = TenantId::new("globex").expect("valid id");
         let admission = Admission::new([(acme.clone(), 1), (globex.clone(), 1)]);
         let held = admission.admit(&acme).expect("first is admitted");
-        assert_eq!(admission.admit(&acme).expect_err("second waits").kind, ErrorKind::QuotaExceeded);
+        assert!(matches!(admission.admit(&acme), Err(TenancyError::TooManyInFlight { max: 1, .. })), "second waits");
         assert!(admission.admit(&globex).is_ok(), "another tenant is unaffected");
         drop(held);
         assert!(admission.admit(&acme).is_ok(), "a finished request frees its slot");

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::TenancyError;
 use super::turn_state::{Arrival, TurnState};
-use crate::api::error::{ApiError, ErrorKind};
 
 /// How a waiting request is woken.
 #[derive(Debug)]
@@ -57,7 +57,12 @@ impl Turns {
     /// Wait for a turn for a new request of `tenant`, until `deadline`. A request that would
     /// not get one before its deadline, at the rate turns pass hands now, is refused at once:
     /// past capacity, refusing fast is what keeps the admitted requests within their deadline.
-    pub async fn enter(self: &Arc<Self>, tenant: Arc<str>, weight: u32, deadline: Instant) -> Result<Turn, ApiError> {
+    pub async fn enter(
+        self: &Arc<Self>,
+        tenant: Arc<str>,
+        weight: u32,
+        deadline: Instant,
+    ) -> Result<Turn, TenancyError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (wake, woken) = oneshot::channel();
         let interval = Duration::from_nanos(self.handoff_interval_ns.load(Ordering::Relaxed));
@@ -102,12 +107,9 @@ impl Turns {
             }
             Ok(Err(_)) => {
                 waiting.settled = true;
-                Err(ApiError::new(ErrorKind::Internal, "the request's turn was lost"))
+                Err(TenancyError::TurnLost)
             }
-            Err(_elapsed) => Err(ApiError::new(
-                ErrorKind::DeadlineExceeded,
-                "the request's deadline passed while it waited for the server to start it",
-            )),
+            Err(_elapsed) => Err(TenancyError::DeadlineWaiting),
         }
     }
 
@@ -139,39 +141,12 @@ impl Turns {
 }
 
 /// A request refused because the line ahead of it would outlast its deadline.
-fn too_late(tenant: &str, over_share: bool, predicted: Duration, budget: Duration) -> ApiError {
-    let wait = format!(
-        "a new request would wait about {} ms for the server to start it, past its remaining {} ms",
-        predicted.as_millis(),
-        budget.as_millis()
-    );
-    if over_share {
-        ApiError::new(
-            ErrorKind::QuotaExceeded,
-            format!(
-                "the server is at capacity and tenant '{tenant}' holds more than its share of it: {wait}; retry later"
-            ),
-        )
-    } else {
-        ApiError::new(ErrorKind::Overloaded, format!("the server is at capacity: {wait}; retry later"))
-    }
+fn too_late(tenant: &str, over_share: bool, predicted: Duration, budget: Duration) -> TenancyError {
+    TenancyError::WaitTooLong { tenant: over_share.then(|| tenant.to_string()), predicted, budget }
 }
 
-fn refused(tenant: &str, over_share: bool) -> ApiError {
-    if over_share {
-        ApiError::new(
-            ErrorKind::QuotaExceeded,
-            format!(
-                "the server is at capacity and tenant '{tenant}' already has its share of the requests \
-                 waiting to start; retry later"
-            ),
-        )
-    } else {
-        ApiError::new(
-            ErrorKind::Overloaded,
-            "the server is at capacity: too many requests waiting to start; retry later",
-        )
-    }
+fn refused(tenant: &str, over_share: bool) -> TenancyError {
+    TenancyError::LineFull { tenant: over_share.then(|| tenant.to_string()) }
 }
 
 /// A request's place in line; dropped before its wake-up, it leaves the line, and a turn
@@ -309,7 +284,7 @@ mod tests {
             .await
             .err()
             .expect("b times out waiting");
-        assert_eq!(error.kind, ErrorKind::DeadlineExceeded);
+        assert_eq!(error, TenancyError::DeadlineWaiting);
         assert_eq!(turns.lock().waiting(), 0);
     }
 
@@ -387,8 +362,8 @@ mod tests {
         let soon = Instant::now() + Duration::from_millis(150);
         let refused = turns.enter("a".into(), 1, soon).await.err().expect("500 ms of line, 150 ms of deadline");
         assert!(started.elapsed() < Duration::from_millis(20), "refused at once");
-        assert_eq!(refused.kind, ErrorKind::Overloaded, "{}", refused.message);
-        assert!(refused.message.contains("would wait about 500 ms"), "{}", refused.message);
+        assert!(matches!(refused, TenancyError::WaitTooLong { tenant: None, .. }), "{refused}");
+        assert!(refused.to_string().contains("would wait about 500 ms"), "{refused}");
         let b = tokio::spawn({
             let turns = turns.clone();
             async move { turns.enter("b".into(), 1, Instant::now() + Duration::from_millis(150)).await.map(drop) }
@@ -410,7 +385,7 @@ mod tests {
             .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
         let refused = turns.enter("a".into(), 1, far()).await.err().expect("a's third waiter is refused");
-        assert_eq!(refused.kind, ErrorKind::Overloaded, "only one tenant waits: the server is full");
+        assert_eq!(refused, TenancyError::LineFull { tenant: None }, "only one tenant waits: the server is full");
         let light = tokio::spawn({
             let turns = turns.clone();
             async move { turns.enter("b".into(), 1, far()).await.map(|_| ()) }
@@ -420,10 +395,11 @@ mod tests {
         let mut kinds = Vec::new();
         for task in heavy {
             if let Err(error) = task.await.expect("joined") {
-                kinds.push(error.kind);
+                kinds.push(error);
             }
         }
-        assert_eq!(kinds, vec![ErrorKind::QuotaExceeded], "a's newest waiter made room for b");
+        let pushed_out = TenancyError::LineFull { tenant: Some("a".to_string()) };
+        assert_eq!(kinds, vec![pushed_out], "a's newest waiter made room for b");
         light.await.expect("joined").expect("b runs");
     }
 }
