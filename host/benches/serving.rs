@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph, Stop};
-use sluice::nn::host::NnCtx;
+use sluice::nn::host::{NnCtx, Unmetered};
 use sluice::nn::models::TenantModels;
 use sluice::nn::scheduler::Share;
 use sluice::nn::tensor::{ElementType, Tensor};
 use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
 use sluice::serve::{ServeConfig, build_state};
-use sluice::tenancy::turns::Turn;
 
 const SANDBOX_CALLS: usize = 10_000;
 const E2E_CALLS: usize = 2_000;
@@ -85,7 +84,7 @@ async fn sandbox_cost() -> anyhow::Result<()> {
                 deadline,
                 None,
                 64 << 20,
-                Turn::unmetered(),
+                Box::new(Unmetered),
             ),
             memory_bytes: 64 << 20,
             log: GuestLog::new("bench".into(), "echo".into(), "1".into(), 64 << 10, log_allowance.clone()),

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::error::{ApiError, ErrorKind};
 use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
-use crate::nn::host::{NnCtx, RawLoad};
+use crate::nn::host::{NnCtx, RawLoad, Unmetered};
 use crate::nn::models::LoadedModel;
 use crate::nn::scheduler::{ComputeError, Share};
 use crate::registry::Tenant;
@@ -410,7 +410,7 @@ async fn run_app(
         max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
     });
     let call = GuestCall {
-        nn: NnCtx::new(tenant.models.clone(), share.clone(), *deadline, raw_load, memory_bytes, turn),
+        nn: NnCtx::new(tenant.models.clone(), share.clone(), *deadline, raw_load, memory_bytes, Box::new(turn)),
         memory_bytes,
         log: guest_log(tenant, spec, app, &route.version),
         deadline: *deadline,
@@ -539,7 +539,7 @@ fn shadow_call(
     Box::new(move || {
         let deadline = Instant::now() + budget;
         GuestCall {
-            nn: NnCtx::new(models, share, deadline, None, memory_bytes, Turn::unmetered()),
+            nn: NnCtx::new(models, share, deadline, None, memory_bytes, Box::new(Unmetered)),
             memory_bytes,
             log,
             deadline,

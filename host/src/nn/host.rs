@@ -9,6 +9,8 @@
 //! Guest-visible failures (unknown model, bad tensor, overload) come back as `wasi:nn`
 //! errors; host faults and exhausted limits trap.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
@@ -17,8 +19,57 @@ use super::backend::Backend;
 use super::models::{LoadedModel, TenantModels};
 use super::scheduler::{ComputeError, QueueSettings, Share};
 use super::tensor::{ElementType, Tensor};
-use crate::runtime::bindings::wasi::nn::{errors, graph, inference, tensor};
-use crate::tenancy::turns::Turn;
+use bindings::wasi::nn::{errors, graph, inference, tensor};
+
+/// The `wasi:nn` bindings, generated here beside their implementation; the runtime's world
+/// reuses them (its bindgen's `with:`), so the two never import each other.
+pub(crate) mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit/deps/wasi-nn",
+        world: "wasi:nn/ml",
+        imports: {
+            // Where a guest waits for the batcher: async, so the wait is cancellable.
+            "wasi:nn/inference.[method]graph-execution-context.compute": async | trappable,
+            // Loading raw bytes builds a graph off the async runtime.
+            "wasi:nn/graph.load": async | trappable,
+            default: trappable,
+        },
+        with: {
+            "wasi:nn/tensor.tensor": super::HostTensor,
+            "wasi:nn/graph.graph": super::HostGraph,
+            "wasi:nn/inference.graph-execution-context": super::HostExecutionContext,
+            "wasi:nn/errors.error": super::HostError,
+        },
+    });
+}
+
+/// A request's hold on the host CPU, as the embedder shares it (tenancy's fair turns): given
+/// up while the request waits (a model queue, a graph build, a timer) and taken back after,
+/// and a long guest run's time slice ended so that others get the CPU.
+pub trait CpuTurn: Send {
+    /// Give the CPU up for a wait.
+    fn pause(&mut self);
+    /// Take it back after [`CpuTurn::pause`].
+    fn resume(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// End a time slice: when others wait, give the CPU up and return the wait for it to come
+    /// back; `None` keeps it.
+    fn end_slice(&mut self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>>;
+}
+
+/// A turn outside any accounting (shadow traffic, benchmarks and tools).
+pub struct Unmetered;
+
+impl CpuTurn for Unmetered {
+    fn pause(&mut self) {}
+
+    fn resume(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
+
+    fn end_slice(&mut self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        None
+    }
+}
 
 /// A guest-created tensor; checked against its shape when it reaches `compute`.
 pub struct HostTensor {
@@ -68,7 +119,7 @@ pub struct NnCtx {
     /// the guest then fails.
     pub queue_failure: Option<ComputeError>,
     /// The request's CPU turn, given up while it waits for a model.
-    pub turn: Turn,
+    pub turn: Box<dyn CpuTurn>,
 }
 
 /// What a tenant allowed to load raw bytes may use.
@@ -84,7 +135,7 @@ impl NnCtx {
         deadline: tokio::time::Instant,
         raw_load: Option<RawLoad>,
         tensor_bytes_limit: usize,
-        turn: Turn,
+        turn: Box<dyn CpuTurn>,
     ) -> Self {
         Self { models, share, deadline, raw_load, tensor_bytes_limit, tensor_bytes_live: 0, queue_failure: None, turn }
     }

@@ -81,7 +81,7 @@ impl Runtime {
             if std::time::Instant::now() >= hard_deadline {
                 return Ok(UpdateDeadline::Interrupt);
             }
-            Ok(match context.data_mut().nn.turn.end_slice() {
+            Ok(match context.data_mut().end_slice() {
                 Some(wait_for_turn) => UpdateDeadline::YieldCustom(1, wait_for_turn),
                 None => UpdateDeadline::Yield(1),
             })

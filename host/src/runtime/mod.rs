@@ -6,7 +6,7 @@
 //! pre-linked [`Prepared`] component; each request gets a fresh store with its tenant's
 //! limits and calls the export `infer` ([`invoke`]).
 
-pub mod bindings;
+mod bindings;
 mod compile;
 mod invoke;
 mod limits;

@@ -10,12 +10,12 @@ use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::p2::bindings::io::poll;
 
 use super::store::StoreState;
-use crate::tenancy::turns::Turn;
+use crate::nn::host::CpuTurn;
 
 /// The per-call view: the store's resource table and the request's turn.
 pub struct PollView<'a> {
     table: &'a mut ResourceTable,
-    turn: &'a mut Turn,
+    turn: &'a mut dyn CpuTurn,
 }
 
 struct Polling;
@@ -29,7 +29,7 @@ pub fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let added = poll::add_to_linker::<StoreState, Polling>(linker, |state| PollView {
         table: &mut state.table,
-        turn: &mut state.nn.turn,
+        turn: &mut *state.nn.turn,
     });
     linker.allow_shadowing(false);
     added

@@ -55,6 +55,12 @@ impl StoreState {
         Self { wasi, table: ResourceTable::new(), nn, limiter, log, stderr }
     }
 
+    /// At an epoch tick: end the guest's time slice when others wait for the CPU, returning
+    /// the wait for its turn to come back.
+    pub fn end_slice(&mut self) -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> {
+        self.nn.turn.end_slice()
+    }
+
     /// The last lines the guest wrote to stderr (a panic message, usually).
     pub fn stderr_tail(&self) -> String {
         let contents = self.stderr.contents();

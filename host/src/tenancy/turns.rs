@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::TenancyError;
 use super::turn_state::{Arrival, TurnState};
+use crate::nn::host::CpuTurn;
 
 /// How a waiting request is woken.
 #[derive(Debug)]
@@ -174,7 +175,7 @@ impl Drop for Waiting<'_> {
 
 /// A request's hold on a turn; dropping it gives the turn back.
 pub struct Turn {
-    turns: Option<Arc<Turns>>,
+    turns: Arc<Turns>,
     /// The request's tenant and weight, for the line it resumes in.
     tenant: Arc<str>,
     weight: u32,
@@ -185,12 +186,7 @@ pub struct Turn {
 
 impl Turn {
     fn held(turns: Arc<Turns>, tenant: Arc<str>, weight: u32) -> Self {
-        Self { turns: Some(turns), tenant, weight, holding: Arc::new(AtomicBool::new(true)) }
-    }
-
-    /// A turn outside any accounting (benchmarks and tools that call the runtime directly).
-    pub fn unmetered() -> Self {
-        Self { turns: None, tenant: Arc::from(""), weight: 1, holding: Arc::new(AtomicBool::new(false)) }
+        Self { turns, tenant, weight, holding: Arc::new(AtomicBool::new(true)) }
     }
 
     /// Whether the request holds a turn now.
@@ -200,33 +196,29 @@ impl Turn {
 
     /// Give the turn up while the request waits for something else (a model, a timer).
     pub fn pause(&mut self) {
-        if let Some(turns) = &self.turns
-            && self.holding.swap(false, Ordering::AcqRel)
-        {
-            turns.release();
+        if self.holding.swap(false, Ordering::AcqRel) {
+            self.turns.release();
         }
     }
 
     /// Take a turn again after [`Turn::pause`], ahead of the tenant's requests waiting to
     /// start, in round robin with other tenants.
     pub async fn resume(&mut self) {
-        let Some(turns) = self.turns.clone() else { return };
         if self.is_held() {
             return;
         }
-        wait_to_resume(turns, self.tenant.clone(), self.weight, self.holding.clone()).await;
+        wait_to_resume(self.turns.clone(), self.tenant.clone(), self.weight, self.holding.clone()).await;
     }
 
     /// End a guest's time slice: when other requests wait for a turn, give this one up and
     /// return the wait for it to come back (in the tenant's lane, in round robin with the
     /// others); `None` when nobody waits and the guest keeps its turn.
     pub fn end_slice(&mut self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
-        let turns = self.turns.clone()?;
-        if !self.is_held() || !turns.lock().anyone_waiting() {
+        if !self.is_held() || !self.turns.lock().anyone_waiting() {
             return None;
         }
         self.pause();
-        Some(Box::pin(wait_to_resume(turns, self.tenant.clone(), self.weight, self.holding.clone())))
+        Some(Box::pin(wait_to_resume(self.turns.clone(), self.tenant.clone(), self.weight, self.holding.clone())))
     }
 }
 
@@ -242,6 +234,20 @@ async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holdin
     let woke = (&mut waiting.woken).await;
     waiting.settled = true;
     holding.store(matches!(woke, Ok(Wake::Run)), Ordering::Release);
+}
+
+impl CpuTurn for Turn {
+    fn pause(&mut self) {
+        Turn::pause(self);
+    }
+
+    fn resume(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(Turn::resume(self))
+    }
+
+    fn end_slice(&mut self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        Turn::end_slice(self)
+    }
 }
 
 impl Drop for Turn {
