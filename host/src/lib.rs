@@ -14,11 +14,13 @@
 
 pub mod api;
 pub mod cli;
+pub mod control;
 pub mod nn;
 pub mod perf;
 pub mod registry;
 pub mod rollout;
 pub mod runtime;
 pub mod serve;
+pub mod state;
 pub mod telemetry;
 pub mod tenancy;

@@ -13,9 +13,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::error::{ApiError, ErrorKind};
+use crate::control::admin;
 use crate::registry::ids::TenantId;
 use crate::registry::manifest::Quotas;
-use crate::serve::ServingState;
+use crate::state::ServingState;
 
 type Shared = Arc<ServingState>;
 
@@ -49,7 +50,7 @@ fn json<T: serde::de::DeserializeOwned>(body: &[u8], example: &str) -> Result<T,
 
 async fn list_tenants(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     admin(&state, &headers)?;
-    Ok(Json(state.tenant_summaries()).into_response())
+    Ok(Json(admin::tenant_summaries(&state)).into_response())
 }
 
 #[derive(Deserialize)]
@@ -67,7 +68,7 @@ async fn create_tenant(
 ) -> Result<Response, ApiError> {
     admin(&state, &headers)?;
     let request: NewTenant = json(&body, r#"{"id": "acme", "quotas": {"max_concurrent_requests": 64}}"#)?;
-    let tenant = state.create_tenant(tenant_id(&request.id)?, request.quotas)?;
+    let tenant = admin::create_tenant(&state, tenant_id(&request.id)?, request.quotas)?;
     let spec = tenant.tenant();
     let created = serde_json::json!({ "id": spec.id, "quotas": spec.quotas });
     Ok((StatusCode::CREATED, Json(created)).into_response())
@@ -82,7 +83,7 @@ async fn set_quotas(
     admin(&state, &headers)?;
     let quotas: Quotas = json(&body, r#"{"max_concurrent_requests": 64, "compute_weight": 2}"#)?;
     let id = tenant_id(&tenant)?;
-    state.set_quotas(&id, quotas)?;
+    admin::set_quotas(&state, &id, quotas)?;
     Ok(Json(serde_json::json!({ "id": id, "quotas": state.tenant(&id).map(|t| t.tenant().quotas.clone()) }))
         .into_response())
 }
@@ -93,7 +94,7 @@ async fn issue_key(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     admin(&state, &headers)?;
-    let issued = state.issue_key(&tenant_id(&tenant)?)?;
+    let issued = admin::issue_key(&state, &tenant_id(&tenant)?)?;
     Ok((StatusCode::CREATED, Json(issued)).into_response())
 }
 
@@ -104,6 +105,6 @@ async fn revoke_key(
 ) -> Result<Response, ApiError> {
     admin(&state, &headers)?;
     let id = tenant_id(&tenant)?;
-    state.revoke_key(&id, &key_id)?;
+    admin::revoke_key(&state, &id, &key_id)?;
     Ok(Json(serde_json::json!({ "tenant": id, "revoked": key_id })).into_response())
 }

@@ -17,11 +17,13 @@ use futures::StreamExt;
 
 use super::error::{ApiError, ErrorKind};
 use super::http::{authenticate, declared_length};
+use crate::control::apply::{self, Addition};
 use crate::registry::ids::{AppName, ModelName, VersionName};
 use crate::registry::store::{UploadError, Uploaded};
+use crate::rollout::app::AppState;
 use crate::rollout::status::status;
 use crate::rollout::traffic::Traffic;
-use crate::serve::{Addition, AppState, ServingState, TenantState};
+use crate::state::{ServingState, TenantState};
 
 type Shared = Arc<ServingState>;
 
@@ -100,11 +102,11 @@ async fn upload_version(
     let version = parse("version", &version, VersionName::new)?;
     let max = tenant.tenant().quotas.max_component_bytes;
     let addition = Addition::Version { app: app_name.as_str() };
-    state.check_storage(tenant, addition, declared_length(&headers).unwrap_or(0))?;
+    apply::check_storage(&state, tenant, addition, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_component_bytes").await?;
-    state.check_storage(tenant, addition, uploaded.length)?;
+    apply::check_storage(&state, tenant, addition, uploaded.length)?;
     let sha256 = uploaded.sha256.clone();
-    let app = state.add_app_version(tenant, app_name, version.clone(), uploaded).await?;
+    let app = apply::add_app_version(&state, tenant, app_name, version.clone(), uploaded).await?;
     let body = serde_json::json!({ "app": app.spec.name, "version": version, "sha256": sha256 });
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -119,11 +121,11 @@ async fn upload_model(
     let tenant = &authenticate(&state, &headers)?;
     let name = parse("model name", &model, ModelName::new)?;
     let max = tenant.tenant().quotas.max_model_bytes;
-    state.check_storage(tenant, Addition::Model, declared_length(&headers).unwrap_or(0))?;
+    apply::check_storage(&state, tenant, Addition::Model, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_model_bytes").await?;
-    state.check_storage(tenant, Addition::Model, uploaded.length)?;
+    apply::check_storage(&state, tenant, Addition::Model, uploaded.length)?;
     let sha256 = uploaded.sha256.clone();
-    state.add_model(tenant, name.clone(), uploaded).await?;
+    apply::add_model(&state, tenant, name.clone(), uploaded).await?;
     let body = serde_json::json!({ "model": name, "sha256": sha256 });
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -144,7 +146,7 @@ async fn set_traffic(
         ))
     })?;
     traffic.sticky_header = traffic.sticky_header.map(|h| h.to_ascii_lowercase());
-    state.set_traffic(tenant, &app, traffic)?;
+    apply::set_traffic(&state, tenant, &app, traffic)?;
     Ok(Json(status(&app)).into_response())
 }
 
@@ -188,6 +190,6 @@ fn change_canary(state: &ServingState, headers: &HeaderMap, app: &str, promote: 
         }
         traffic.stable = canary.version;
     }
-    state.set_traffic(tenant, &app, traffic)?;
+    apply::set_traffic(state, tenant, &app, traffic)?;
     Ok(Json(status(&app)).into_response())
 }

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::control::ControlError;
 use crate::nn::scheduler::ComputeError;
+use crate::rollout::app::UnknownVersion;
 use crate::runtime::GuestError;
 use crate::telemetry::rate::TokenBucket;
 use crate::tenancy::TenancyError;
@@ -179,6 +181,25 @@ impl From<TenancyError> for ApiError {
             TenancyError::NoAdmissionState { .. } | TenancyError::TurnLost => ErrorKind::Internal,
         };
         Self::new(kind, error.to_string())
+    }
+}
+
+impl From<ControlError> for ApiError {
+    fn from(error: ControlError) -> Self {
+        let kind = match &error {
+            ControlError::NotFound(_) => ErrorKind::NotFound,
+            ControlError::Invalid(_) => ErrorKind::InvalidInput,
+            ControlError::Conflict(_) => ErrorKind::Conflict,
+            ControlError::StorageQuota(_) => ErrorKind::StorageQuota,
+            ControlError::Internal(_) => ErrorKind::Internal,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
+impl From<UnknownVersion> for ApiError {
+    fn from(error: UnknownVersion) -> Self {
+        Self::not_found(error.to_string())
     }
 }
 

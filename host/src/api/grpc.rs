@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
 use super::{grpc_body, infer, metadata, raw, request_id, triton};
 use crate::nn::tensor::ElementType;
-use crate::serve::{ServingState, TenantState};
+use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
 use crate::telemetry::traces;
 

@@ -23,7 +23,7 @@ use tonic::body::Body;
 
 use super::error::ApiError;
 use super::infer::{self, Admitted};
-use crate::serve::ServingState;
+use crate::state::ServingState;
 use crate::telemetry::metrics::Protocol;
 
 /// The one method whose messages carry tensors.

@@ -18,7 +18,7 @@ use super::json::{HttpInferRequest, encode_response, parse_infer_request};
 use super::types::TensorLimits;
 use super::{infer, metadata};
 use crate::registry::manifest::Quotas;
-use crate::serve::{ServingState, TenantState};
+use crate::state::{ServingState, TenantState};
 use crate::telemetry::drift::DriftReport;
 use crate::telemetry::metrics::Protocol;
 

@@ -4,18 +4,17 @@
 //! the last step it becomes the stable version; with too little data the analysis waits and
 //! never promotes. Each decision is recorded as an event with the numbers behind it.
 //!
-//! [`decide`] is a pure function of the settings and the two windows; [`run`] is the loop
-//! that applies decisions to every app with a canary.
+//! [`decide`] is a pure function of the settings and the two windows; [`analyse`] closes
+//! one app's window and applies the decision (the serving loop calls it every tick).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use super::app::AppState;
 use super::traffic::Traffic;
 use crate::registry::manifest::Analysis;
-use crate::serve::{AppState, ServingState};
 use crate::telemetry::versions::VersionSnapshot;
 
 /// Events kept per app (oldest dropped first).
@@ -139,33 +138,8 @@ impl AnalysisState {
     }
 }
 
-/// Analyse every app with a canary whose interval has passed; run until the process ends.
-pub async fn run(state: Arc<ServingState>, tick: Duration) {
-    let mut ticker = tokio::time::interval(tick);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_window: std::collections::HashMap<(String, String), std::time::Instant> = Default::default();
-    loop {
-        ticker.tick().await;
-        for tenant in state.all_tenants() {
-            let tenant_id = tenant.tenant().id.clone();
-            for (name, app) in tenant.apps() {
-                let key = (tenant_id.to_string(), name.to_string());
-                let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
-                if due {
-                    last_window.insert(key, std::time::Instant::now());
-                    if analyse(&app)
-                        && let Err(error) = state.save_control(&tenant)
-                    {
-                        tracing::error!(app = %name, error = %error.message, "could not save a rollout decision");
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Close one app's window and act on it; `true` if the traffic changed.
-fn analyse(app: &AppState) -> bool {
+pub fn analyse(app: &AppState) -> bool {
     let traffic = app.traffic();
     let mut analysis = app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some(canary) = traffic.canary.clone() else {

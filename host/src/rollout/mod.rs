@@ -4,6 +4,7 @@
 //! with the primary's. The canary analysis promotes or rolls back from measured outcomes.
 
 pub mod analysis;
+pub mod app;
 pub mod compare;
 pub mod shadow;
 pub mod status;

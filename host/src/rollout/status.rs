@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::analysis::Event;
+use super::app::AppState;
 use super::shadow::ShadowReport;
-use crate::serve::AppState;
 use crate::telemetry::slo::ObjectiveReport;
 
 #[derive(Debug, Serialize)]

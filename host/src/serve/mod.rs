@@ -1,11 +1,8 @@
-//! `sluice serve`: load the registry, start the backends and the runtime, build the
-//! serving state and answer OIP over HTTP until asked to stop.
+//! `sluice serve`, the wiring: load the registry, start the backends and the runtime, build
+//! the serving state, bind the listeners, run the background ticks (canary analysis, gauges)
+//! and serve until asked to stop. The top layer: it may import every other.
 
-mod admin;
-mod app;
-mod control;
 pub mod listen;
-mod state;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,9 +12,8 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-pub use app::{AppState, AppVersion};
-pub use control::Addition;
-pub use state::{BodyTimeouts, ServingState, TenantState};
+pub use crate::state::BodyTimeouts;
+use crate::state::ServingState;
 
 use crate::nn::backend::{self, BackendKind, BackendSettings};
 use crate::registry::Registry;
@@ -85,7 +81,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     println!("grpc listening on {grpc_address}");
 
     // Canary analysis: each app's own interval is checked every tick.
-    tokio::spawn(crate::rollout::analysis::run(state.clone(), ANALYSIS_TICK));
+    tokio::spawn(analyse_canaries(state.clone(), ANALYSIS_TICK));
     if config.metrics.is_some() {
         tokio::spawn(export_gauges(state.clone(), GAUGE_EXPORT_TICK));
     }
@@ -209,7 +205,33 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let mut state =
         ServingState::build(registry, runtime, backends, config.default_backend, turns, store, admin_token).await?;
     state.body_timeouts = config.body_timeouts;
+    crate::control::apply::restore_control(&state).await.context("restoring the saved control state")?;
     Ok(state)
+}
+
+/// Analyse every app with a canary whose interval has passed; run until the process ends.
+async fn analyse_canaries(state: Arc<ServingState>, tick: Duration) {
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_window: std::collections::HashMap<(String, String), std::time::Instant> = Default::default();
+    loop {
+        ticker.tick().await;
+        for tenant in state.all_tenants() {
+            let tenant_id = tenant.tenant().id.clone();
+            for (name, app) in tenant.apps() {
+                let key = (tenant_id.to_string(), name.to_string());
+                let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
+                if due {
+                    last_window.insert(key, std::time::Instant::now());
+                    if crate::rollout::analysis::analyse(&app)
+                        && let Err(error) = crate::control::apply::save_control(&state, &tenant)
+                    {
+                        tracing::error!(app = %name, %error, "could not save a rollout decision");
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Keep every app's SLO gauges (budgets and burn rates change with time alone) and every

@@ -6,16 +6,20 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use crate::api::error::ApiError;
+use super::analysis::AnalysisState;
+use super::shadow::ShadowStats;
+use super::traffic::Traffic;
 use crate::registry::AppSpec;
 use crate::registry::ids::VersionName;
-use crate::rollout::analysis::AnalysisState;
-use crate::rollout::shadow::ShadowStats;
-use crate::rollout::traffic::Traffic;
 use crate::runtime::Prepared;
 use crate::telemetry::slo::AppSlo;
 use crate::telemetry::stats::Counters;
 use crate::telemetry::versions::VersionStats;
+
+/// A pinned version the app does not have (the message names the versions it has).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct UnknownVersion(String);
 
 /// One version of an app: its component, ready to instantiate, and its outcomes.
 #[derive(Clone)]
@@ -93,8 +97,8 @@ impl AppState {
         self.versions.write().unwrap_or_else(PoisonError::into_inner).remove(name);
     }
 
-    /// The pinned version, or the stable one; unknown versions get a 404 naming the known.
-    pub fn select(&self, pinned: Option<&str>) -> Result<(VersionName, AppVersion), ApiError> {
+    /// The pinned version, or the stable one; an unknown one is refused naming the known.
+    pub fn select(&self, pinned: Option<&str>) -> Result<(VersionName, AppVersion), UnknownVersion> {
         let stable = self.traffic().stable;
         let versions = self.versions.read().unwrap_or_else(PoisonError::into_inner);
         let chosen = match pinned {
@@ -103,7 +107,7 @@ impl AppState {
         };
         chosen.map(|(name, version)| (name.clone(), version.clone())).ok_or_else(|| {
             let known: Vec<&str> = versions.keys().map(VersionName::as_str).collect();
-            ApiError::not_found(format!(
+            UnknownVersion(format!(
                 "version '{}' of model '{}' not found; versions: {known:?}",
                 pinned.unwrap_or(stable.as_str()),
                 self.spec.name

@@ -10,13 +10,13 @@ use std::time::Duration;
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
-use super::app::{AppState, AppVersion};
 use crate::nn::backend::{Backend, BackendKind, Backends};
 use crate::nn::models::{LoadedModel, ModelStore, TenantModels};
 use crate::registry::ids::{AppName, ModelName, TenantId};
 use crate::registry::manifest::Quotas;
 use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
+use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::Shadows;
 use crate::runtime::Runtime;
 use crate::telemetry::rate::TokenBucket;
@@ -175,20 +175,20 @@ impl ServingState {
         self.tenants.read().unwrap_or_else(PoisonError::into_inner).values().cloned().collect()
     }
 
-    pub(super) fn keys_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, TenantId>> {
+    pub(crate) fn keys_read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, TenantId>> {
         self.keys.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn keys_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, TenantId>> {
+    pub(crate) fn keys_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, TenantId>> {
         self.keys.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn tenants_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TenantId, Arc<TenantState>>> {
+    pub(crate) fn tenants_write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TenantId, Arc<TenantState>>> {
         self.tenants.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The backend a tenant allowed raw `load` uses.
-    pub(super) fn raw_backend(&self) -> Option<Arc<dyn Backend>> {
+    pub(crate) fn raw_backend(&self) -> Option<Arc<dyn Backend>> {
         self.default_backend.and_then(|kind| self.backends.get(kind)).or_else(|| self.backends.preferred())
     }
 
@@ -199,7 +199,35 @@ impl ServingState {
         self.tenant(&id)
     }
 
-    /// Load every model and prepare every component the registry names.
+    /// Key digests of a tenant.
+    pub fn key_digests_of(&self, tenant: &TenantId) -> Vec<String> {
+        let mut digests: Vec<String> =
+            self.keys_read().iter().filter(|(_, owner)| *owner == tenant).map(|(digest, _)| digest.clone()).collect();
+        digests.sort();
+        digests
+    }
+
+    /// Add a tenant's serving state (and its admission limit) from its spec.
+    pub fn insert_tenant(&self, spec: Tenant) -> Arc<TenantState> {
+        self.admission.set_limit(spec.id.clone(), spec.quotas.max_concurrent_requests);
+        let raw_backend = spec.quotas.allow_raw_model_load.then(|| self.raw_backend()).flatten();
+        let models = Arc::new(TenantModels::new(BTreeMap::new(), self.shared_models.clone()));
+        let id = spec.id.clone();
+        let tenant = Arc::new(TenantState::new(Arc::new(spec), models, BTreeMap::new(), raw_backend));
+        self.tenants_write().entry(id).or_insert(tenant).clone()
+    }
+
+    /// Replace a tenant's keys with saved digests (at start, for admin-managed tenants).
+    pub fn restore_keys(&self, id: &TenantId, digests: &[String]) {
+        let mut keys = self.keys_write();
+        keys.retain(|_, owner| owner != id);
+        for digest in digests {
+            keys.insert(digest.clone(), id.clone());
+        }
+    }
+
+    /// Load every model and prepare every component the registry names (the saved control
+    /// state is applied over it by `control::apply::restore_control`).
     pub async fn build(
         registry: Registry,
         runtime: Runtime,
@@ -254,7 +282,7 @@ impl ServingState {
         let shadows =
             Shadows::start(runtime.clone(), SHADOW_QUEUE, SHADOW_QUEUE_BYTES).context("starting the shadow thread")?;
         let keys = RwLock::new(registry.key_digests().clone());
-        let state = Self {
+        Ok(Self {
             shared_models: shared,
             admin_token_sha256: admin_token.map(|t| hex::encode(Sha256::digest(t.as_bytes()))),
             keys,
@@ -269,8 +297,6 @@ impl ServingState {
             backends,
             default_backend,
             body_timeouts: BodyTimeouts::default(),
-        };
-        state.restore_control().await.context("restoring the saved control state")?;
-        Ok(state)
+        })
     }
 }

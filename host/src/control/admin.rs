@@ -1,0 +1,136 @@
+//! Platform administration while serving: create tenants, issue and revoke their API keys,
+//! set their quotas. A tenant changed this way is "admin-managed": its keys and quotas are
+//! saved with its control state and win over its manifest at the next start.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::ControlError;
+use super::apply::save_control;
+use crate::registry::Tenant;
+use crate::registry::ids::TenantId;
+use crate::registry::manifest::Quotas;
+use crate::state::{ServingState, TenantState};
+
+/// Hex digits of a key's SHA-256 that name it (for listing and revoking).
+const KEY_ID_DIGITS: usize = 16;
+
+/// A tenant as the admin API lists it.
+#[derive(Debug, Serialize)]
+pub struct TenantSummary {
+    pub id: String,
+    pub quotas: Quotas,
+    /// Key ids: the first hex digits of each key's SHA-256.
+    pub keys: Vec<String>,
+}
+
+/// A new key, shown once.
+#[derive(Debug, Serialize)]
+pub struct IssuedKey {
+    pub tenant: String,
+    pub key: String,
+    pub key_id: String,
+}
+
+fn not_found(id: &str) -> ControlError {
+    ControlError::NotFound(format!("tenant '{id}' not found"))
+}
+
+/// Every tenant with its quotas and key ids.
+pub fn tenant_summaries(state: &ServingState) -> Vec<TenantSummary> {
+    let mut summaries: Vec<TenantSummary> = state
+        .all_tenants()
+        .iter()
+        .map(|tenant| {
+            let spec = tenant.tenant();
+            TenantSummary { id: spec.id.to_string(), quotas: spec.quotas.clone(), keys: key_ids(state, &spec.id) }
+        })
+        .collect();
+    summaries.sort_by(|a, b| a.id.cmp(&b.id));
+    summaries
+}
+
+fn key_ids(state: &ServingState, tenant: &TenantId) -> Vec<String> {
+    state.key_digests_of(tenant).into_iter().map(|d| d[..KEY_ID_DIGITS].to_string()).collect()
+}
+
+/// Check quotas against what this server can give (the guest memory pool is sized at start).
+fn check_quotas(state: &ServingState, quotas: &Quotas) -> Result<(), ControlError> {
+    let pool_mib = (state.runtime.max_memory_bytes() >> 20) as u64;
+    if quotas.guest_memory_mib > pool_mib {
+        return Err(ControlError::Invalid(format!(
+            "guest_memory_mib {} exceeds this server's guest memory slots of {pool_mib} MiB (restart it with a \
+             tenant manifest asking for more to raise them)",
+            quotas.guest_memory_mib
+        )));
+    }
+    if quotas.max_concurrent_requests == 0 || quotas.compute_weight == 0 || quotas.guest_deadline_ms == 0 {
+        return Err(ControlError::Invalid(
+            "max_concurrent_requests, compute_weight and guest_deadline_ms must be at least 1".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// Create a tenant with no models, apps or keys.
+pub fn create_tenant(state: &ServingState, id: TenantId, quotas: Quotas) -> Result<Arc<TenantState>, ControlError> {
+    check_quotas(state, &quotas)?;
+    if state.tenant(&id).is_some() {
+        return Err(ControlError::Conflict(format!("tenant '{id}' exists")));
+    }
+    let spec = Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() };
+    let tenant = state.insert_tenant(spec);
+    tenant.admin_managed.store(true, Ordering::Relaxed);
+    save_control(state, &tenant)?;
+    tracing::info!(tenant = %id, "tenant created");
+    Ok(tenant)
+}
+
+/// Replace a tenant's quotas.
+pub fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> Result<(), ControlError> {
+    check_quotas(state, &quotas)?;
+    let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
+    state.admission.set_limit(id.clone(), quotas.max_concurrent_requests);
+    tenant.set_quotas(quotas);
+    tenant.admin_managed.store(true, Ordering::Relaxed);
+    save_control(state, &tenant)
+}
+
+/// Issue a new random key for a tenant; only its digest is kept.
+pub fn issue_key(state: &ServingState, id: &TenantId) -> Result<IssuedKey, ControlError> {
+    let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| ControlError::Internal(format!("no randomness for a key: {e}")))?;
+    let key = format!("sk-{}", hex::encode(secret));
+    let digest = hex::encode(Sha256::digest(key.as_bytes()));
+    let key_id = digest[..KEY_ID_DIGITS].to_string();
+    state.keys_write().insert(digest, id.clone());
+    tenant.admin_managed.store(true, Ordering::Relaxed);
+    save_control(state, &tenant)?;
+    tracing::info!(tenant = %id, %key_id, "API key issued");
+    Ok(IssuedKey { tenant: id.to_string(), key, key_id })
+}
+
+/// Revoke a tenant's key by its id; requests with it get 401 from now on.
+pub fn revoke_key(state: &ServingState, id: &TenantId, key_id: &str) -> Result<(), ControlError> {
+    let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
+    let removed = {
+        let mut keys = state.keys_write();
+        let digest = keys
+            .iter()
+            .find(|(digest, owner)| *owner == id && key_id.len() >= 8 && digest.starts_with(key_id))
+            .map(|(digest, _)| digest.clone());
+        digest.and_then(|d| keys.remove(&d))
+    };
+    if removed.is_none() {
+        return Err(ControlError::NotFound(format!("tenant '{id}' has no key with id '{key_id}'")));
+    }
+    tenant.admin_managed.store(true, Ordering::Relaxed);
+    save_control(state, &tenant)?;
+    tracing::info!(tenant = %id, %key_id, "API key revoked");
+    Ok(())
+}

@@ -1,0 +1,347 @@
+//! The control plane's effect on serving: uploaded models and app versions (kept as
+//! content-addressed blobs), traffic changes, and admin-managed tenants' keys and quotas,
+//! applied while serving and saved in the data directory, so a restart restores them over
+//! what the manifests describe.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::ControlError;
+use crate::nn::models::LoadedModel;
+use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
+use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas};
+use crate::registry::store::Uploaded;
+use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
+use crate::rollout::app::{AppState, AppVersion};
+use crate::rollout::traffic::Traffic;
+use crate::state::{ServingState, TenantState};
+
+/// What is saved per tenant: its uploaded models (by weights digest) and each app's
+/// versions (by component digest) and traffic.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantControl {
+    /// Set for admin-managed tenants (created or changed through the admin API): their
+    /// quotas and key digests, which replace the manifest's at start.
+    #[serde(default)]
+    pub quotas: Option<Quotas>,
+    #[serde(default)]
+    pub keys: Option<Vec<String>>,
+    #[serde(default)]
+    pub models: BTreeMap<ModelName, String>,
+    pub apps: BTreeMap<AppName, AppControl>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppControl {
+    pub versions: BTreeMap<VersionName, String>,
+    pub traffic: Traffic,
+}
+
+fn internal(context: &str, error: impl std::fmt::Display) -> ControlError {
+    ControlError::Internal(format!("{context}: {error}"))
+}
+
+/// Save a tenant's apps (versions and traffic), atomically.
+pub fn save_control(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
+    let _one_writer = state.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    write_control(state, tenant)
+}
+
+/// Make a change to a tenant's serving state and save it as one step: when saving fails,
+/// `undo` takes the change back, so what the client is answered (an error) and what
+/// serves, before and after a restart, agree.
+fn change_and_save<T>(
+    state: &ServingState,
+    tenant: &TenantState,
+    change: impl FnOnce() -> Result<T, ControlError>,
+    undo: impl FnOnce(&T),
+) -> Result<T, ControlError> {
+    let _one_writer = state.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let changed = change()?;
+    if let Err(error) = write_control(state, tenant) {
+        undo(&changed);
+        return Err(error);
+    }
+    Ok(changed)
+}
+
+/// Write a tenant's control state; the caller holds `control_writes`.
+fn write_control(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
+    let apps = tenant
+        .apps()
+        .into_iter()
+        .map(|(name, app)| {
+            let versions =
+                app.version_names().into_iter().filter_map(|v| Some((v.clone(), app.version(&v)?.sha256))).collect();
+            (name, AppControl { versions, traffic: app.traffic() })
+        })
+        .collect();
+    let models = tenant.models.own_digests().into_iter().collect();
+    let spec = tenant.tenant();
+    let (quotas, keys) = if tenant.admin_managed.load(Ordering::Relaxed) {
+        (Some(spec.quotas.clone()), Some(state.key_digests_of(&spec.id)))
+    } else {
+        (None, None)
+    };
+    state
+        .store
+        .write_state(spec.id.as_str(), &TenantControl { quotas, keys, models, apps })
+        .map_err(|e| internal("saving the control state", e))
+}
+
+/// Apply each tenant's saved state over what the manifests built: versions the
+/// manifests lack are prepared from their blobs, and the saved traffic replaces theirs.
+pub async fn restore_control(state: &ServingState) -> anyhow::Result<()> {
+    // Tenants created through the admin API have saved state and no manifest.
+    for id in state.store.saved_tenants()? {
+        let id = TenantId::new(&id).map_err(|e| anyhow::anyhow!("saved tenant '{id}': {e}"))?;
+        if state.tenant(&id).is_none() {
+            let quotas =
+                state.store.read_state::<TenantControl>(id.as_str())?.and_then(|s| s.quotas).unwrap_or_default();
+            let spec = Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() };
+            state.insert_tenant(spec);
+        }
+    }
+    for tenant in state.all_tenants() {
+        let spec = tenant.tenant();
+        let id = spec.id.as_str();
+        let Some(saved) = state.store.read_state::<TenantControl>(id)? else { continue };
+        if let Some(quotas) = saved.quotas {
+            state.admission.set_limit(spec.id.clone(), quotas.max_concurrent_requests);
+            tenant.set_quotas(quotas);
+            tenant.admin_managed.store(true, Ordering::Relaxed);
+        }
+        if let Some(keys) = &saved.keys {
+            state.restore_keys(&spec.id, keys);
+            tenant.admin_managed.store(true, Ordering::Relaxed);
+        }
+        for (name, sha256) in &saved.models {
+            if tenant.models.own(name.as_str()).is_some() {
+                continue;
+            }
+            let bytes = state.store.read_blob(sha256).with_context(|| format!("tenant '{id}', model '{name}'"))?;
+            let model = load_model(state, name, sha256, bytes).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            tenant.models.add(name.clone(), model);
+        }
+        for (name, saved_app) in saved.apps {
+            let app = match tenant.app(name.as_str()) {
+                Some(app) => app,
+                None => tenant
+                    .insert_app(name.clone(), AppState::new(new_app_spec(&name, &saved_app.traffic), BTreeMap::new())),
+            };
+            for (version, sha256) in &saved_app.versions {
+                if app.version(version).is_some() {
+                    continue;
+                }
+                let path = state.store.blob_path(sha256);
+                let bytes = std::fs::read(&path).map_err(|e| {
+                    anyhow::anyhow!("tenant '{id}', app '{name}', version '{version}': {}: {e}", path.display())
+                })?;
+                let prepared = state.runtime.prepare(&path, sha256, &bytes)?;
+                app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone()));
+            }
+            let names = app.version_names();
+            match saved_app.traffic.check(|v| names.contains(v)) {
+                Ok(()) => app.update_traffic(|traffic| *traffic = saved_app.traffic),
+                Err(e) => tracing::warn!(tenant = id, app = %name, error = %e, "saved traffic ignored"),
+            }
+            tracing::info!(tenant = id, app = %name, versions = names.len(), "control state restored");
+        }
+    }
+    Ok(())
+}
+
+/// Make an uploaded component version `version` of `app_name` (creating the app, with
+/// this version stable, if it is new), then save.
+pub async fn add_app_version(
+    state: &ServingState,
+    tenant: &TenantState,
+    app_name: AppName,
+    version: VersionName,
+    uploaded: Uploaded,
+) -> Result<Arc<AppState>, ControlError> {
+    if tenant.app(app_name.as_str()).is_some_and(|app| app.version(&version).is_some()) {
+        return Err(ControlError::Conflict(format!(
+            "version '{version}' of app '{app_name}' exists; versions are immutable, upload a new one"
+        )));
+    }
+    let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
+    let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
+    let prepared = state
+        .runtime
+        .prepare_upload(label, uploaded.sha256.clone(), bytes)
+        .await
+        .map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
+    state.store.commit(&uploaded).map_err(|e| internal("storing the component", e))?;
+    let add = || {
+        let (app, created) = match tenant.app(app_name.as_str()) {
+            Some(app) => (app, false),
+            None => {
+                let spec = new_app_spec(&app_name, &Traffic::stable_only(version.clone()));
+                (tenant.insert_app(app_name.clone(), AppState::new(spec, BTreeMap::new())), true)
+            }
+        };
+        if !app.add_version(version.clone(), AppVersion::new(prepared, uploaded.sha256.clone())) {
+            return Err(ControlError::Conflict(format!("version '{version}' of app '{app_name}' exists")));
+        }
+        Ok((app, created))
+    };
+    let undo = |(app, created): &(Arc<AppState>, bool)| {
+        app.remove_version(&version);
+        if *created {
+            tenant.remove_app(&app_name);
+        }
+    };
+    let (app, _) = change_and_save(state, tenant, add, undo)?;
+    tracing::info!(tenant = %tenant.tenant().id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
+    Ok(app)
+}
+
+/// Load uploaded weights as model `name` on the best backend (building its plan is the
+/// check that they are a usable model).
+async fn load_model(
+    state: &ServingState,
+    name: &ModelName,
+    sha256: &str,
+    bytes: Vec<u8>,
+) -> Result<Arc<LoadedModel>, ControlError> {
+    let spec = ModelSpec {
+        name: name.clone(),
+        path: state.store.blob_path(sha256),
+        sha256: sha256.to_string(),
+        bytes: Arc::from(bytes),
+        backend: None,
+        batching: Batching::default(),
+        drift: Drift::default(),
+        breaker: BreakerSettings::default(),
+        origin: ModelOrigin::Upload,
+    };
+    state
+        .resident
+        .lock()
+        .await
+        .load(&spec, &state.backends, state.default_backend)
+        .await
+        .map_err(|e| ControlError::Invalid(format!("not a usable model: {e}")))
+}
+
+/// Make uploaded weights the tenant's model `name`, then save.
+pub async fn add_model(
+    state: &ServingState,
+    tenant: &TenantState,
+    name: ModelName,
+    uploaded: Uploaded,
+) -> Result<(), ControlError> {
+    if tenant.models.own(name.as_str()).is_some() {
+        return Err(ControlError::Conflict(format!(
+            "model '{name}' exists; model names are immutable, upload under a new name"
+        )));
+    }
+    let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
+    let model = load_model(state, &name, &uploaded.sha256, bytes).await?;
+    state.store.commit(&uploaded).map_err(|e| internal("storing the model", e))?;
+    let add = || match tenant.models.add(name.clone(), model) {
+        true => Ok(()),
+        false => Err(ControlError::Conflict(format!("model '{name}' exists"))),
+    };
+    change_and_save(state, tenant, add, |()| tenant.models.remove(&name))?;
+    tracing::info!(tenant = %tenant.tenant().id, model = %name, sha256 = %uploaded.sha256, "model added");
+    Ok(())
+}
+
+/// Replace an app's traffic after checking it, then save.
+pub fn set_traffic(
+    state: &ServingState,
+    tenant: &TenantState,
+    app: &AppState,
+    traffic: Traffic,
+) -> Result<(), ControlError> {
+    let names = app.version_names();
+    traffic.check(|v| names.contains(v)).map_err(|e| ControlError::Invalid(format!("app '{}': {e}", app.spec.name)))?;
+    let replace = || Ok(app.update_traffic(|current| std::mem::replace(current, traffic)));
+    let undo = |previous: &Traffic| app.update_traffic(|current| *current = previous.clone());
+    change_and_save(state, tenant, replace, undo)?;
+    app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restart();
+    Ok(())
+}
+
+/// What an upload adds, for the storage quotas.
+#[derive(Debug, Clone, Copy)]
+pub enum Addition<'a> {
+    Model,
+    Version { app: &'a str },
+}
+
+/// Refuse an upload of `bytes` that would take the tenant past one of its storage quotas
+/// (507): uploaded bytes kept, models, apps, versions per app. The counts also bound the
+/// metric series a tenant can create.
+pub fn check_storage(
+    state: &ServingState,
+    tenant: &TenantState,
+    addition: Addition<'_>,
+    bytes: u64,
+) -> Result<(), ControlError> {
+    let quotas = tenant.tenant().quotas.clone();
+    let full = |message: String| ControlError::StorageQuota(message);
+    let uploaded: BTreeMap<String, u64> = uploaded_blobs(state, tenant);
+    match addition {
+        Addition::Model => {
+            let models = tenant.models.own_names().len();
+            if models >= quotas.max_models as usize {
+                return Err(full(format!("the tenant has {models} models, its limit (max_models)")));
+            }
+        }
+        Addition::Version { app } => match tenant.app(app) {
+            Some(app) if app.version_names().len() >= quotas.max_versions_per_app as usize => {
+                return Err(full(format!(
+                    "app '{}' has {} versions, its limit (max_versions_per_app)",
+                    app.spec.name,
+                    app.version_names().len()
+                )));
+            }
+            None if tenant.apps().len() >= quotas.max_apps as usize => {
+                return Err(full(format!("the tenant has {} apps, its limit (max_apps)", tenant.apps().len())));
+            }
+            _ => {}
+        },
+    }
+    let stored: u64 = uploaded.values().sum();
+    if stored.saturating_add(bytes) > quotas.max_stored_bytes {
+        return Err(full(format!(
+            "the tenant stores {stored} bytes of uploads; {bytes} more would pass its limit of {} bytes \
+             (max_stored_bytes)",
+            quotas.max_stored_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// The tenant's uploaded blobs (its models' weights and its apps' components that are in
+/// the store) and their sizes.
+fn uploaded_blobs(state: &ServingState, tenant: &TenantState) -> BTreeMap<String, u64> {
+    let models = tenant.models.own_digests().into_iter().map(|(_, digest)| digest);
+    let versions = tenant.apps().into_iter().flat_map(|(_, app)| {
+        app.version_names().into_iter().filter_map(move |v| app.version(&v)).map(|v| v.sha256).collect::<Vec<_>>()
+    });
+    models.chain(versions).filter_map(|digest| state.store.blob_size(&digest).map(|size| (digest, size))).collect()
+}
+
+/// The spec of an app created through the API: no declared tensors, default analysis.
+fn new_app_spec(name: &AppName, traffic: &Traffic) -> AppSpec {
+    AppSpec {
+        name: name.clone(),
+        traffic: traffic.clone(),
+        analysis: Analysis::default(),
+        slo: None,
+        fallback: None,
+        versions: BTreeMap::new(),
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    }
+}
