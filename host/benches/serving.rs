@@ -16,9 +16,9 @@ use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph, Stop};
 use sluice::nn::host::{NnCtx, Unmetered};
 use sluice::nn::models::TenantModels;
 use sluice::nn::scheduler::Share;
-use sluice::nn::tensor::{ElementType, Tensor};
 use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
 use sluice::serve::{ServeConfig, build_state};
+use sluice::tensor::{ElementType, Tensor};
 
 const SANDBOX_CALLS: usize = 10_000;
 const E2E_CALLS: usize = 2_000;

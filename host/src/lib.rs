@@ -1,21 +1,26 @@
 //! Sluice: a multi-tenant inference server.
 //!
-//! Layout, following the request path (see DESIGN.md):
-//! - [`api`]: OIP over HTTP and gRPC, the control API; validated requests; one error table.
-//! - [`tenancy`]: API-key authentication, per-tenant admission, fair CPU turns.
-//! - [`rollout`]: which app version serves a request: canary, shadow, automated analysis.
+//! Layout: the folders are the request path's layers, top to bottom; each imports only its
+//! own layer and those below it (`scripts/check-layers`, run by the tests, checks it):
+//! - [`serve`]: the wiring (listeners, background ticks, shutdown); [`perf`] and [`cli`]
+//!   are tools beside it.
+//! - [`api`]: OIP over HTTP and gRPC, the control and admin API, auth, the one error table.
+//! - [`control`]: uploads, traffic changes, saved control state, tenant administration.
+//! - [`state`]: the serving state: tenants, their models and apps, the key index.
+//! - [`rollout`]: which app version serves (canary, shadow, analysis); [`tenancy`]:
+//!   authentication, admission, fair CPU turns.
 //! - [`runtime`]: wasmtime engine, compiled-component cache, per-request stores and limits.
-//! - [`nn`]: the host's `wasi:nn`, the per-model batch queues and the backends.
-//! - [`registry`]: tenant manifests, verified models and components, the durable store.
-//! - [`telemetry`]: per-model and per-version statistics.
-//! - [`serve`]: wires the pieces into a running server.
-//! - [`perf`]: `sluice perf`, a load generator for OIP servers.
-//! - [`cli`]: the `sluice` control commands over the control API.
+//! - [`nn`]: the host's `wasi:nn`, the per-model batch queues, the backends.
+//! - [`oip`]: validated OIP requests and results, the binary tensor codec.
+//! - [`telemetry`]: metrics, statistics, drift, SLOs, traces.
+//! - [`registry`]: tenant manifests, ids, declared traffic, the durable store.
+//! - [`tensor`]: element types and model tensors, shared by every layer.
 
 pub mod api;
 pub mod cli;
 pub mod control;
 pub mod nn;
+pub mod oip;
 pub mod perf;
 pub mod registry;
 pub mod rollout;
@@ -24,3 +29,4 @@ pub mod serve;
 pub mod state;
 pub mod telemetry;
 pub mod tenancy;
+pub mod tensor;

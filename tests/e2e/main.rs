@@ -15,6 +15,7 @@ mod extensions;
 mod grpc;
 mod hostile;
 mod isolation;
+mod layers;
 mod metrics;
 mod onnx;
 #[cfg(feature = "tract")]

@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use futures::StreamExt;
 
+use super::auth::{authenticate, declared_length};
 use super::error::{ApiError, ErrorKind};
-use super::http::{authenticate, declared_length};
 use crate::control::apply::{self, Addition};
 use crate::registry::ids::{AppName, ModelName, VersionName};
 use crate::registry::store::{UploadError, Uploaded};

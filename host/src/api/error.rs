@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::control::ControlError;
 use crate::nn::scheduler::ComputeError;
+use crate::oip::types::InvalidRequest;
 use crate::rollout::app::UnknownVersion;
 use crate::runtime::GuestError;
 use crate::telemetry::rate::TokenBucket;
@@ -194,6 +195,12 @@ impl From<ControlError> for ApiError {
             ControlError::Internal(_) => ErrorKind::Internal,
         };
         Self::new(kind, error.to_string())
+    }
+}
+
+impl From<InvalidRequest> for ApiError {
+    fn from(error: InvalidRequest) -> Self {
+        Self::invalid(error.0)
     }
 }
 

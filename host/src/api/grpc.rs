@@ -12,12 +12,13 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
-use super::{grpc_body, infer, metadata, raw, request_id, triton};
-use crate::nn::tensor::ElementType;
+use super::{grpc_body, infer, metadata, request_id, triton};
+use crate::oip::raw;
+use crate::oip::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
 use crate::telemetry::traces;
+use crate::tensor::ElementType;
 
 /// Code generated from `proto/grpc_predict_v2.proto`.
 #[allow(missing_docs, clippy::all, unused_qualifications)] // generated code
@@ -47,7 +48,7 @@ pub struct GrpcApi {
 impl GrpcApi {
     fn tenant<T>(&self, request: &Request<T>) -> Result<Arc<TenantState>, ApiError> {
         let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        super::http::tenant_for_key(&self.state, authorization)
+        super::auth::tenant_for_key(&self.state, authorization)
     }
 }
 

@@ -95,7 +95,7 @@ where
             limit = *max_message_bytes;
             let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
             // An unknown key is left to the method, which answers it like every other call.
-            if let Ok(tenant) = super::http::tenant_for_key(state, authorization) {
+            if let Ok(tenant) = super::auth::tenant_for_key(state, authorization) {
                 let spec = tenant.tenant();
                 match infer::admit(state, &tenant) {
                     Ok(admitted) => {

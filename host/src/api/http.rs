@@ -12,11 +12,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde::Deserialize;
 
+use super::auth::{authenticate, declared_length};
 use super::error::{ApiError, ErrorKind};
 use super::infer::Caller;
 use super::json::{HttpInferRequest, encode_response, parse_infer_request};
-use super::types::TensorLimits;
 use super::{infer, metadata};
+use crate::oip::types::TensorLimits;
 use crate::registry::manifest::Quotas;
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::drift::DriftReport;
@@ -61,22 +62,6 @@ pub fn router(state: Shared) -> axum::Router {
 struct ModelPath {
     model: String,
     version: Option<String>,
-}
-
-pub(super) fn authenticate(state: &ServingState, headers: &HeaderMap) -> Result<Arc<TenantState>, ApiError> {
-    tenant_for_key(state, headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
-}
-
-/// The tenant owning the key in an `Authorization: Bearer` value (HTTP header or gRPC
-/// metadata).
-pub fn tenant_for_key(state: &ServingState, authorization: Option<&str>) -> Result<Arc<TenantState>, ApiError> {
-    let key = crate::tenancy::bearer_key(authorization)?;
-    state.authenticate(key).ok_or_else(|| crate::tenancy::TenancyError::UnknownKey.into())
-}
-
-/// The body length a request declares (`Content-Length`), if it declares one.
-pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// The model a describing request names, in the caller's tenant, rendered as JSON.

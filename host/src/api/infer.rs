@@ -11,16 +11,16 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::error::{ApiError, ErrorKind};
-use super::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::nn::host::{NnCtx, RawLoad, Unmetered};
 use crate::nn::models::LoadedModel;
 use crate::nn::scheduler::{ComputeError, Share};
+use crate::oip::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::registry::Tenant;
 use crate::registry::ids::{ModelName, VersionName};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
-use crate::runtime::{GuestCall, GuestError, GuestLog, InferRequest};
+use crate::runtime::{GuestCall, GuestError, GuestLog, GuestTensor, InferRequest};
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::{Protocol, RequestLabels, metrics};
 use crate::telemetry::slo::AppSlo;
@@ -343,8 +343,8 @@ pub async fn infer(
             }
         }
     };
-    InferOutcome { model_name: name.to_string(), model_version: version, id, outputs, parameters }
-        .select(requested.as_deref())
+    Ok(InferOutcome { model_name: name.to_string(), model_version: version, id, outputs, parameters }
+        .select(requested.as_deref())?)
 }
 
 /// A plain model's answer to the request.
@@ -418,7 +418,7 @@ async fn run_app(
         deadline_ms: budget.as_millis() as u64,
         request: InferRequest {
             id: request.id.clone(),
-            inputs: request.inputs.into_iter().map(ValidTensor::into_guest).collect(),
+            inputs: request.inputs.into_iter().map(GuestTensor::from).collect(),
             parameters: request.parameters,
         },
     };
@@ -435,7 +435,7 @@ async fn run_app(
     chosen.stats.record(server_error, elapsed);
     let response = response.map_err(|error| Failed { degradable: degradation(&error), error: error.into() })?;
     let outputs =
-        response.outputs.into_iter().map(ValidTensor::from_guest).collect::<Result<Vec<_>, _>>().map_err(|e| {
+        response.outputs.into_iter().map(ValidTensor::try_from).collect::<Result<Vec<_>, _>>().map_err(|e| {
             ApiError::new(ErrorKind::GuestFailure, format!("the component returned an invalid output: {e}"))
         })?;
     check_response_size(name, &outputs, quotas.max_response_bytes)?;
@@ -534,7 +534,7 @@ fn shadow_call(
     let budget = Duration::from_millis(spec.quotas.guest_deadline_ms);
     let request = InferRequest {
         id: request.id.clone(),
-        inputs: request.inputs.iter().cloned().map(ValidTensor::into_guest).collect(),
+        inputs: request.inputs.iter().cloned().map(GuestTensor::from).collect(),
         parameters: request.parameters.clone(),
     };
     Box::new(move || {

@@ -13,8 +13,8 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::error::ApiError;
-use super::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
-use crate::nn::tensor::ElementType;
+use crate::oip::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
+use crate::tensor::ElementType;
 
 #[derive(Debug, Deserialize)]
 pub struct InferRequestJson<'a> {
@@ -210,7 +210,7 @@ fn parse_input(input: InputJson<'_>, binary: &mut &[u8], limits: TensorLimits) -
             }
             let (bytes, rest) = binary.split_at(size);
             *binary = rest;
-            super::raw::decode(datatype, elements, bytes, &name).map_err(ApiError::invalid)?
+            crate::oip::raw::decode(datatype, elements, bytes, &name).map_err(ApiError::invalid)?
         }
         (None, Some(data)) => json_payload(&name, datatype, &shape, elements, data)?,
         (None, None) => return Err(ApiError::invalid(format!("input '{name}' has neither data nor binary_data_size"))),
@@ -415,7 +415,7 @@ pub fn encode_response(outcome: InferOutcome, encoding: &OutputEncoding) -> Resu
         .into_iter()
         .map(|tensor| {
             if encoding.binary(&tensor.name) {
-                let bytes = super::raw::encode(&tensor.payload);
+                let bytes = crate::oip::raw::encode(&tensor.payload);
                 let parameters = serde_json::Map::from_iter([(BINARY_DATA_SIZE.to_string(), Value::from(bytes.len()))]);
                 binary.extend_from_slice(&bytes);
                 OutputJson {

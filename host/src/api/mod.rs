@@ -7,6 +7,7 @@
 //! ([`metrics`]), request ids ([`request_id`]) and the one error table ([`error`]).
 
 pub mod admin;
+mod auth;
 pub mod control;
 pub mod error;
 pub mod grpc;
@@ -16,7 +17,5 @@ pub mod infer;
 pub mod json;
 pub mod metadata;
 pub mod metrics;
-pub mod raw;
 pub mod request_id;
 pub mod triton;
-pub mod types;

@@ -18,7 +18,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use super::backend::Backend;
 use super::models::{LoadedModel, TenantModels};
 use super::scheduler::{ComputeError, QueueSettings, Share};
-use super::tensor::{ElementType, Tensor};
+use crate::tensor::{ElementType, Tensor};
 use bindings::wasi::nn::{errors, graph, inference, tensor};
 
 /// The `wasi:nn` bindings, generated here beside their implementation; the runtime's world

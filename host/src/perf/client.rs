@@ -21,7 +21,7 @@ use crate::api::grpc::proto::grpc_inference_service_client::GrpcInferenceService
 use crate::api::grpc::proto::model_infer_request::InferInputTensor;
 use crate::api::grpc::proto::{ModelInferRequest, ModelMetadataRequest};
 use crate::api::json::parse_infer_request;
-use crate::api::types::TensorLimits;
+use crate::oip::types::TensorLimits;
 
 /// Which protocol to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl PreparedRequest {
                     ..Default::default()
                 };
                 for input in parsed.request.inputs {
-                    request.raw_input_contents.push(crate::api::raw::encode(&input.payload));
+                    request.raw_input_contents.push(crate::oip::raw::encode(&input.payload));
                     request.inputs.push(InferInputTensor {
                         name: input.name,
                         datatype: input.datatype.name().to_string(),

@@ -2,12 +2,29 @@
 //! tenant. Parsing rejects unknown keys and invalid ids, naming the file.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::ids::{AppName, ModelName, TenantId, VersionName};
-use crate::nn::backend::BackendKind;
+
+/// Which backend serves a model (a manifest may pin one; the engines are `nn::backend`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Onnxruntime,
+    Tract,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Onnxruntime => "onnxruntime",
+            Self::Tract => "tract",
+        })
+    }
+}
 
 /// The manifest schema version this build reads.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -8,6 +8,7 @@
 pub mod ids;
 pub mod manifest;
 pub mod store;
+pub mod traffic;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -21,8 +22,8 @@ use manifest::{
     SloManifest, TenantManifest, TensorMetadata,
 };
 
-use crate::nn::backend::BackendKind;
-use crate::rollout::traffic::{Canary, Shadow, Traffic};
+use crate::registry::manifest::BackendKind;
+use traffic::{Canary, Shadow, Traffic};
 
 const PLATFORM_MANIFEST: &str = "platform.toml";
 
@@ -271,7 +272,7 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
         return Err(invalid(format!("app '{name}': stable version '{}' is not among its versions", app.stable)));
     }
     for tensor in app.inputs.iter().chain(&app.outputs) {
-        if tensor.datatype != "BYTES" && crate::nn::tensor::ElementType::from_oip_name(&tensor.datatype).is_none() {
+        if tensor.datatype != "BYTES" && crate::tensor::ElementType::from_oip_name(&tensor.datatype).is_none() {
             return Err(invalid(format!(
                 "app '{name}': tensor '{}' has unknown datatype '{}'",
                 tensor.name, tensor.datatype

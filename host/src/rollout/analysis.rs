@@ -4,21 +4,19 @@
 //! the last step it becomes the stable version; with too little data the analysis waits and
 //! never promotes. Each decision is recorded as an event with the numbers behind it.
 //!
-//! [`decide`] is a pure function of the settings and the two windows; [`analyse`] closes
-//! one app's window and applies the decision (the serving loop calls it every tick).
+//! [`decide`] is a pure function of the settings and the two windows; `AppState::analyse`
+//! closes one app's window and applies the decision (the serving loop calls it every tick).
 
 use std::collections::VecDeque;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::app::AppState;
 use super::traffic::Traffic;
 use crate::registry::manifest::Analysis;
 use crate::telemetry::versions::VersionSnapshot;
 
 /// Events kept per app (oldest dropped first).
-const EVENTS_KEPT: usize = 200;
+pub(super) const EVENTS_KEPT: usize = 200;
 
 /// What the analysis decided for one window.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,7 +101,7 @@ pub fn decide(settings: &Analysis, weight: f64, canary: &VersionSnapshot, stable
 }
 
 /// Apply a decision to the traffic; returns the canary's weight after it.
-fn apply(traffic: &mut Traffic, decision: &Decision) -> f64 {
+pub(super) fn apply(traffic: &mut Traffic, decision: &Decision) -> f64 {
     let Some(canary) = traffic.canary.as_mut() else { return 0.0 };
     match decision {
         Decision::Wait { .. } => canary.weight,
@@ -127,7 +125,7 @@ fn apply(traffic: &mut Traffic, decision: &Decision) -> f64 {
 #[derive(Debug, Default)]
 pub struct AnalysisState {
     /// Snapshots at the start of the current window: (canary, stable).
-    window_start: Option<(VersionSnapshot, VersionSnapshot)>,
+    pub(super) window_start: Option<(VersionSnapshot, VersionSnapshot)>,
     pub events: VecDeque<Event>,
 }
 
@@ -136,59 +134,6 @@ impl AnalysisState {
     pub fn restart(&mut self) {
         self.window_start = None;
     }
-}
-
-/// Close one app's window and act on it; `true` if the traffic changed.
-pub fn analyse(app: &AppState) -> bool {
-    let traffic = app.traffic();
-    let mut analysis = app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(canary) = traffic.canary.clone() else {
-        analysis.window_start = None;
-        return false;
-    };
-    let snapshot = |version| app.version(version).map(|v| v.stats.snapshot()).unwrap_or_default();
-    let now = (snapshot(&canary.version), snapshot(&traffic.stable));
-    // A window accumulates while the analysis waits for data; a decision starts a new one.
-    let Some((canary_start, stable_start)) = analysis.window_start else {
-        analysis.window_start = Some(now);
-        return false;
-    };
-    let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
-    let mut decision = decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
-    if matches!(decision, Decision::Promote { .. } | Decision::Complete)
-        && let Some(reason) = app.slo.as_ref().and_then(|slo| slo.blocks_promotion())
-    {
-        decision = Decision::Wait { reason: format!("{reason}; promotion waits") };
-    }
-    // Someone else may have changed the traffic since it was read: act only on the same canary.
-    let applied =
-        app.update_traffic(|current| (current.canary.as_ref() == Some(&canary)).then(|| apply(current, &decision)));
-    let Some(weight_after) = applied else { return false };
-    let (action, reason) = match &decision {
-        Decision::Wait { reason } => ("wait", reason.clone()),
-        Decision::Promote { weight } => ("promote", format!("healthy; weight {} -> {weight}", canary.weight)),
-        Decision::Complete => ("complete", format!("healthy at the last step; version {} is stable", canary.version)),
-        Decision::Rollback { reason } => ("rollback", reason.clone()),
-    };
-    if action != "wait" {
-        tracing::info!(app = %app.spec.name, canary = %canary.version, action, %reason, "rollout decision");
-        analysis.window_start = Some(now);
-    }
-    let event = Event {
-        unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-        action,
-        canary_version: canary.version.to_string(),
-        weight_before: canary.weight,
-        weight_after,
-        reason,
-        canary: WindowFigures::from(&canary_window),
-        stable: WindowFigures::from(&stable_window),
-    };
-    if analysis.events.len() == EVENTS_KEPT {
-        analysis.events.pop_front();
-    }
-    analysis.events.push_back(event);
-    action != "wait"
 }
 
 #[cfg(test)]

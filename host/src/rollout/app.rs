@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use super::analysis::AnalysisState;
+use super::analysis::{self, AnalysisState, Decision, EVENTS_KEPT, Event, WindowFigures};
 use super::shadow::ShadowStats;
 use super::traffic::Traffic;
 use crate::registry::AppSpec;
@@ -113,5 +113,64 @@ impl AppState {
                 self.spec.name
             ))
         })
+    }
+
+    /// Close one app's window and act on it; `true` if the traffic changed.
+    pub fn analyse(&self) -> bool {
+        let app = self;
+        let traffic = app.traffic();
+        let mut window = app.analysis.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(canary) = traffic.canary.clone() else {
+            window.window_start = None;
+            return false;
+        };
+        let snapshot = |version| app.version(version).map(|v| v.stats.snapshot()).unwrap_or_default();
+        let now = (snapshot(&canary.version), snapshot(&traffic.stable));
+        // A window accumulates while the analysis waits for data; a decision starts a new one.
+        let Some((canary_start, stable_start)) = window.window_start else {
+            window.window_start = Some(now);
+            return false;
+        };
+        let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
+        let mut decision = analysis::decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
+        if matches!(decision, Decision::Promote { .. } | Decision::Complete)
+            && let Some(reason) = app.slo.as_ref().and_then(|slo| slo.blocks_promotion())
+        {
+            decision = Decision::Wait { reason: format!("{reason}; promotion waits") };
+        }
+        // Someone else may have changed the traffic since it was read: act only on the same canary.
+        let applied = app.update_traffic(|current| {
+            (current.canary.as_ref() == Some(&canary)).then(|| analysis::apply(current, &decision))
+        });
+        let Some(weight_after) = applied else { return false };
+        let (action, reason) = match &decision {
+            Decision::Wait { reason } => ("wait", reason.clone()),
+            Decision::Promote { weight } => ("promote", format!("healthy; weight {} -> {weight}", canary.weight)),
+            Decision::Complete => {
+                ("complete", format!("healthy at the last step; version {} is stable", canary.version))
+            }
+            Decision::Rollback { reason } => ("rollback", reason.clone()),
+        };
+        if action != "wait" {
+            tracing::info!(app = %app.spec.name, canary = %canary.version, action, %reason, "rollout decision");
+            window.window_start = Some(now);
+        }
+        let event = Event {
+            unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            action,
+            canary_version: canary.version.to_string(),
+            weight_before: canary.weight,
+            weight_after,
+            reason,
+            canary: WindowFigures::from(&canary_window),
+            stable: WindowFigures::from(&stable_window),
+        };
+        if window.events.len() == EVENTS_KEPT {
+            window.events.pop_front();
+        }
+        window.events.push_back(event);
+        action != "wait"
     }
 }

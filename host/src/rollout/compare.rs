@@ -2,8 +2,8 @@
 //! arg-max of each row of a float output; equality for integer and byte outputs), and how
 //! far apart are their float values.
 
-use crate::api::types::{Datatype, Payload, ValidTensor};
-use crate::nn::tensor::ElementType;
+use crate::oip::types::{Datatype, Payload, ValidTensor};
+use crate::tensor::ElementType;
 
 /// How a shadow answer compares with the primary answer.
 #[derive(Debug, Clone, Copy, PartialEq)]

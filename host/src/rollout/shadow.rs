@@ -11,7 +11,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::compare::compare;
-use crate::api::types::ValidTensor;
+use crate::oip::types::ValidTensor;
 use crate::runtime::{GuestCall, Prepared, Runtime};
 use crate::telemetry::metrics::ShadowSeries;
 
@@ -114,7 +114,7 @@ async fn run(runtime: &Runtime, job: ShadowJob) {
         Ok(response) => response
             .outputs
             .into_iter()
-            .map(ValidTensor::from_guest)
+            .map(ValidTensor::try_from)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string()),
         Err(error) => Err(error.to_string()),

@@ -1,67 +1,13 @@
-//! An app's traffic: the stable version, an optional canary with a weight, an optional
-//! shadow with a sample rate, and an optional sticky-key header. Routing is a pure function
+//! Routing an app's traffic (the split itself, [`Traffic`], is declared in the registry).
+//! Routing is a pure function
 //! of the traffic and two numbers in [0, 1) (a draw for the split, one for the shadow
 //! sample), so it is unit-tested without randomness; a sticky key replaces the split draw
 //! with a hash of the key, so one key always lands on one version.
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::registry::ids::VersionName;
-
-/// A canary: `version` receives `weight` percent of unpinned requests.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Canary {
-    pub version: VersionName,
-    pub weight: f64,
-}
-
-/// A shadow: a `sample` fraction of unpinned requests is mirrored to `version`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Shadow {
-    pub version: VersionName,
-    pub sample: f64,
-}
-
-/// How an app's unpinned requests are split.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Traffic {
-    pub stable: VersionName,
-    pub canary: Option<Canary>,
-    pub shadow: Option<Shadow>,
-    /// Request header whose value pins a caller to one side of the split.
-    #[serde(default)]
-    pub sticky_header: Option<String>,
-}
-
-impl Traffic {
-    /// Check the split against the app's versions and the weight and sample ranges.
-    pub fn check(&self, has_version: impl Fn(&VersionName) -> bool) -> Result<(), String> {
-        let known = |version: &VersionName, role: &str| {
-            if has_version(version) { Ok(()) } else { Err(format!("{role} version '{version}' does not exist")) }
-        };
-        known(&self.stable, "stable")?;
-        if let Some(canary) = &self.canary {
-            known(&canary.version, "canary")?;
-            if !(0.0..=100.0).contains(&canary.weight) {
-                return Err(format!("canary weight {} must be 0 to 100 (percent)", canary.weight));
-            }
-            if canary.version == self.stable {
-                return Err(format!("canary version '{}' is the stable version", canary.version));
-            }
-        }
-        if let Some(shadow) = &self.shadow {
-            known(&shadow.version, "shadow")?;
-            if !(0.0..=1.0).contains(&shadow.sample) {
-                return Err(format!("shadow sample {} must be 0 to 1 (a fraction)", shadow.sample));
-            }
-        }
-        Ok(())
-    }
-}
+pub use crate::registry::traffic::{Canary, Shadow, Traffic};
 
 /// Where one request goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,10 +18,6 @@ pub struct Route {
 }
 
 impl Traffic {
-    pub fn stable_only(stable: VersionName) -> Self {
-        Self { stable, canary: None, shadow: None, sticky_header: None }
-    }
-
     /// Route an unpinned request. `split_draw` and `shadow_draw` are uniform in [0, 1);
     /// with a sticky key, the key's hash takes the place of `split_draw`.
     pub fn route(&self, app: &str, sticky_key: Option<&str>, split_draw: f64, shadow_draw: f64) -> Route {

@@ -12,6 +12,7 @@ mod invoke;
 mod limits;
 mod poll;
 mod store;
+mod tensors;
 mod world;
 
 use std::path::PathBuf;

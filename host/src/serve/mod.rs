@@ -223,7 +223,7 @@ async fn analyse_canaries(state: Arc<ServingState>, tick: Duration) {
                 let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
                 if due {
                     last_window.insert(key, std::time::Instant::now());
-                    if crate::rollout::analysis::analyse(&app)
+                    if app.analyse()
                         && let Err(error) = crate::control::apply::save_control(&state, &tenant)
                     {
                         tracing::error!(app = %name, %error, "could not save a rollout decision");

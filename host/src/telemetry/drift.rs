@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::nn::tensor::{ElementType, Tensor};
 use crate::registry::manifest::Drift as DriftSettings;
+use crate::tensor::{ElementType, Tensor};
 
 /// Inputs with at most this many values per row get one feature per column.
 const MAX_COLUMN_FEATURES: usize = 64;

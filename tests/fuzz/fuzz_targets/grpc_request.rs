@@ -6,7 +6,7 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use sluice::api::grpc::parse_infer_request;
 use sluice::api::grpc::proto::ModelInferRequest;
-use sluice::api::types::TensorLimits;
+use sluice::oip::types::TensorLimits;
 
 const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 16 };
 

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice::api::raw::{decode, encode};
-use sluice::api::types::Datatype;
+use sluice::oip::raw::{decode, encode};
+use sluice::oip::types::Datatype;
 
 const NAMES: [&str; 14] =
     ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"];

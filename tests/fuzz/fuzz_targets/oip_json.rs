@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use sluice::api::json::parse_infer_request;
-use sluice::api::types::TensorLimits;
+use sluice::oip::types::TensorLimits;
 
 const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 16 };
 

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice::nn::tensor::{ElementType, Tensor};
+use sluice::tensor::{ElementType, Tensor};
 
 const TYPES: [ElementType; 7] =
     [ElementType::F16, ElementType::F32, ElementType::F64, ElementType::BF16, ElementType::U8, ElementType::I32, ElementType::I64];

@@ -9,30 +9,13 @@ pub mod onnxruntime;
 #[cfg(feature = "tract")]
 pub mod tract;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::tensor::{ElementType, Tensor};
-
-/// Which backend serves a model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    Onnxruntime,
-    Tract,
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Onnxruntime => "onnxruntime",
-            Self::Tract => "tract",
-        })
-    }
-}
+pub use crate::registry::manifest::BackendKind;
+use crate::tensor::{ElementType, Tensor};
 
 /// A model input or output as the graph declares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

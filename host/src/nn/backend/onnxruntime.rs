@@ -12,7 +12,7 @@ use ort::session::{RunOptions, Session};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
-use crate::nn::tensor::{ElementType, Tensor};
+use crate::tensor::{ElementType, Tensor};
 
 const KIND: BackendKind = BackendKind::Onnxruntime;
 

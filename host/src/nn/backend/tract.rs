@@ -14,7 +14,7 @@ use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
-use crate::nn::tensor::{ElementType, Tensor};
+use crate::tensor::{ElementType, Tensor};
 
 const KIND: BackendKind = BackendKind::Tract;
 

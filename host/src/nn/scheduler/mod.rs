@@ -20,9 +20,9 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backend::{BackendError, Graph, Stop};
-use super::tensor::Tensor;
 use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
 use crate::telemetry::stats::ModelStats;
+use crate::tensor::Tensor;
 use admission::{Backlog, Verdict};
 use padding::PaddingRule;
 pub use queue::Share;

@@ -65,7 +65,7 @@ impl PaddingRule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nn::tensor::{ElementType, Tensor};
+    use crate::tensor::{ElementType, Tensor};
 
     fn tokens(rows: usize, values: &[i64]) -> Tensor {
         let length = values.len() / rows;

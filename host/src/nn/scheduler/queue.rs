@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::padding::PaddingRule;
-use crate::nn::tensor::{ElementType, Tensor};
+use crate::tensor::{ElementType, Tensor};
 
 /// What makes two jobs stackable: per input, its name, element type and trailing dims.
 pub type ShapeKey = Vec<(String, ElementType, Vec<usize>)>;

@@ -1,5 +1,7 @@
-//! Host-side model tensors: element type, dimensions and little-endian bytes, checked on
-//! construction so every tensor that reaches a queue or a backend is self-consistent.
+//! The tensor vocabulary every layer shares, at the bottom of the layers (it imports
+//! nothing of the crate): element types with their names and sizes, and model tensors
+//! (element type, dimensions and little-endian bytes), checked on construction so every
+//! tensor that reaches a queue or a backend is self-consistent.
 
 use std::fmt;
 

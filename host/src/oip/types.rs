@@ -1,9 +1,13 @@
 //! Protocol-neutral validated requests and results. Every front end turns its wire format
 //! into these (parse, don't validate); everything downstream takes only these.
 
-use crate::api::error::ApiError;
-use crate::nn::tensor::{ElementType, Tensor, byte_len};
-use crate::runtime::{Datatype as GuestDatatype, GuestTensor, TensorData as GuestData};
+use crate::tensor::{ElementType, Tensor};
+
+/// A request that is well-formed on the wire but not a valid inference request (the message
+/// says which tensor and why).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidRequest(pub String);
 
 /// An OIP datatype: a fixed-size element type or BYTES.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,13 +114,12 @@ impl ValidTensor {
     }
 
     /// As a model input (BYTES cannot feed a model directly).
-    pub fn into_model_tensor(self) -> Result<(String, Tensor), ApiError> {
+    pub fn into_model_tensor(self) -> Result<(String, Tensor), InvalidRequest> {
         let (Datatype::Fixed(ty), Payload::Fixed(bytes)) = (self.datatype, self.payload) else {
-            return Err(ApiError::invalid(format!("input '{}' is BYTES; this model takes numeric tensors", self.name)));
+            return Err(InvalidRequest(format!("input '{}' is BYTES; this model takes numeric tensors", self.name)));
         };
         let dims = self.shape.iter().map(|&d| d as usize).collect();
-        let tensor =
-            Tensor::new(ty, dims, bytes).map_err(|e| ApiError::invalid(format!("input '{}': {e}", self.name)))?;
+        let tensor = Tensor::new(ty, dims, bytes).map_err(|e| InvalidRequest(format!("input '{}': {e}", self.name)))?;
         Ok((self.name, tensor))
     }
 
@@ -126,78 +129,6 @@ impl ValidTensor {
         let datatype = Datatype::Fixed(tensor.ty());
         Self { name, datatype, shape, payload: Payload::Fixed(tensor.into_data()) }
     }
-
-    /// As the guest's request tensor.
-    pub fn into_guest(self) -> GuestTensor {
-        GuestTensor {
-            name: self.name,
-            datatype: guest_datatype(self.datatype),
-            shape: self.shape,
-            data: match self.payload {
-                Payload::Fixed(bytes) => GuestData::Raw(bytes),
-                Payload::Bytes(items) => GuestData::Elements(items),
-            },
-        }
-    }
-
-    /// From a guest's response tensor, checked like any client input.
-    pub fn from_guest(tensor: GuestTensor) -> Result<Self, String> {
-        let datatype = host_datatype(tensor.datatype);
-        let payload = match tensor.data {
-            GuestData::Raw(bytes) => Payload::Fixed(bytes),
-            GuestData::Elements(items) => Payload::Bytes(items),
-        };
-        if let (Datatype::Fixed(ty), Payload::Fixed(bytes)) = (&datatype, &payload) {
-            let dims: Vec<usize> = tensor.shape.iter().map(|&d| d as usize).collect();
-            if byte_len(*ty, &dims) != Some(bytes.len()) {
-                return Err(format!(
-                    "output '{}' has {} bytes, which does not fit shape {:?} of {ty}",
-                    tensor.name,
-                    bytes.len(),
-                    tensor.shape
-                ));
-            }
-        }
-        Self::new(tensor.name, datatype, tensor.shape, payload, TensorLimits { max_elements: u64::MAX })
-    }
-}
-
-fn guest_datatype(datatype: Datatype) -> GuestDatatype {
-    match datatype {
-        Datatype::Bytes => GuestDatatype::Bytes,
-        Datatype::Fixed(ty) => match ty {
-            ElementType::Bool => GuestDatatype::Bool,
-            ElementType::U8 => GuestDatatype::Uint8,
-            ElementType::I8 => GuestDatatype::Int8,
-            ElementType::U16 => GuestDatatype::Uint16,
-            ElementType::I16 => GuestDatatype::Int16,
-            ElementType::U32 => GuestDatatype::Uint32,
-            ElementType::I32 => GuestDatatype::Int32,
-            ElementType::U64 => GuestDatatype::Uint64,
-            ElementType::I64 => GuestDatatype::Int64,
-            ElementType::F16 | ElementType::BF16 => GuestDatatype::Fp16,
-            ElementType::F32 => GuestDatatype::Fp32,
-            ElementType::F64 => GuestDatatype::Fp64,
-        },
-    }
-}
-
-fn host_datatype(datatype: GuestDatatype) -> Datatype {
-    Datatype::Fixed(match datatype {
-        GuestDatatype::Bytes => return Datatype::Bytes,
-        GuestDatatype::Bool => ElementType::Bool,
-        GuestDatatype::Uint8 => ElementType::U8,
-        GuestDatatype::Int8 => ElementType::I8,
-        GuestDatatype::Uint16 => ElementType::U16,
-        GuestDatatype::Int16 => ElementType::I16,
-        GuestDatatype::Uint32 => ElementType::U32,
-        GuestDatatype::Int32 => ElementType::I32,
-        GuestDatatype::Uint64 => ElementType::U64,
-        GuestDatatype::Int64 => ElementType::I64,
-        GuestDatatype::Fp16 => ElementType::F16,
-        GuestDatatype::Fp32 => ElementType::F32,
-        GuestDatatype::Fp64 => ElementType::F64,
-    })
 }
 
 /// A validated inference request.
@@ -222,7 +153,7 @@ pub struct InferOutcome {
 
 impl InferOutcome {
     /// Keep only the outputs the client asked for, in the order asked.
-    pub fn select(mut self, requested: Option<&[String]>) -> Result<Self, ApiError> {
+    pub fn select(mut self, requested: Option<&[String]>) -> Result<Self, InvalidRequest> {
         let Some(requested) = requested else {
             return Ok(self);
         };
@@ -230,7 +161,7 @@ impl InferOutcome {
         for name in requested {
             let index = self.outputs.iter().position(|o| &o.name == name).ok_or_else(|| {
                 let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
-                ApiError::invalid(format!("unknown requested output '{name}'; outputs: {known:?}"))
+                InvalidRequest(format!("unknown requested output '{name}'; outputs: {known:?}"))
             })?;
             selected.push(self.outputs.swap_remove(index));
         }

@@ -76,7 +76,7 @@ mod tests {
                 let payload = Payload::Bytes(elements.clone());
                 let decoded = decode(Datatype::Bytes, elements.len() as u64, &encode(&payload), "x");
                 prop_assert_eq!(decoded, Ok(payload));
-                for datatype in [Datatype::Bytes, Datatype::Fixed(crate::nn::tensor::ElementType::F32), Datatype::Fixed(crate::nn::tensor::ElementType::Bool)] {
+                for datatype in [Datatype::Bytes, Datatype::Fixed(crate::tensor::ElementType::F32), Datatype::Fixed(crate::tensor::ElementType::Bool)] {
                     let _ = decode(datatype, raw.len() as u64 / 2, &raw, "x");
                 }
             }
