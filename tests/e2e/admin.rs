@@ -93,3 +93,36 @@ async fn without_an_admin_token_there_is_no_admin_api() {
     assert_eq!(code, 404, "{body}");
     assert!(error_message(&body).contains("--admin-token"), "{body}");
 }
+
+#[tokio::test]
+async fn allowing_raw_model_loads_takes_effect_at_once_both_ways_and_after_a_restart() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", ACME, "");
+    manifest += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("acme.toml", &manifest);
+    let data = tempfile::tempdir().expect("tmp");
+    let args = ["--admin-token", ADMIN];
+    let server = Server::start_in(tenants.path(), data.path(), &args).expect("starts");
+    let load_bytes = json!({ "inputs": [], "parameters": { "mode": "load-bytes" } });
+    let refused = |body: &Value| error_message(body).contains("not allowed for this tenant");
+    let (code, body) = server.infer("hostile", ACME, &load_bytes).await;
+    assert!(code == 500 && refused(&body), "the manifest does not allow raw loads: {body}");
+
+    let allow = json!({ "allow_raw_model_load": true });
+    let (code, body) = admin(&server, Method::PUT, "/admin/v1/tenants/acme/quotas", allow).await;
+    assert_eq!(code, 200, "{body}");
+    let (_, body) = server.infer("hostile", ACME, &load_bytes).await;
+    // Allowed now; sixteen zero bytes are no ONNX graph: a model error, not a refusal.
+    assert!(!refused(&body) && error_message(&body).contains("not an ONNX model"), "allowed at once: {body}");
+
+    drop(server);
+    let server = Server::start_in(tenants.path(), data.path(), &args).expect("restarts");
+    let (_, body) = server.infer("hostile", ACME, &load_bytes).await;
+    assert!(!refused(&body), "still allowed after a restart: {body}");
+
+    let revoke = json!({ "allow_raw_model_load": false });
+    let (code, body) = admin(&server, Method::PUT, "/admin/v1/tenants/acme/quotas", revoke).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = server.infer("hostile", ACME, &load_bytes).await;
+    assert!(code == 500 && refused(&body), "revoked at once: {body}");
+}

@@ -26,6 +26,15 @@ fn an_unknown_manifest_key_is_rejected_naming_file_and_key() {
 }
 
 #[test]
+fn quotas_a_request_could_never_pass_are_rejected_at_start() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", "k", "max_concurrent_requests = 0"));
+    let data = tempfile::tempdir().expect("tmp");
+    let log = Server::start_in(tenants.path(), data.path(), &[]).err().expect("the server must refuse to start");
+    assert!(log.contains("acme.toml") && log.contains("max_concurrent_requests"), "{log}");
+}
+
+#[test]
 fn a_restart_does_not_recompile_components() {
     let tenants = Tenants::new();
     let mut manifest = tenant_header("acme", "k", "");

@@ -179,7 +179,7 @@ impl From<TenancyError> for ApiError {
             }
             TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } => ErrorKind::Overloaded,
             TenancyError::DeadlineWaiting => ErrorKind::DeadlineExceeded,
-            TenancyError::NoAdmissionState { .. } | TenancyError::TurnLost => ErrorKind::Internal,
+            TenancyError::TurnLost => ErrorKind::Internal,
         };
         Self::new(kind, error.to_string())
     }

@@ -207,7 +207,7 @@ impl GrpcApi {
             // Admitted by the body layer before the message was read (see `grpc_body`).
             let admitted = match request.extensions().get::<grpc_body::Admission>().and_then(|a| a.take()) {
                 Some(admitted) => admitted,
-                None => infer::admit(&self.state, tenant)?,
+                None => infer::admit(tenant)?,
             };
             let entry = infer::enter(&self.state, tenant, admitted, client_timeout).await?;
             let (metadata, _, message) = request.into_parts();

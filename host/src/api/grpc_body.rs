@@ -97,7 +97,7 @@ where
             // An unknown key is left to the method, which answers it like every other call.
             if let Ok(tenant) = super::auth::tenant_for_key(state, authorization) {
                 let spec = tenant.tenant();
-                match infer::admit(state, &tenant) {
+                match infer::admit(&tenant) {
                     Ok(admitted) => {
                         request.extensions_mut().insert(Admission(Arc::new(Mutex::new(Some(admitted)))));
                     }

@@ -182,7 +182,7 @@ async fn enter_and_read(
     if declared_length(headers).is_some_and(|length| length > limit as u64) {
         return Err(ApiError::body_too_large(limit));
     }
-    let admitted = infer::admit(state, tenant)?;
+    let admitted = infer::admit(tenant)?;
     let timeout = state.body_timeouts.request;
     let body = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit))
         .await

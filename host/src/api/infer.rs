@@ -182,7 +182,7 @@ pub struct Admitted {
 
 /// Admit a request of `tenant` under its rate and concurrency quotas (429 past either, with
 /// the wait in `Retry-After`).
-pub fn admit(state: &ServingState, tenant: &TenantState) -> Result<Admitted, ApiError> {
+pub fn admit(tenant: &TenantState) -> Result<Admitted, ApiError> {
     let spec = tenant.tenant();
     tenant.take_request().map_err(|wait| {
         ApiError::new(
@@ -196,7 +196,7 @@ pub fn admit(state: &ServingState, tenant: &TenantState) -> Result<Admitted, Api
         )
         .with_retry_after(wait)
     })?;
-    Ok(Admitted { in_flight: state.admission.admit(&spec.id)? })
+    Ok(Admitted { in_flight: tenant.policy().admission.admit(&spec.id)? })
 }
 
 /// Count a request refused before it was served (as [`observed`] counts served ones).
@@ -406,7 +406,7 @@ async fn run_app(
         let call = shadow_call(tenant, spec, app, shadow, share, &request, memory_bytes);
         Some((prepared, call))
     });
-    let raw_load = tenant.raw_backend.clone().map(|backend| RawLoad {
+    let raw_load = tenant.policy().raw_load.clone().map(|backend| RawLoad {
         backend,
         max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
     });

@@ -68,12 +68,7 @@ fn check_quotas(state: &ServingState, quotas: &Quotas) -> Result<(), ControlErro
             quotas.guest_memory_mib
         )));
     }
-    if quotas.max_concurrent_requests == 0 || quotas.compute_weight == 0 || quotas.guest_deadline_ms == 0 {
-        return Err(ControlError::Invalid(
-            "max_concurrent_requests, compute_weight and guest_deadline_ms must be at least 1".to_string(),
-        ));
-    }
-    Ok(())
+    quotas.validate().map_err(ControlError::Invalid)
 }
 
 /// Create a tenant with no models, apps or keys.
@@ -94,7 +89,6 @@ pub fn create_tenant(state: &ServingState, id: TenantId, quotas: Quotas) -> Resu
 pub fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> Result<(), ControlError> {
     check_quotas(state, &quotas)?;
     let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
-    state.admission.set_limit(id.clone(), quotas.max_concurrent_requests);
     tenant.set_quotas(quotas);
     tenant.admin_managed.store(true, Ordering::Relaxed);
     save_control(state, &tenant)

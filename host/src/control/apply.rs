@@ -113,7 +113,6 @@ pub async fn restore_control(state: &ServingState) -> anyhow::Result<()> {
         let id = spec.id.as_str();
         let Some(saved) = state.store.read_state::<TenantControl>(id)? else { continue };
         if let Some(quotas) = saved.quotas {
-            state.admission.set_limit(spec.id.clone(), quotas.max_concurrent_requests);
             tenant.set_quotas(quotas);
             tenant.admin_managed.store(true, Ordering::Relaxed);
         }

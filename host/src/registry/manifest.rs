@@ -99,6 +99,16 @@ pub struct Quotas {
     pub max_log_bytes_per_second: u64,
 }
 
+impl Quotas {
+    /// Check what no quota source may set (a manifest or the admin API alike).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_concurrent_requests == 0 || self.compute_weight == 0 || self.guest_deadline_ms == 0 {
+            return Err("max_concurrent_requests, compute_weight and guest_deadline_ms must be at least 1".to_string());
+        }
+        Ok(())
+    }
+}
+
 impl Default for Quotas {
     fn default() -> Self {
         Self {

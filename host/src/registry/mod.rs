@@ -168,6 +168,7 @@ impl Registry {
                 )));
             }
         }
+        manifest.quotas.validate().map_err(|e| invalid(format!("quotas: {e}")))?;
         let tenant = Tenant { id: manifest.id.clone(), quotas: manifest.quotas, models, apps };
         self.tenants.insert(manifest.id, Arc::new(tenant));
         Ok(())

@@ -27,51 +27,80 @@ use crate::tenancy::turns::Turns;
 const SHADOW_QUEUE: usize = 64;
 const SHADOW_QUEUE_BYTES: usize = 64 << 20;
 
+/// What a tenant's quotas mean while serving, derived from them in one place
+/// ([`Policy::derive`]) and replaced whole when they change, so no copy of a quota drifts
+/// from its source.
+pub struct Policy {
+    /// Requests in flight (`max_concurrent_requests`).
+    pub admission: Admission,
+    /// The backend guests' raw `load` uses, when `allow_raw_model_load` allows it.
+    pub raw_load: Option<Arc<dyn Backend>>,
+    /// Guest log bytes a second (`max_log_bytes_per_second`).
+    pub log_allowance: Arc<TokenBucket>,
+    /// Requests a second (`max_requests_per_second`), when limited.
+    pub request_rate: Option<Arc<TokenBucket>>,
+}
+
+impl Policy {
+    /// `raw_backend`: what raw loads would run on, for tenants allowed them.
+    pub fn derive(quotas: &Quotas, raw_backend: Option<&Arc<dyn Backend>>) -> Self {
+        let rate = f64::from(quotas.max_requests_per_second);
+        let log_rate = quotas.max_log_bytes_per_second as f64;
+        Self {
+            admission: Admission::new(quotas.max_concurrent_requests),
+            raw_load: raw_backend.filter(|_| quotas.allow_raw_model_load).cloned(),
+            log_allowance: Arc::new(TokenBucket::new(log_rate, log_rate)),
+            request_rate: (rate > 0.0).then(|| Arc::new(TokenBucket::new(rate, rate))),
+        }
+    }
+}
+
 /// One tenant's serving state.
 pub struct TenantState {
     /// Id, keys and quotas; quotas change through the admin API.
     spec: RwLock<Arc<Tenant>>,
+    /// What the quotas in `spec` mean, derived from them.
+    policy: RwLock<Arc<Policy>>,
+    /// The server's backend for raw loads, for the policy of any quotas.
+    raw_backend: Option<Arc<dyn Backend>>,
     pub models: Arc<TenantModels>,
     apps: RwLock<BTreeMap<AppName, Arc<AppState>>>,
-    /// Backend for guests' raw `load`, when the tenant's quota allows it.
-    pub raw_backend: Option<Arc<dyn Backend>>,
     /// Keys or quotas were set through the admin API: they are saved and win over the manifest.
     pub admin_managed: AtomicBool,
-    /// The tenant's guest log bytes a second (`max_log_bytes_per_second`).
-    log_allowance: RwLock<Arc<TokenBucket>>,
-    /// The tenant's requests a second (`max_requests_per_second`), when limited.
-    request_rate: RwLock<Option<Arc<TokenBucket>>>,
 }
 
 impl TenantState {
+    /// `raw_backend`: the server's backend for raw loads (used only where quotas allow them).
     pub fn new(
         spec: Arc<Tenant>,
         models: Arc<TenantModels>,
         apps: BTreeMap<AppName, Arc<AppState>>,
         raw_backend: Option<Arc<dyn Backend>>,
     ) -> Self {
-        let log_allowance = RwLock::new(log_allowance(&spec.quotas));
-        let request_rate = RwLock::new(request_rate(&spec.quotas));
+        let policy = RwLock::new(Arc::new(Policy::derive(&spec.quotas, raw_backend.as_ref())));
         Self {
             spec: RwLock::new(spec),
+            policy,
+            raw_backend,
             models,
             apps: RwLock::new(apps),
-            raw_backend,
             admin_managed: AtomicBool::new(false),
-            log_allowance,
-            request_rate,
         }
+    }
+
+    /// The tenant's current policy (a copy of the handle: hold it for one request).
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Count a request against the tenant's rate; `Err` with the wait when it is over it.
     pub fn take_request(&self) -> Result<(), Duration> {
-        let rate = self.request_rate.read().unwrap_or_else(PoisonError::into_inner).clone();
-        rate.map_or(Ok(()), |bucket| bucket.take(1.0, std::time::Instant::now()))
+        self.policy().request_rate.as_ref().map_or(Ok(()), |bucket| bucket.take(1.0, std::time::Instant::now()))
     }
 
     /// The bucket the tenant's guest log lines are paid from.
     pub fn log_allowance(&self) -> Arc<TokenBucket> {
-        self.log_allowance.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.policy().log_allowance.clone()
     }
 
     /// The tenant's id and current quotas.
@@ -79,10 +108,10 @@ impl TenantState {
         self.spec.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Replace the tenant's quotas.
+    /// Replace the tenant's quotas, and the policy derived from them.
     pub fn set_quotas(&self, quotas: Quotas) {
-        *self.log_allowance.write().unwrap_or_else(PoisonError::into_inner) = log_allowance(&quotas);
-        *self.request_rate.write().unwrap_or_else(PoisonError::into_inner) = request_rate(&quotas);
+        let policy = Arc::new(Policy::derive(&quotas, self.raw_backend.as_ref()));
+        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = policy;
         let mut spec = self.spec.write().unwrap_or_else(PoisonError::into_inner);
         let mut updated = Tenant::clone(&spec);
         updated.quotas = quotas;
@@ -129,23 +158,12 @@ impl Default for BodyTimeouts {
     }
 }
 
-fn request_rate(quotas: &Quotas) -> Option<Arc<TokenBucket>> {
-    let rate = f64::from(quotas.max_requests_per_second);
-    (rate > 0.0).then(|| Arc::new(TokenBucket::new(rate, rate)))
-}
-
-fn log_allowance(quotas: &Quotas) -> Arc<TokenBucket> {
-    let rate = quotas.max_log_bytes_per_second as f64;
-    Arc::new(TokenBucket::new(rate, rate))
-}
-
 /// Everything a request needs.
 pub struct ServingState {
     pub runtime: Arc<Runtime>,
     tenants: RwLock<HashMap<TenantId, Arc<TenantState>>>,
     /// API key digests (SHA-256, hex) and the tenant each belongs to.
     keys: RwLock<HashMap<String, TenantId>>,
-    pub admission: Admission,
     /// Fair turns on the host CPU across all tenants.
     pub turns: Arc<Turns>,
     /// Mirrors of sampled requests to shadow versions.
@@ -207,10 +225,9 @@ impl ServingState {
         digests
     }
 
-    /// Add a tenant's serving state (and its admission limit) from its spec.
+    /// Add a tenant's serving state from its spec.
     pub fn insert_tenant(&self, spec: Tenant) -> Arc<TenantState> {
-        self.admission.set_limit(spec.id.clone(), spec.quotas.max_concurrent_requests);
-        let raw_backend = spec.quotas.allow_raw_model_load.then(|| self.raw_backend()).flatten();
+        let raw_backend = self.raw_backend();
         let models = Arc::new(TenantModels::new(BTreeMap::new(), self.shared_models.clone()));
         let id = spec.id.clone();
         let tenant = Arc::new(TenantState::new(Arc::new(spec), models, BTreeMap::new(), raw_backend));
@@ -268,16 +285,11 @@ impl ServingState {
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
                 apps.insert(name.clone(), Arc::new(AppState::new(spec.clone(), versions)));
             }
-            let raw_backend = if tenant.quotas.allow_raw_model_load {
-                default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred())
-            } else {
-                None
-            };
+            let raw_backend = default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred());
             let models = Arc::new(TenantModels::new(own, shared.clone()));
             let state = TenantState::new(tenant.clone(), models, apps, raw_backend);
             tenants.insert(tenant.id.clone(), Arc::new(state));
         }
-        let admission = Admission::new(registry.tenants().map(|t| (t.id.clone(), t.quotas.max_concurrent_requests)));
         let runtime = Arc::new(runtime);
         let shadows =
             Shadows::start(runtime.clone(), SHADOW_QUEUE, SHADOW_QUEUE_BYTES).context("starting the shadow thread")?;
@@ -288,7 +300,6 @@ impl ServingState {
             keys,
             runtime,
             tenants: RwLock::new(tenants),
-            admission,
             turns,
             shadows,
             store,

@@ -23,8 +23,6 @@ pub enum TenancyError {
     LineFull { tenant: Option<String> },
     #[error("the request's deadline passed while it waited for the server to start it")]
     DeadlineWaiting,
-    #[error("tenant '{tenant}' has no admission state")]
-    NoAdmissionState { tenant: String },
     #[error("the request's turn was lost")]
     TurnLost,
 }

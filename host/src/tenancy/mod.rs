@@ -7,8 +7,7 @@ pub mod turns;
 
 pub use error::TenancyError;
 
-use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -24,36 +23,24 @@ pub fn bearer_key(authorization: Option<&str>) -> Result<&str, TenancyError> {
     Ok(key.trim())
 }
 
-/// Per-tenant limits on requests in flight.
-#[derive(Default)]
+/// One tenant's limit on requests in flight (`max_concurrent_requests`). A quota change
+/// makes a new one; requests admitted under the old limit finish under it.
 pub struct Admission {
-    in_flight: RwLock<HashMap<TenantId, (Arc<Semaphore>, u32)>>,
+    slots: Arc<Semaphore>,
+    max: u32,
 }
 
 impl Admission {
-    pub fn new(limits: impl IntoIterator<Item = (TenantId, u32)>) -> Self {
-        let admission = Self::default();
-        for (tenant, max) in limits {
-            admission.set_limit(tenant, max);
-        }
-        admission
+    pub fn new(max: u32) -> Self {
+        Self { slots: Arc::new(Semaphore::new(max as usize)), max }
     }
 
-    /// Set (or change) a tenant's limit; requests in flight under an old limit finish.
-    pub fn set_limit(&self, tenant: TenantId, max: u32) {
-        let mut in_flight = self.in_flight.write().unwrap_or_else(PoisonError::into_inner);
-        in_flight.insert(tenant, (Arc::new(Semaphore::new(max as usize)), max));
-    }
-
-    /// A permit for one request; dropping it frees the slot.
+    /// A permit for one request of `tenant`; dropping it frees the slot.
     pub fn admit(&self, tenant: &TenantId) -> Result<OwnedSemaphorePermit, TenancyError> {
-        let in_flight = self.in_flight.read().unwrap_or_else(PoisonError::into_inner);
-        let (semaphore, max) =
-            in_flight.get(tenant).ok_or_else(|| TenancyError::NoAdmissionState { tenant: tenant.to_string() })?;
-        semaphore
+        self.slots
             .clone()
             .try_acquire_owned()
-            .map_err(|_| TenancyError::TooManyInFlight { tenant: tenant.to_string(), max: *max })
+            .map_err(|_| TenancyError::TooManyInFlight { tenant: tenant.to_string(), max: self.max })
     }
 }
 
@@ -74,11 +61,11 @@ mod tests {
     fn admission_caps_requests_in_flight_per_tenant() {
         let acme = TenantId::new("acme").expect("valid id");
         let globex = TenantId::new("globex").expect("valid id");
-        let admission = Admission::new([(acme.clone(), 1), (globex.clone(), 1)]);
-        let held = admission.admit(&acme).expect("first is admitted");
-        assert!(matches!(admission.admit(&acme), Err(TenancyError::TooManyInFlight { max: 1, .. })), "second waits");
-        assert!(admission.admit(&globex).is_ok(), "another tenant is unaffected");
+        let (for_acme, for_globex) = (Admission::new(1), Admission::new(1));
+        let held = for_acme.admit(&acme).expect("first is admitted");
+        assert!(matches!(for_acme.admit(&acme), Err(TenancyError::TooManyInFlight { max: 1, .. })), "second waits");
+        assert!(for_globex.admit(&globex).is_ok(), "another tenant is unaffected");
         drop(held);
-        assert!(admission.admit(&acme).is_ok(), "a finished request frees its slot");
+        assert!(for_acme.admit(&acme).is_ok(), "a finished request frees its slot");
     }
 }
