@@ -3,7 +3,7 @@
 //!
 //! In: `tenants/*.toml` (one per tenant) and an optional `tenants/platform.toml` (shared
 //! models). Out: an immutable [`Registry`] with resolved paths, verified digests and the
-//! bytes of every model and component.
+//! bytes of every model and component. Imports only `tensor`.
 
 pub mod ids;
 pub mod manifest;

@@ -4,7 +4,8 @@
 //! images and epoch interruption (a ticker thread advances the epoch). Components are
 //! compiled once per content hash and cached on disk ([`compile`]); each app version keeps a
 //! pre-linked [`Prepared`] component; each request gets a fresh store with its tenant's
-//! limits and calls the export `infer` ([`invoke`]).
+//! limits and calls the export `infer` ([`invoke`]). Imports `nn` (whose `wasi:nn` bindings
+//! its world reuses), `oip`, `telemetry` and `tensor`.
 
 mod bindings;
 mod compile;

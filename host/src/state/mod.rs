@@ -1,6 +1,8 @@
 //! The serving state, built at startup from the registry and the saved control state, and
 //! changed while serving by the control and admin APIs: per tenant, its keys and quotas, its
-//! resident models (its namespace for `load-by-name`) and its apps' prepared versions.
+//! resident models (its namespace for `load-by-name`), its apps' prepared versions and the
+//! [`Policy`] derived from its quotas. Imports rollout, tenancy and the layers below; the
+//! control plane and the API change and read it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;

@@ -3,7 +3,7 @@
 //! [`stats`] keeps the per-model counters that Triton's statistics extension reports;
 //! [`versions`] the per app-version outcomes the rollout analysis compares; [`slo`] the
 //! apps' objectives, error budgets and burn rates; [`traces`] the OpenTelemetry export
-//! of the request spans.
+//! of the request spans. Imports only `registry` (settings) and `tensor`.
 
 pub mod drift;
 pub mod metrics;
