@@ -5,6 +5,8 @@
 //! - [`serve`]: the wiring (listeners, background ticks, shutdown); [`perf`] and [`cli`]
 //!   are tools beside it.
 //! - [`api`]: OIP over HTTP and gRPC, the control and admin API, auth, the one error table.
+//! - [`infer`]: the inference pipeline (admit, resolve, route, run, observe) and the one
+//!   error table every lower error maps into.
 //! - [`control`]: uploads, traffic changes, saved control state, tenant administration.
 //! - [`state`]: the serving state: tenants, their models and apps, the key index.
 //! - [`rollout`]: which app version serves (canary, shadow, analysis); [`tenancy`]:
@@ -19,6 +21,7 @@
 pub mod api;
 pub mod cli;
 pub mod control;
+pub mod infer;
 pub mod nn;
 pub mod oip;
 pub mod perf;

@@ -12,7 +12,8 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::{grpc_body, infer, metadata, request_id, triton};
+use super::{grpc_body, metadata, request_id, triton};
+use crate::infer;
 use crate::oip::raw;
 use crate::oip::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
 use crate::state::{ServingState, TenantState};

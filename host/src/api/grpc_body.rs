@@ -22,7 +22,7 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::error::ApiError;
-use super::infer::{self, Admitted};
+use crate::infer::{self, Admitted};
 use crate::state::ServingState;
 use crate::telemetry::metrics::Protocol;
 

@@ -14,9 +14,10 @@ use serde::Deserialize;
 
 use super::auth::{authenticate, declared_length};
 use super::error::{ApiError, ErrorKind};
-use super::infer::Caller;
 use super::json::{HttpInferRequest, encode_response, parse_infer_request};
-use super::{infer, metadata};
+use super::metadata;
+use crate::infer;
+use crate::infer::Caller;
 use crate::oip::types::TensorLimits;
 use crate::registry::manifest::Quotas;
 use crate::state::{ServingState, TenantState};

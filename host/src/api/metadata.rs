@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::infer::{PLAIN_MODEL_VERSION, Target};
+use crate::infer::{PLAIN_MODEL_VERSION, Target};
 use crate::nn::backend::{BackendKind, TensorSpec};
 use crate::registry::manifest::TensorMetadata;
 

@@ -1,11 +1,11 @@
 //! The client-facing API: OIP over HTTP ([`http`]) with JSON tensors and the binary
 //! extension ([`json`]) and over gRPC ([`grpc`], with its body limits in [`grpc_body`]),
-//! protocol-neutral inference ([`infer`]), model metadata ([`metadata`]), Triton's
+//! model metadata ([`metadata`]), Triton's
 //! configuration and statistics extensions ([`triton`]), the tenant control API
 //! ([`control`]: models, app versions and traffic), the platform admin API ([`admin`]:
 //! tenants, keys, quotas), the metrics port ([`metrics`]), request ids ([`request_id`]), who
-//! is calling (`auth`) and the one error table ([`error`]), into which every lower layer's
-//! error maps once. May import every layer below it; only `serve` imports it.
+//! is calling (`auth`) and the rendering of the error table ([`error`]). The pipeline itself
+//! is [`crate::infer`]'s. May import every layer below it; only `serve` imports it.
 
 pub mod admin;
 mod auth;
@@ -14,7 +14,6 @@ pub mod error;
 pub mod grpc;
 pub mod grpc_body;
 pub mod http;
-pub mod infer;
 pub mod json;
 pub mod metadata;
 pub mod metrics;

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::infer::Target;
+use crate::infer::Target;
 use crate::nn::backend::{BackendKind, TensorSpec};
 use crate::registry::manifest::TensorMetadata;
 use crate::telemetry::stats::{Counters, DurationCounter};

@@ -1,80 +1,37 @@
-//! Protocol-neutral inference: resolve the name inside the caller's tenant (an app or a
+//! The inference pipeline, protocol-neutral: admit a request under its tenant's quotas, give
+//! it a CPU turn, resolve the name inside the caller's tenant (an app or a
 //! plain model), pick the version (pinned, or by the app's traffic), run it under the
 //! tenant's deadline and limits, and mirror a sample to the app's shadow version.
 
+pub mod error;
+mod observe;
+mod resolve;
+
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::error::{ApiError, ErrorKind};
 use crate::nn::host::{NnCtx, RawLoad, Unmetered};
 use crate::nn::models::LoadedModel;
 use crate::nn::scheduler::{ComputeError, Share};
 use crate::oip::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::registry::Tenant;
-use crate::registry::ids::{ModelName, VersionName};
+use crate::registry::ids::VersionName;
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
 use crate::runtime::{GuestCall, GuestError, GuestLog, GuestTensor, InferRequest};
 use crate::state::{ServingState, TenantState};
-use crate::telemetry::metrics::{Protocol, RequestLabels, metrics};
+use crate::telemetry::metrics::metrics;
 use crate::telemetry::slo::AppSlo;
 use crate::tenancy::turns::Turn;
-
-/// The version every plain model reports.
-pub const PLAIN_MODEL_VERSION: &str = "1";
-
-/// What a name resolves to inside a tenant.
-pub enum Target {
-    /// An app: the pinned version, or (when `pinned` is false) the stable one; unpinned
-    /// requests are routed by the app's traffic when they run.
-    App {
-        app: Arc<AppState>,
-        version: VersionName,
-        chosen: AppVersion,
-        pinned: bool,
-    },
-    Model {
-        name: ModelName,
-        model: Arc<LoadedModel>,
-    },
-}
-
-impl Target {
-    pub fn version(&self) -> &str {
-        match self {
-            Self::App { version, .. } => version.as_str(),
-            Self::Model { .. } => PLAIN_MODEL_VERSION,
-        }
-    }
-}
-
-/// Resolve `name` (and an optional pinned version) in the tenant's namespace. Unknown and
-/// foreign names get the same answer.
-pub fn resolve(tenant: &TenantState, name: &str, version: Option<&str>) -> Result<Target, ApiError> {
-    if let Some(app) = tenant.app(name) {
-        let (chosen_name, chosen) = app.select(version)?;
-        return Ok(Target::App { app, version: chosen_name, chosen, pinned: version.is_some() });
-    }
-    if let Some((model_name, model)) = tenant.models.own(name) {
-        if let Some(pinned) = version
-            && pinned != PLAIN_MODEL_VERSION
-        {
-            return Err(ApiError::not_found(format!(
-                "version '{pinned}' of model '{name}' not found; versions: [\"{PLAIN_MODEL_VERSION}\"]"
-            )));
-        }
-        return Ok(Target::Model { name: model_name, model });
-    }
-    let mut known: Vec<String> = tenant.apps().into_iter().map(|(a, _)| a.to_string()).collect();
-    known.extend(tenant.models.own_names().iter().map(ToString::to_string));
-    Err(ApiError::not_found(format!("model '{name}' not found; this tenant's models: {known:?}")))
-}
+use error::{ApiError, ErrorKind};
+pub use observe::{Caller, Routed, count_refused, observed};
+pub use resolve::{PLAIN_MODEL_VERSION, Target, resolve};
 
 /// The `timeout` request parameter (microseconds), if given.
 fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>, ApiError> {
@@ -85,90 +42,6 @@ fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>
         ))
     })
 }
-
-/// The app (or plain model) and version a request went to, once known: its metric labels,
-/// and the app's objectives it counts towards. Names the tenant does not have stay empty, so
-/// clients cannot mint label values.
-#[derive(Debug, Default)]
-pub struct Routed(Mutex<RoutedTo>);
-
-#[derive(Debug, Default)]
-struct RoutedTo {
-    app: String,
-    version: String,
-    slo: Option<Arc<AppSlo>>,
-}
-
-impl Routed {
-    fn set(&self, app: &str, version: &str, slo: Option<&Arc<AppSlo>>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) =
-            RoutedTo { app: app.to_string(), version: version.to_string(), slo: slo.cloned() };
-    }
-
-    fn take(&self) -> RoutedTo {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-/// What the protocol layer passes along with a request besides its body: its headers (for
-/// the sticky traffic key) and where to note what it was routed to.
-#[derive(Clone, Copy)]
-pub struct Caller<'a> {
-    pub header: &'a (dyn Fn(&str) -> Option<String> + Sync),
-    pub routed: &'a Routed,
-}
-
-/// Serve one inference request of `tenant` and record it: in flight while `serve` runs,
-/// then counted by status class with its duration (and its error kind when it failed). A
-/// request whose caller goes away first is dropped unfinished: it is counted as cancelled.
-pub async fn observed<T>(
-    tenant: &str,
-    protocol: Protocol,
-    routed: &Routed,
-    serve: impl Future<Output = Result<T, ApiError>>,
-) -> Result<T, ApiError> {
-    let _in_flight = metrics().inflight(tenant);
-    let mut cancelled = Cancelled { tenant, protocol, routed, started: std::time::Instant::now(), armed: true };
-    let result = serve.await;
-    cancelled.armed = false;
-    let elapsed = cancelled.started.elapsed();
-    let RoutedTo { app, version, slo } = routed.take();
-    let (status, failure) = match &result {
-        Ok(_) => (200, None),
-        Err(err) => (err.kind.status().as_u16(), Some(err.kind.label())),
-    };
-    if let Some(slo) = slo {
-        slo.record(status, elapsed);
-    }
-    let labels = RequestLabels { tenant, app: &app, version: &version, protocol };
-    metrics().request(labels, status, failure, elapsed);
-    result
-}
-
-/// Counts a request whose future is dropped before it answers (the client disconnected or
-/// cancelled): status 499 as nginx logs it, failure `cancelled`. Not counted against SLOs:
-/// the client chose not to wait.
-struct Cancelled<'a> {
-    tenant: &'a str,
-    protocol: Protocol,
-    routed: &'a Routed,
-    started: std::time::Instant,
-    armed: bool,
-}
-
-impl Drop for Cancelled<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let RoutedTo { app, version, .. } = self.routed.take();
-            let labels = RequestLabels { tenant: self.tenant, app: &app, version: &version, protocol: self.protocol };
-            metrics().request(labels, CLIENT_CLOSED_REQUEST, Some(CANCELLED), self.started.elapsed());
-        }
-    }
-}
-
-/// The status of a request whose client went away (nginx's 499), and its failure label.
-const CLIENT_CLOSED_REQUEST: u16 = 499;
-const CANCELLED: &str = "cancelled";
 
 /// The request parameter that shortens a request's deadline.
 const TIMEOUT_PARAMETER: &str = "timeout";
@@ -199,10 +72,32 @@ pub fn admit(tenant: &TenantState) -> Result<Admitted, ApiError> {
     Ok(Admitted { in_flight: tenant.policy().admission.admit(&spec.id)? })
 }
 
-/// Count a request refused before it was served (as [`observed`] counts served ones).
-pub fn count_refused(tenant: &str, protocol: Protocol, error: &ApiError) {
-    let labels = RequestLabels { tenant, app: "", version: "", protocol };
-    metrics().request(labels, error.kind.status().as_u16(), Some(error.kind.label()), Duration::ZERO);
+/// A request's time: from when it arrived, the tenant's `guest_deadline_ms` shortened by
+/// whatever timeouts the client set (gRPC `grpc-timeout`, the OIP `timeout` parameter).
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    arrived: Instant,
+    length: Duration,
+}
+
+impl Budget {
+    /// The tenant's deadline from `arrived`, or the client's own when it is shorter.
+    pub fn new(arrived: Instant, tenant_deadline_ms: u64, client_timeout: Option<Duration>) -> Self {
+        Self { arrived, length: Duration::from_millis(tenant_deadline_ms) }.shortened(client_timeout)
+    }
+
+    /// The same budget, shortened to `timeout` when that is shorter.
+    pub fn shortened(self, timeout: Option<Duration>) -> Self {
+        Self { length: timeout.map_or(self.length, |timeout| timeout.min(self.length)), ..self }
+    }
+
+    pub fn deadline(&self) -> Instant {
+        self.arrived + self.length
+    }
+
+    pub fn length(&self) -> Duration {
+        self.length
+    }
 }
 
 /// A request let in: within its tenant's concurrency quota and holding a CPU turn. The turn
@@ -210,9 +105,8 @@ pub fn count_refused(tenant: &str, protocol: Protocol, error: &ApiError) {
 pub struct Entry {
     _in_flight: OwnedSemaphorePermit,
     turn: Turn,
-    arrived: Instant,
-    /// The client's own timeout (gRPC `grpc-timeout`), if any.
-    client_timeout: Option<Duration>,
+    /// From arrival, the tenant's deadline shortened by the client's own timeout.
+    budget: Budget,
 }
 
 /// Wait for an admitted request's turn, within the tenant's deadline and the client's timeout.
@@ -222,14 +116,12 @@ pub async fn enter(
     admitted: Admitted,
     client_timeout: Option<Duration>,
 ) -> Result<Entry, ApiError> {
-    let arrived = Instant::now();
     // One snapshot of id and quotas for the whole request (they may change while serving).
     let spec = tenant.tenant();
     let quotas = &spec.quotas;
-    let budget = [Some(Duration::from_millis(quotas.guest_deadline_ms)), client_timeout].into_iter().flatten().min();
-    let deadline = arrived + budget.unwrap_or_default();
-    let turn = state.turns.enter(spec.id.as_str().into(), quotas.compute_weight, deadline).await?;
-    Ok(Entry { _in_flight: admitted.in_flight, turn, arrived, client_timeout })
+    let budget = Budget::new(Instant::now(), quotas.guest_deadline_ms, client_timeout);
+    let turn = state.turns.enter(spec.id.as_str().into(), quotas.compute_weight, budget.deadline()).await?;
+    Ok(Entry { _in_flight: admitted.in_flight, turn, budget })
 }
 
 /// Make `request`'s rows the tenant's drift reference for model `name` (see
@@ -241,31 +133,28 @@ pub async fn set_drift_baseline(
     name: &str,
     request: ValidInferRequest,
 ) -> Result<usize, ApiError> {
-    let Entry { _in_flight, mut turn, arrived, .. } = entry;
+    let Entry { _in_flight, mut turn, budget } = entry;
     let Target::Model { model, .. } = resolve(tenant, name, None)? else {
         return Err(ApiError::invalid(format!(
             "'{name}' is an app; drift is tracked per model: set the baseline of the models it calls"
         )));
     };
     let spec = tenant.tenant();
-    let budget = Duration::from_millis(spec.quotas.guest_deadline_ms);
-    let deadline = arrived + budget;
     let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
-    within_deadline(deadline, budget, model.set_drift_baseline(inputs, deadline, share)).await
+    within_deadline(budget, model.set_drift_baseline(inputs, budget.deadline(), share)).await
 }
 
-/// Wait for a model call until the request's deadline (`budget` after its arrival).
+/// Wait for a model call until the request's deadline.
 async fn within_deadline<T>(
-    deadline: Instant,
-    budget: Duration,
+    budget: Budget,
     call: impl Future<Output = Result<T, ComputeError>>,
 ) -> Result<T, ApiError> {
-    let finished = tokio::time::timeout_at(deadline, call).await.map_err(|_| {
+    let finished = tokio::time::timeout_at(budget.deadline(), call).await.map_err(|_| {
         ApiError::new(
             ErrorKind::DeadlineExceeded,
-            format!("the request exceeded its deadline of {} ms", budget.as_millis()),
+            format!("the request exceeded its deadline of {} ms", budget.length().as_millis()),
         )
     })?;
     Ok(finished?)
@@ -277,8 +166,7 @@ struct Run<'a> {
     tenant: &'a TenantState,
     spec: Arc<Tenant>,
     share: Share,
-    deadline: Instant,
-    budget: Duration,
+    budget: Budget,
 }
 
 /// What a stage answers: outputs, response parameters, and the version that answered.
@@ -306,7 +194,7 @@ pub async fn infer(
     request: ValidInferRequest,
     caller: Caller<'_>,
 ) -> Result<InferOutcome, ApiError> {
-    let Entry { _in_flight, turn, arrived, client_timeout } = entry;
+    let Entry { _in_flight, turn, budget } = entry;
     let target = resolve(tenant, name, version)?;
     let slo = match &target {
         Target::App { app, .. } => app.slo.clone(),
@@ -314,16 +202,10 @@ pub async fn infer(
     };
     caller.routed.set(name, target.version(), slo.as_ref());
     let spec = tenant.tenant();
-    // The tenant's deadline, shortened by the client's own (gRPC `grpc-timeout`, or the OIP
-    // `timeout` request parameter in microseconds, as Triton reads it), from arrival.
-    let requested_timeout = timeout_parameter(&request.parameters)?;
-    let budget = [Some(Duration::from_millis(spec.quotas.guest_deadline_ms)), client_timeout, requested_timeout]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or_default();
+    // The OIP `timeout` request parameter (microseconds, as Triton reads it) shortens it too.
+    let budget = budget.shortened(timeout_parameter(&request.parameters)?);
     let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
-    let run = Run { state, tenant, spec, share, deadline: arrived + budget, budget };
+    let run = Run { state, tenant, spec, share, budget };
     let (id, requested) = (request.id.clone(), request.requested_outputs.clone());
 
     let (outputs, parameters, version) = match target {
@@ -357,8 +239,7 @@ async fn run_model(
 ) -> Result<Answer, ApiError> {
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
-    let outputs =
-        within_deadline(run.deadline, run.budget, model.compute(inputs, run.deadline, run.share.clone())).await?;
+    let outputs = within_deadline(run.budget, model.compute(inputs, run.budget.deadline(), run.share.clone())).await?;
     turn.resume().await;
     let outputs: Vec<ValidTensor> =
         outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect();
@@ -384,7 +265,8 @@ async fn run_app(
     turn: Turn,
     caller: Caller<'_>,
 ) -> Result<Answer, Failed> {
-    let Run { state, tenant, spec, share, deadline, budget } = run;
+    let Run { state, tenant, spec, share, budget } = run;
+    let deadline = budget.deadline();
     let quotas = &spec.quotas;
     let Choice { version: resolved, chosen, pinned, slo } = choice;
     let (route, chosen) = if pinned {
@@ -411,11 +293,11 @@ async fn run_app(
         max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
     });
     let call = GuestCall {
-        nn: NnCtx::new(tenant.models.clone(), share.clone(), *deadline, raw_load, memory_bytes, Box::new(turn)),
+        nn: NnCtx::new(tenant.models.clone(), share.clone(), deadline, raw_load, memory_bytes, Box::new(turn)),
         memory_bytes,
         log: guest_log(tenant, spec, app, &route.version),
-        deadline: *deadline,
-        deadline_ms: budget.as_millis() as u64,
+        deadline,
+        deadline_ms: budget.length().as_millis() as u64,
         request: InferRequest {
             id: request.id.clone(),
             inputs: request.inputs.into_iter().map(GuestTensor::from).collect(),
@@ -477,7 +359,7 @@ async fn fall_back(
     request: ValidInferRequest,
 ) -> Result<Answer, ApiError> {
     metrics().degraded(run.spec.id.as_str(), app, reason);
-    let turn = run.state.turns.enter(run.share.tenant.clone(), run.share.weight, run.deadline).await?;
+    let turn = run.state.turns.enter(run.share.tenant.clone(), run.share.weight, run.budget.deadline()).await?;
     let (outputs, mut parameters, version) = match resolve(run.tenant, fallback, None)? {
         Target::Model { model, .. } => run_model(run, fallback, &model, request, turn).await?,
         Target::App { app: other, version, chosen, .. } => {
@@ -531,20 +413,21 @@ fn shadow_call(
     memory_bytes: usize,
 ) -> Box<dyn FnOnce() -> GuestCall + Send> {
     let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(tenant, spec, app, version));
-    let budget = Duration::from_millis(spec.quotas.guest_deadline_ms);
+    let deadline_ms = spec.quotas.guest_deadline_ms;
     let request = InferRequest {
         id: request.id.clone(),
         inputs: request.inputs.iter().cloned().map(GuestTensor::from).collect(),
         parameters: request.parameters.clone(),
     };
     Box::new(move || {
-        let deadline = Instant::now() + budget;
+        let budget = Budget::new(Instant::now(), deadline_ms, None);
+        let deadline = budget.deadline();
         GuestCall {
             nn: NnCtx::new(models, share, deadline, None, memory_bytes, Box::new(Unmetered)),
             memory_bytes,
             log,
             deadline,
-            deadline_ms: budget.as_millis() as u64,
+            deadline_ms,
             request,
         }
     })

@@ -1,0 +1,223 @@
+//! The one error table: every failure a client can see, with its HTTP status, its gRPC
+//! status code and a bounded `kind` label. Messages say what failed and how to fix it; the
+//! same failure reads the same over every protocol. Each lower layer's error maps into it
+//! here, once; the API renders it (`api::error`).
+
+use axum::http::StatusCode;
+
+use crate::control::ControlError;
+use crate::nn::scheduler::ComputeError;
+use crate::oip::types::InvalidRequest;
+use crate::rollout::app::UnknownVersion;
+use crate::runtime::GuestError;
+use crate::tenancy::TenancyError;
+
+/// Error kinds, each with one status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Unknown model, app or version (also foreign ones: no existence leak).
+    NotFound,
+    /// Malformed or inconsistent request.
+    InvalidInput,
+    /// Body larger than the tenant allows.
+    PayloadTooLarge,
+    /// The body did not arrive within the server's body timeout.
+    BodyTimeout,
+    /// The thing to create exists (an app version: versions are immutable).
+    Conflict,
+    /// Missing or wrong API key.
+    Unauthenticated,
+    /// The tenant is over one of its quotas.
+    QuotaExceeded,
+    /// The tenant's stored models, apps or versions are at one of its storage quotas.
+    StorageQuota,
+    /// The server (a model queue) is over capacity.
+    Overloaded,
+    /// The request ran past its deadline.
+    DeadlineExceeded,
+    /// The guest exhausted a resource limit (memory, stack).
+    GuestResource,
+    /// The guest trapped or reported an internal error.
+    GuestFailure,
+    /// A model call failed.
+    ModelFailure,
+    /// A host fault.
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::InvalidInput => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Conflict => StatusCode::CONFLICT,
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            Self::StorageQuota => StatusCode::INSUFFICIENT_STORAGE,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Self::GuestResource | Self::GuestFailure | Self::ModelFailure | Self::Internal => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// The gRPC status code for the same failure.
+    pub fn grpc_code(self) -> tonic::Code {
+        match self {
+            Self::NotFound => tonic::Code::NotFound,
+            Self::InvalidInput => tonic::Code::InvalidArgument,
+            Self::Conflict => tonic::Code::AlreadyExists,
+            Self::Unauthenticated => tonic::Code::Unauthenticated,
+            Self::PayloadTooLarge | Self::QuotaExceeded | Self::StorageQuota | Self::GuestResource => {
+                tonic::Code::ResourceExhausted
+            }
+            Self::Overloaded => tonic::Code::Unavailable,
+            Self::DeadlineExceeded | Self::BodyTimeout => tonic::Code::DeadlineExceeded,
+            Self::GuestFailure | Self::ModelFailure | Self::Internal => tonic::Code::Internal,
+        }
+    }
+
+    /// A bounded label for logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::InvalidInput => "invalid_input",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::BodyTimeout => "body_timeout",
+            Self::Conflict => "conflict",
+            Self::Unauthenticated => "unauthenticated",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::StorageQuota => "storage_quota",
+            Self::Overloaded => "overloaded",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::GuestResource => "guest_resource",
+            Self::GuestFailure => "guest_failure",
+            Self::ModelFailure => "model_failure",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// An error answered to a client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// When the client may try again (HTTP `Retry-After`), if known.
+    pub retry_after: Option<std::time::Duration>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), retry_after: None }
+    }
+
+    pub fn with_retry_after(mut self, wait: std::time::Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidInput, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+
+    /// An inference body over the tenant's `max_request_bytes` (`limit`), on either protocol.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            ErrorKind::PayloadTooLarge,
+            format!("request body exceeds the tenant's limit of {limit} bytes (max_request_bytes)"),
+        )
+    }
+
+    /// A body that did not arrive within the server's body timeout.
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        Self::new(
+            ErrorKind::BodyTimeout,
+            format!("the request body did not arrive within {} s (the server's body timeout)", timeout.as_secs_f64()),
+        )
+    }
+}
+
+impl From<ComputeError> for ApiError {
+    fn from(error: ComputeError) -> Self {
+        let kind = match &error {
+            ComputeError::InvalidInput(_) => ErrorKind::InvalidInput,
+            ComputeError::Overloaded { .. } | ComputeError::WaitTooLong { .. } => ErrorKind::Overloaded,
+            ComputeError::OverShare { .. } => ErrorKind::QuotaExceeded,
+            ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. } => ErrorKind::DeadlineExceeded,
+            ComputeError::Backend { .. } => ErrorKind::ModelFailure,
+            ComputeError::Stopped { .. } => ErrorKind::Overloaded,
+            ComputeError::CircuitOpen { retry_ms, .. } => {
+                let wait = std::time::Duration::from_millis(*retry_ms);
+                return Self::new(ErrorKind::Overloaded, error.to_string()).with_retry_after(wait);
+            }
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
+impl From<TenancyError> for ApiError {
+    fn from(error: TenancyError) -> Self {
+        let kind = match &error {
+            TenancyError::MissingKey | TenancyError::MalformedKey | TenancyError::UnknownKey => {
+                ErrorKind::Unauthenticated
+            }
+            TenancyError::TooManyInFlight { .. } => ErrorKind::QuotaExceeded,
+            TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } if error.is_over_share() => {
+                ErrorKind::QuotaExceeded
+            }
+            TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } => ErrorKind::Overloaded,
+            TenancyError::DeadlineWaiting => ErrorKind::DeadlineExceeded,
+            TenancyError::TurnLost => ErrorKind::Internal,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
+impl From<ControlError> for ApiError {
+    fn from(error: ControlError) -> Self {
+        let kind = match &error {
+            ControlError::NotFound(_) => ErrorKind::NotFound,
+            ControlError::Invalid(_) => ErrorKind::InvalidInput,
+            ControlError::Conflict(_) => ErrorKind::Conflict,
+            ControlError::StorageQuota(_) => ErrorKind::StorageQuota,
+            ControlError::Internal(_) => ErrorKind::Internal,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
+
+impl From<InvalidRequest> for ApiError {
+    fn from(error: InvalidRequest) -> Self {
+        Self::invalid(error.0)
+    }
+}
+
+impl From<UnknownVersion> for ApiError {
+    fn from(error: UnknownVersion) -> Self {
+        Self::not_found(error.to_string())
+    }
+}
+
+impl From<GuestError> for ApiError {
+    fn from(error: GuestError) -> Self {
+        let kind = match &error {
+            GuestError::Queue(queue) => return queue.clone().into(),
+            GuestError::InvalidInput(_) => ErrorKind::InvalidInput,
+            GuestError::Model(_) => ErrorKind::ModelFailure,
+            GuestError::Internal(_) | GuestError::Trap(_) => ErrorKind::GuestFailure,
+            GuestError::Deadline { .. } => ErrorKind::DeadlineExceeded,
+            GuestError::OutOfMemory { .. } | GuestError::StackOverflow => ErrorKind::GuestResource,
+            GuestError::NoInstanceSlot { .. } => ErrorKind::Overloaded,
+        };
+        Self::new(kind, error.to_string())
+    }
+}
