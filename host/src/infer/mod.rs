@@ -1,7 +1,8 @@
 //! The inference pipeline, protocol-neutral: admit a request under its tenant's quotas, give
-//! it a CPU turn, resolve the name inside the caller's tenant (an app or a
-//! plain model), pick the version (pinned, or by the app's traffic), run it under the
-//! tenant's deadline and limits, and mirror a sample to the app's shadow version.
+//! it a CPU turn, resolve the name inside the caller's tenant (an app or a plain model), pick
+//! the version (pinned, or by the app's traffic), run it within its [`Budget`] and the
+//! tenant's limits, mirror a sample to the app's shadow version, and observe the outcome.
+//! Imports every layer below it; the API calls it.
 
 pub mod error;
 mod observe;
