@@ -250,3 +250,26 @@ async fn every_instance_slot_in_use_is_overload_not_a_guest_failure() {
     assert_eq!(sleeper.await.expect("joined").0, 200);
     assert_eq!(victim_http(&server).await.0, 200, "the slot is free again");
 }
+
+#[test]
+fn an_answer_given_before_the_body_is_read_closes_the_connection() {
+    // A refusal before the body is read (a wrong key) leaves the rest of the body on the
+    // connection: the answer must say so, or a client reuses it just as the server closes it.
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", "acme-key", ""));
+    let server = Server::start(tenants.path(), &[]);
+    let body = "x".repeat(100_000);
+    let mut stream = TcpStream::connect(server.http_address()).expect("connects");
+    let head = format!(
+        "POST /v2/models/any/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("head");
+    let _ = stream.write_all(body.as_bytes());
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 401"), "{answer}");
+    assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
+}

@@ -3,6 +3,7 @@
 //! body is read only up to the tenant's request-size limit.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Json;
 use axum::body::Body;
@@ -56,7 +57,56 @@ pub fn router(state: Shared) -> axum::Router {
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
         .layer(tower_http::compression::CompressionLayer::new())
         .layer(axum::middleware::from_fn(super::request_id::http))
+        .layer(axum::middleware::from_fn(close_when_body_unread))
         .with_state(state)
+}
+
+/// Answer `Connection: close` when a request's body was not read to its end (a refusal
+/// before the body, a body cut off at its limit): the server closes such a connection, and a
+/// client told nothing may reuse it just as it closes.
+async fn close_when_body_unread(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let has_body = declared_length(request.headers()).is_some_and(|length| length > 0)
+        || request.headers().contains_key(header::TRANSFER_ENCODING);
+    if !has_body {
+        return next.run(request).await;
+    }
+    let finished = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| Body::new(Tracked { body, finished: finished.clone() }));
+    let mut response = next.run(request).await;
+    if !finished.load(Ordering::Acquire) {
+        response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A request body that notes when it has been read to its end.
+struct Tracked {
+    body: Body,
+    finished: Arc<AtomicBool>,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(context);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.body.is_end_stream() {
+            self.finished.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 #[derive(Debug, Deserialize)]
