@@ -57,8 +57,8 @@ pub struct Admitted {
 /// Admit a request of `tenant` under its rate and concurrency quotas (429 past either, with
 /// the wait in `Retry-After`).
 pub fn admit(tenant: &TenantState) -> Result<Admitted, ApiError> {
-    let spec = tenant.tenant();
-    tenant.take_request().map_err(|wait| {
+    let (spec, policy) = (tenant.tenant(), tenant.policy());
+    policy.take_request().map_err(|wait| {
         ApiError::new(
             ErrorKind::QuotaExceeded,
             format!(
@@ -70,7 +70,7 @@ pub fn admit(tenant: &TenantState) -> Result<Admitted, ApiError> {
         )
         .with_retry_after(wait)
     })?;
-    Ok(Admitted { in_flight: tenant.policy().admission.admit(&spec.id)? })
+    Ok(Admitted { in_flight: policy.admission.admit(&spec.id)? })
 }
 
 /// A request's time: from when it arrived, the tenant's `guest_deadline_ms` shortened by

@@ -117,14 +117,13 @@ impl AppState {
 
     /// Close one app's window and act on it; `true` if the traffic changed.
     pub fn analyse(&self) -> bool {
-        let app = self;
-        let traffic = app.traffic();
-        let mut window = app.analysis.lock().unwrap_or_else(PoisonError::into_inner);
+        let traffic = self.traffic();
+        let mut window = self.analysis.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(canary) = traffic.canary.clone() else {
             window.window_start = None;
             return false;
         };
-        let snapshot = |version| app.version(version).map(|v| v.stats.snapshot()).unwrap_or_default();
+        let snapshot = |version| self.version(version).map(|v| v.stats.snapshot()).unwrap_or_default();
         let now = (snapshot(&canary.version), snapshot(&traffic.stable));
         // A window accumulates while the analysis waits for data; a decision starts a new one.
         let Some((canary_start, stable_start)) = window.window_start else {
@@ -132,14 +131,14 @@ impl AppState {
             return false;
         };
         let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
-        let mut decision = analysis::decide(&app.spec.analysis, canary.weight, &canary_window, &stable_window);
+        let mut decision = analysis::decide(&self.spec.analysis, canary.weight, &canary_window, &stable_window);
         if matches!(decision, Decision::Promote { .. } | Decision::Complete)
-            && let Some(reason) = app.slo.as_ref().and_then(|slo| slo.blocks_promotion())
+            && let Some(reason) = self.slo.as_ref().and_then(|slo| slo.blocks_promotion())
         {
             decision = Decision::Wait { reason: format!("{reason}; promotion waits") };
         }
         // Someone else may have changed the traffic since it was read: act only on the same canary.
-        let applied = app.update_traffic(|current| {
+        let applied = self.update_traffic(|current| {
             (current.canary.as_ref() == Some(&canary)).then(|| analysis::apply(current, &decision))
         });
         let Some(weight_after) = applied else { return false };
@@ -152,7 +151,7 @@ impl AppState {
             Decision::Rollback { reason } => ("rollback", reason.clone()),
         };
         if action != "wait" {
-            tracing::info!(app = %app.spec.name, canary = %canary.version, action, %reason, "rollout decision");
+            tracing::info!(app = %self.spec.name, canary = %canary.version, action, %reason, "rollout decision");
             window.window_start = Some(now);
         }
         let event = Event {

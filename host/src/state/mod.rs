@@ -44,6 +44,11 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// Count a request against the tenant's rate; `Err` with the wait when it is over it.
+    pub fn take_request(&self) -> Result<(), Duration> {
+        self.request_rate.as_ref().map_or(Ok(()), |bucket| bucket.take(1.0, std::time::Instant::now()))
+    }
+
     /// `raw_backend`: what raw loads would run on, for tenants allowed them.
     pub fn derive(quotas: &Quotas, raw_backend: Option<&Arc<dyn Backend>>) -> Self {
         let rate = f64::from(quotas.max_requests_per_second);
@@ -93,11 +98,6 @@ impl TenantState {
     /// The tenant's current policy (a copy of the handle: hold it for one request).
     pub fn policy(&self) -> Arc<Policy> {
         self.policy.read().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    /// Count a request against the tenant's rate; `Err` with the wait when it is over it.
-    pub fn take_request(&self) -> Result<(), Duration> {
-        self.policy().request_rate.as_ref().map_or(Ok(()), |bucket| bucket.take(1.0, std::time::Instant::now()))
     }
 
     /// The bucket the tenant's guest log lines are paid from.
