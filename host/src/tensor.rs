@@ -23,7 +23,54 @@ pub enum ElementType {
     F64,
 }
 
+/// Each element type's names, in the order of [`ElementType`]'s variants (a test holds the
+/// two together): the OIP datatype, Triton's `TYPE_*` name and its number in Triton's
+/// `model_config.proto`. The `wasi:nn` tensor types map onto these in `nn::host`, beside the
+/// bindings they come from (this module imports nothing).
+const NAMES: [Names; 13] = [
+    Names { oip: "BOOL", triton: "TYPE_BOOL", triton_number: 1 },
+    Names { oip: "UINT8", triton: "TYPE_UINT8", triton_number: 2 },
+    Names { oip: "INT8", triton: "TYPE_INT8", triton_number: 6 },
+    Names { oip: "UINT16", triton: "TYPE_UINT16", triton_number: 3 },
+    Names { oip: "INT16", triton: "TYPE_INT16", triton_number: 7 },
+    Names { oip: "UINT32", triton: "TYPE_UINT32", triton_number: 4 },
+    Names { oip: "INT32", triton: "TYPE_INT32", triton_number: 8 },
+    Names { oip: "UINT64", triton: "TYPE_UINT64", triton_number: 5 },
+    Names { oip: "INT64", triton: "TYPE_INT64", triton_number: 9 },
+    Names { oip: "FP16", triton: "TYPE_FP16", triton_number: 10 },
+    Names { oip: "BF16", triton: "TYPE_BF16", triton_number: 14 },
+    Names { oip: "FP32", triton: "TYPE_FP32", triton_number: 11 },
+    Names { oip: "FP64", triton: "TYPE_FP64", triton_number: 12 },
+];
+
+struct Names {
+    oip: &'static str,
+    triton: &'static str,
+    triton_number: i32,
+}
+
 impl ElementType {
+    /// Every element type, in declaration order.
+    pub const ALL: [ElementType; 13] = [
+        Self::Bool,
+        Self::U8,
+        Self::I8,
+        Self::U16,
+        Self::I16,
+        Self::U32,
+        Self::I32,
+        Self::U64,
+        Self::I64,
+        Self::F16,
+        Self::BF16,
+        Self::F32,
+        Self::F64,
+    ];
+
+    fn names(self) -> &'static Names {
+        &NAMES[self as usize]
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
@@ -36,45 +83,24 @@ impl ElementType {
 
     /// The OIP datatype name.
     pub fn oip_name(self) -> &'static str {
-        match self {
-            Self::Bool => "BOOL",
-            Self::U8 => "UINT8",
-            Self::I8 => "INT8",
-            Self::U16 => "UINT16",
-            Self::I16 => "INT16",
-            Self::U32 => "UINT32",
-            Self::I32 => "INT32",
-            Self::U64 => "UINT64",
-            Self::I64 => "INT64",
-            Self::F16 => "FP16",
-            Self::BF16 => "BF16",
-            Self::F32 => "FP32",
-            Self::F64 => "FP64",
-        }
+        self.names().oip
     }
 
     /// Parse an OIP datatype name (`BYTES` is not a fixed-size element type).
     pub fn from_oip_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "BOOL" => Self::Bool,
-            "UINT8" => Self::U8,
-            "INT8" => Self::I8,
-            "UINT16" => Self::U16,
-            "INT16" => Self::I16,
-            "UINT32" => Self::U32,
-            "INT32" => Self::I32,
-            "UINT64" => Self::U64,
-            "INT64" => Self::I64,
-            "FP16" => Self::F16,
-            "BF16" => Self::BF16,
-            "FP32" => Self::F32,
-            "FP64" => Self::F64,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|ty| ty.oip_name() == name)
     }
-}
 
-impl ElementType {
+    /// Triton's `TYPE_*` name.
+    pub fn triton_name(self) -> &'static str {
+        self.names().triton
+    }
+
+    /// Triton's `DataType` enum number.
+    pub fn triton_number(self) -> i32 {
+        self.names().triton_number
+    }
+
     /// One element holding `value` (cast to this type, saturating), little-endian.
     pub fn encode(self, value: f64) -> Vec<u8> {
         match self {
@@ -92,6 +118,38 @@ impl ElementType {
             Self::F32 => (value as f32).to_le_bytes().to_vec(),
             Self::F64 => value.to_le_bytes().to_vec(),
         }
+    }
+
+    /// The value of one little-endian element (`element` is [`size`](Self::size) bytes long;
+    /// 64-bit integers beyond 2^53 round).
+    pub fn decode(self, element: &[u8]) -> f64 {
+        fn bytes<const N: usize>(element: &[u8]) -> [u8; N] {
+            element.try_into().expect("one element's bytes")
+        }
+        match self {
+            Self::Bool | Self::U8 => f64::from(element[0]),
+            Self::I8 => f64::from(element[0] as i8),
+            Self::U16 => f64::from(u16::from_le_bytes(bytes(element))),
+            Self::I16 => f64::from(i16::from_le_bytes(bytes(element))),
+            Self::U32 => f64::from(u32::from_le_bytes(bytes(element))),
+            Self::I32 => f64::from(i32::from_le_bytes(bytes(element))),
+            Self::U64 => u64::from_le_bytes(bytes(element)) as f64,
+            Self::I64 => i64::from_le_bytes(bytes(element)) as f64,
+            Self::F16 => half::f16::from_le_bytes(bytes(element)).to_f64(),
+            Self::BF16 => half::bf16::from_le_bytes(bytes(element)).to_f64(),
+            Self::F32 => f64::from(f32::from_le_bytes(bytes(element))),
+            Self::F64 => f64::from_le_bytes(bytes(element)),
+        }
+    }
+
+    /// Every element of little-endian `data` as f64 (a trailing partial element is ignored).
+    pub fn values(self, data: &[u8]) -> impl Iterator<Item = f64> + '_ {
+        data.chunks_exact(self.size()).map(move |element| self.decode(element))
+    }
+
+    /// Whether the type holds floating-point values.
+    pub fn is_float(self) -> bool {
+        matches!(self, Self::F16 | Self::BF16 | Self::F32 | Self::F64)
     }
 }
 
@@ -245,6 +303,22 @@ mod tests {
             Tensor::new(ElementType::F64, vec![usize::MAX, 2], vec![]),
             Err(TensorError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn every_element_type_has_its_own_names_and_decodes_what_it_encodes() {
+        for (index, ty) in ElementType::ALL.into_iter().enumerate() {
+            assert_eq!(ty as usize, index, "ALL is in declaration order");
+            assert_eq!(ElementType::from_oip_name(ty.oip_name()), Some(ty));
+            assert_eq!(ty.triton_name(), format!("TYPE_{}", ty.oip_name()), "{ty}");
+            let value = if ty == ElementType::Bool { 1.0 } else { 3.0 };
+            assert_eq!(ty.decode(&ty.encode(value)), value, "{ty}");
+            assert_eq!(ty.encode(1.0).len(), ty.size(), "{ty}");
+        }
+        let numbers: std::collections::BTreeSet<i32> = ElementType::ALL.iter().map(|ty| ty.triton_number()).collect();
+        assert_eq!(numbers.len(), 13, "Triton numbers are distinct");
+        assert_eq!(ElementType::I8.decode(&ElementType::I8.encode(-5.0)), -5.0);
+        assert_eq!(ElementType::F16.values(&[0, 0x3c, 0, 0xc0, 7]).collect::<Vec<_>>(), vec![1.0, -2.0]);
     }
 
     #[test]

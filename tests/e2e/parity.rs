@@ -1,7 +1,8 @@
 //! The same bad request gets the same answer over HTTP and gRPC: a body over the tenant's
 //! `max_request_bytes` (413 / RESOURCE_EXHAUSTED, also past the server's gRPC message limit),
 //! a deadline already spent (504 / DEADLINE_EXCEEDED, not "overloaded"), an empty batch
-//! (400 / INVALID_ARGUMENT before it reaches the engine).
+//! (400 / INVALID_ARGUMENT before it reaches the engine), and each bad tensor the same
+//! message from the one validator both front ends feed.
 
 use serde_json::json;
 use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
@@ -99,4 +100,82 @@ async fn an_empty_batch_is_bad_input_before_the_engine() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert_eq!(status.message(), error_message(&body));
     assert_eq!(server.infer("digits-mlp", KEY, &json_rows(2, json!({}))).await.0, 200, "the model still serves");
+}
+
+/// One input as gRPC sends it, with its raw bytes.
+fn grpc_input(
+    name: &str,
+    datatype: &str,
+    shape: &[i64],
+    raw: Vec<u8>,
+) -> (model_infer_request::InferInputTensor, Vec<u8>) {
+    let input = model_infer_request::InferInputTensor {
+        name: name.into(),
+        datatype: datatype.into(),
+        shape: shape.to_vec(),
+        ..Default::default()
+    };
+    (input, raw)
+}
+
+#[tokio::test]
+async fn each_bad_tensor_gets_the_same_message_over_both_protocols() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", KEY, "max_tensor_elements = 1000");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    manifest += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &manifest);
+    let server = Server::start(tenants.path(), &[]);
+    let row = || vec![0u8; 64 * 4];
+    let cases = [
+        (
+            "digits-mlp",
+            "unknown datatype",
+            vec![grpc_input("X", "FLOAT32", &[1, 64], row())],
+            "unknown datatype 'FLOAT32'",
+        ),
+        ("digits-mlp", "negative dimension", vec![grpc_input("X", "FP32", &[-1, 64], row())], "negative dimension"),
+        (
+            "digits-mlp",
+            "over the element limit",
+            vec![grpc_input("X", "FP32", &[20, 64], vec![0; 20 * 256])],
+            "max_tensor_elements",
+        ),
+        (
+            "digits-mlp",
+            "bytes short of the shape",
+            vec![grpc_input("X", "FP32", &[1, 64], vec![0; 8])],
+            "but 8 bytes were given",
+        ),
+        (
+            "digits-mlp",
+            "an input twice",
+            vec![grpc_input("X", "FP32", &[1, 64], row()), grpc_input("X", "FP32", &[1, 64], row())],
+            "given twice",
+        ),
+        (
+            "digits",
+            "a datatype components cannot take",
+            vec![grpc_input("image", "BF16", &[1, 64], vec![0; 128])],
+            "components cannot take",
+        ),
+    ];
+    for (model, case, inputs, expected) in cases {
+        let header = json!({
+            "inputs": inputs.iter().map(|(input, raw)| json!({
+                "name": input.name, "datatype": input.datatype, "shape": input.shape,
+                "parameters": { "binary_data_size": raw.len() },
+            })).collect::<Vec<_>>(),
+        });
+        let binary: Vec<u8> = inputs.iter().flat_map(|(_, raw)| raw.clone()).collect();
+        let (code, body) = server.infer_binary(model, KEY, &header, &binary).await;
+        assert_eq!(code, 400, "{case}: {body}");
+        assert!(error_message(&body).contains(expected), "{case}: expected '{expected}' in {body}");
+        let (inputs, raw_input_contents): (Vec<_>, Vec<_>) = inputs.into_iter().unzip();
+        let request = ModelInferRequest { model_name: model.into(), inputs, raw_input_contents, ..Default::default() };
+        let status = grpc(&server, request).await.expect_err(case);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{case}: {status:?}");
+        assert_eq!(status.message(), error_message(&body), "{case}: the same message over both");
+    }
+    assert_eq!(server.infer("digits-mlp", KEY, &json_rows(1, json!({}))).await.0, 200, "the model still serves");
 }

@@ -331,6 +331,18 @@ impl Server {
         read(request.send().await.expect("POST reaches the server")).await
     }
 
+    /// An infer request in the binary tensor extension: the JSON header, then `binary`.
+    pub async fn infer_binary(&self, model: &str, key: &str, header: &Value, binary: &[u8]) -> (u16, Value) {
+        let json = serde_json::to_vec(header).expect("json");
+        let request = self
+            .client
+            .post(format!("{}/v2/models/{model}/infer", self.base))
+            .bearer_auth(key)
+            .header("Inference-Header-Content-Length", json.len())
+            .body([json.as_slice(), binary].concat());
+        read(request.send().await.expect("POST reaches the server")).await
+    }
+
     /// Any method with a raw body; the status and the JSON answer.
     pub async fn send(&self, method: reqwest::Method, path: &str, key: &str, body: Vec<u8>) -> (u16, Value) {
         let request = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(key).body(body);

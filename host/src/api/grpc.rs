@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::{grpc_body, metadata, request_id, triton};
 use crate::infer;
 use crate::oip::raw;
-use crate::oip::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
+use crate::oip::types::{Datatype, InferOutcome, InputValidator, Payload, TensorLimits, ValidInferRequest};
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
 use crate::telemetry::traces;
@@ -115,12 +115,12 @@ impl GrpcInferenceService for GrpcApi {
         let input = config
             .input
             .into_iter()
-            .map(|t| ModelInput { name: t.name, data_type: triton_type_number(&t.data_type), dims: t.dims })
+            .map(|t| ModelInput { name: t.name, data_type: t.data_type_number, dims: t.dims })
             .collect();
         let output = config
             .output
             .into_iter()
-            .map(|t| ModelOutput { name: t.name, data_type: triton_type_number(&t.data_type), dims: t.dims })
+            .map(|t| ModelOutput { name: t.name, data_type: t.data_type_number, dims: t.dims })
             .collect();
         let instance_group = config
             .instance_group
@@ -241,10 +241,6 @@ fn is_server_failure(code: tonic::Code) -> bool {
     matches!(code, Unknown | DeadlineExceeded | Unimplemented | Internal | Unavailable | DataLoss)
 }
 
-fn triton_type_number(name: &str) -> i32 {
-    DataType::from_str_name(name).map_or(DataType::TypeInvalid as i32, |t| t as i32)
-}
-
 fn version(version: &str) -> Option<&str> {
     (!version.is_empty()).then_some(version)
 }
@@ -294,29 +290,20 @@ pub fn parse_infer_request(message: ModelInferRequest, limits: TensorLimits) -> 
         )));
     }
     let mut raw_contents = message.raw_input_contents.into_iter();
-    let mut inputs = Vec::with_capacity(message.inputs.len());
+    let mut inputs = InputValidator::new(limits, message.inputs.len());
     for input in message.inputs {
-        let name = input.name;
-        let datatype = Datatype::parse(&input.datatype)
-            .ok_or_else(|| ApiError::invalid(format!("input '{name}': unknown datatype '{}'", input.datatype)))?;
-        let shape = input.shape.iter().map(|&d| u64::try_from(d)).collect::<Result<Vec<u64>, _>>().map_err(|_| {
-            ApiError::invalid(format!("input '{name}': shape {:?} has a negative dimension", input.shape))
-        })?;
-        let elements = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX);
+        let header = inputs.header(input.name, &input.datatype, &input.shape)?;
         let payload = match raw_contents.next() {
-            Some(bytes) => raw::decode(datatype, elements, &bytes, &name).map_err(ApiError::invalid)?,
-            None => typed_contents(datatype, input.contents.unwrap_or_default(), &name)?,
+            Some(bytes) => raw::decode(&header, &bytes)?,
+            None => typed_contents(header.datatype(), input.contents.unwrap_or_default(), header.name())?,
         };
-        if inputs.iter().any(|i: &ValidTensor| i.name == name) {
-            return Err(ApiError::invalid(format!("input '{name}' is given twice")));
-        }
-        inputs.push(ValidTensor::new(name, datatype, shape, payload, limits).map_err(ApiError::invalid)?);
+        inputs.push(header, payload)?;
     }
     let requested_outputs =
         (!message.outputs.is_empty()).then(|| message.outputs.into_iter().map(|o| o.name).collect());
     Ok(ValidInferRequest {
         id: (!message.id.is_empty()).then_some(message.id),
-        inputs,
+        inputs: inputs.finish(),
         parameters: parameters(&message.parameters),
         requested_outputs,
     })
@@ -397,6 +384,14 @@ pub fn encode_response(outcome: InferOutcome) -> ModelInferResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn triton_datatype_numbers_are_the_protos() {
+        for datatype in ElementType::ALL.map(Datatype::Fixed).into_iter().chain([Datatype::Bytes]) {
+            let proto = DataType::from_str_name(datatype.triton_name()).expect("a Triton datatype");
+            assert_eq!(proto as i32, datatype.triton_number(), "{}", datatype.name());
+        }
+    }
 
     #[test]
     fn narrow_integer_contents_must_fit_their_datatype() {

@@ -13,7 +13,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::error::ApiError;
-use crate::oip::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidInferRequest, ValidTensor};
+use crate::oip::types::{
+    Datatype, InferOutcome, InputHeader, InputValidator, Payload, TensorLimits, ValidInferRequest, ValidTensor,
+};
 use crate::tensor::ElementType;
 
 #[derive(Debug, Deserialize)]
@@ -126,12 +128,9 @@ pub fn parse_infer_request(
     };
     let wire: InferRequestJson =
         serde_json::from_slice(json).map_err(|e| ApiError::invalid(format!("malformed JSON request: {e}")))?;
-    let mut inputs = Vec::with_capacity(wire.inputs.len());
+    let mut inputs = InputValidator::new(limits, wire.inputs.len());
     for input in wire.inputs {
-        if inputs.iter().any(|i: &ValidTensor| i.name == input.name) {
-            return Err(ApiError::invalid(format!("input '{}' is given twice", input.name)));
-        }
-        inputs.push(parse_input(input, &mut binary, limits)?);
+        parse_input(input, &mut binary, &mut inputs)?;
     }
     if !binary.is_empty() {
         return Err(ApiError::invalid(format!(
@@ -153,7 +152,7 @@ pub fn parse_infer_request(
     Ok(HttpInferRequest {
         request: ValidInferRequest {
             id: wire.id,
-            inputs,
+            inputs: inputs.finish(),
             parameters: string_parameters(parameters),
             requested_outputs,
         },
@@ -174,27 +173,9 @@ fn string_parameters(map: serde_json::Map<String, Value>) -> Vec<(String, String
         .collect()
 }
 
-fn parse_input(input: InputJson<'_>, binary: &mut &[u8], limits: TensorLimits) -> Result<ValidTensor, ApiError> {
-    let name = input.name;
-    let datatype = Datatype::parse(&input.datatype).ok_or_else(|| {
-        ApiError::invalid(format!(
-            "input '{name}': unknown datatype '{}'; expected one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, \
-             INT32, INT64, FP16, BF16, FP32, FP64, BYTES",
-            input.datatype
-        ))
-    })?;
-    let shape =
-        input.shape.iter().map(|&d| u64::try_from(d)).collect::<Result<Vec<u64>, _>>().map_err(|_| {
-            ApiError::invalid(format!("input '{name}': shape {:?} has a negative dimension", input.shape))
-        })?;
-    // Refuse oversized tensors before touching their data.
-    let elements = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX);
-    if elements > limits.max_elements {
-        return Err(ApiError::invalid(format!(
-            "tensor '{name}' has {elements} elements; the tenant's limit is {} (max_tensor_elements)",
-            limits.max_elements
-        )));
-    }
+fn parse_input(input: InputJson<'_>, binary: &mut &[u8], inputs: &mut InputValidator) -> Result<(), ApiError> {
+    let header = inputs.header(input.name, &input.datatype, &input.shape)?;
+    let name = header.name();
     let binary_size = input.parameters.as_ref().and_then(|p| p.get(BINARY_DATA_SIZE)).map(|size| {
         size.as_u64().and_then(|s| usize::try_from(s).ok()).ok_or_else(|| {
             ApiError::invalid(format!("input '{name}': binary_data_size must be a non-negative integer"))
@@ -210,23 +191,18 @@ fn parse_input(input: InputJson<'_>, binary: &mut &[u8], limits: TensorLimits) -
             }
             let (bytes, rest) = binary.split_at(size);
             *binary = rest;
-            crate::oip::raw::decode(datatype, elements, bytes, &name).map_err(ApiError::invalid)?
+            crate::oip::raw::decode(&header, bytes)?
         }
-        (None, Some(data)) => json_payload(&name, datatype, &shape, elements, data)?,
+        (None, Some(data)) => json_payload(&header, data)?,
         (None, None) => return Err(ApiError::invalid(format!("input '{name}' has neither data nor binary_data_size"))),
     };
-    ValidTensor::new(name, datatype, shape, payload, limits).map_err(ApiError::invalid)
+    Ok(inputs.push(header, payload)?)
 }
 
 /// The payload of JSON `data` (flat or nested arrays, row-major): at most `elements` values
 /// are kept, so a body cannot make the host hold more than the tensor's own size.
-fn json_payload(
-    name: &str,
-    datatype: Datatype,
-    shape: &[u64],
-    elements: u64,
-    data: &RawValue,
-) -> Result<Payload, ApiError> {
+fn json_payload(header: &InputHeader, data: &RawValue) -> Result<Payload, ApiError> {
+    let (name, datatype, elements) = (header.name(), header.datatype(), header.elements());
     let mut flat = Flat { name, datatype, elements, count: 0, fixed: Vec::new(), bytes: Vec::new() };
     if let Datatype::Fixed(ty) = datatype {
         flat.fixed.reserve(usize::try_from(elements).unwrap_or(0).saturating_mul(ty.size()));
@@ -242,7 +218,8 @@ fn json_payload(
     })?;
     if flat.count != elements {
         return Err(ApiError::invalid(format!(
-            "tensor '{name}': shape {shape:?} needs {elements} values but {} were given",
+            "tensor '{name}': shape {:?} needs {elements} values but {} were given",
+            header.shape(),
             flat.count
         )));
     }

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::infer::Target;
 use crate::nn::backend::{BackendKind, TensorSpec};
+use crate::oip::types::Datatype;
 use crate::registry::manifest::TensorMetadata;
 use crate::telemetry::stats::{Counters, DurationCounter};
 
@@ -27,7 +28,10 @@ pub struct ModelConfig {
 pub struct TensorConfig {
     pub name: String,
     /// Triton's `TYPE_*` name.
-    pub data_type: String,
+    pub data_type: &'static str,
+    /// Its `DataType` number, as gRPC sends it.
+    #[serde(skip)]
+    pub data_type_number: i32,
     /// Dimensions without the batch dimension when `max_batch_size` > 0.
     pub dims: Vec<i64>,
 }
@@ -45,33 +49,16 @@ pub struct InstanceGroup {
     pub count: i32,
 }
 
-/// Triton's `TYPE_*` name for an OIP datatype, and its enum number in `model_config.proto`.
-pub fn triton_type(datatype: &str) -> (&'static str, i32) {
-    match datatype {
-        "BOOL" => ("TYPE_BOOL", 1),
-        "UINT8" => ("TYPE_UINT8", 2),
-        "UINT16" => ("TYPE_UINT16", 3),
-        "UINT32" => ("TYPE_UINT32", 4),
-        "UINT64" => ("TYPE_UINT64", 5),
-        "INT8" => ("TYPE_INT8", 6),
-        "INT16" => ("TYPE_INT16", 7),
-        "INT32" => ("TYPE_INT32", 8),
-        "INT64" => ("TYPE_INT64", 9),
-        "FP16" => ("TYPE_FP16", 10),
-        "FP32" => ("TYPE_FP32", 11),
-        "FP64" => ("TYPE_FP64", 12),
-        "BYTES" => ("TYPE_STRING", 13),
-        "BF16" => ("TYPE_BF16", 14),
-        _ => ("TYPE_INVALID", 0),
-    }
-}
-
 /// The configuration Triton would report for this model or app.
 pub fn config(name: &str, target: &Target) -> ModelConfig {
-    let tensor = |spec: &TensorMetadata, batched: bool| TensorConfig {
-        name: spec.name.clone(),
-        data_type: triton_type(&spec.datatype).0.to_string(),
-        dims: spec.shape.iter().skip(usize::from(batched)).copied().collect(),
+    let tensor = |spec: &TensorMetadata, batched: bool| {
+        let datatype = Datatype::parse(&spec.datatype);
+        TensorConfig {
+            name: spec.name.clone(),
+            data_type: datatype.map_or("TYPE_INVALID", Datatype::triton_name),
+            data_type_number: datatype.map_or(0, Datatype::triton_number),
+            dims: spec.shape.iter().skip(usize::from(batched)).copied().collect(),
+        }
     };
     match target {
         Target::Model { model, .. } => {

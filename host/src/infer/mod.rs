@@ -284,9 +284,12 @@ async fn run_app(
     };
     let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
     let request_bytes: usize = request.inputs.iter().map(|t| t.payload.byte_size()).sum();
+    let inputs = request.inputs.into_iter().map(GuestTensor::try_from).collect::<Result<Vec<_>, _>>();
+    let request =
+        InferRequest { id: request.id, inputs: inputs.map_err(ApiError::from)?, parameters: request.parameters };
     let mirror = route.shadow.as_ref().and_then(|shadow| {
         let prepared = app.version(shadow)?.prepared;
-        let call = shadow_call(tenant, spec, app, shadow, share, &request, memory_bytes);
+        let call = shadow_call(tenant, spec, app, shadow, share, request.clone(), memory_bytes);
         Some((prepared, call))
     });
     let raw_load = tenant.policy().raw_load.clone().map(|backend| RawLoad {
@@ -299,11 +302,7 @@ async fn run_app(
         log: guest_log(tenant, spec, app, &route.version),
         deadline,
         deadline_ms: budget.length().as_millis() as u64,
-        request: InferRequest {
-            id: request.id.clone(),
-            inputs: request.inputs.into_iter().map(GuestTensor::from).collect(),
-            parameters: request.parameters,
-        },
+        request,
     };
     let started = std::time::Instant::now();
     let span = tracing::debug_span!("guest", app = %name, version = %route.version);
@@ -410,16 +409,11 @@ fn shadow_call(
     app: &AppState,
     version: &VersionName,
     share: &Share,
-    request: &ValidInferRequest,
+    request: InferRequest,
     memory_bytes: usize,
 ) -> Box<dyn FnOnce() -> GuestCall + Send> {
     let (models, share, log) = (tenant.models.clone(), share.clone(), guest_log(tenant, spec, app, version));
     let deadline_ms = spec.quotas.guest_deadline_ms;
-    let request = InferRequest {
-        id: request.id.clone(),
-        inputs: request.inputs.iter().cloned().map(GuestTensor::from).collect(),
-        parameters: request.parameters.clone(),
-    };
     Box::new(move || {
         let budget = Budget::new(Instant::now(), deadline_ms, None);
         let deadline = budget.deadline();

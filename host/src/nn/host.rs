@@ -453,3 +453,17 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wasi_nn_tensor_types_map_both_ways() {
+        let mapped: Vec<ElementType> =
+            ElementType::ALL.into_iter().filter(|&ty| tensor_type(ty).map(element_type) == Some(ty)).collect();
+        let unmapped = ElementType::ALL.into_iter().filter(|&ty| tensor_type(ty).is_none()).count();
+        assert_eq!(mapped.len(), 7, "wasi:nn has seven tensor types: {mapped:?}");
+        assert_eq!(mapped.len() + unmapped, ElementType::ALL.len(), "each type maps back to itself or not at all");
+    }
+}

@@ -2,11 +2,13 @@
 //! binary tensor extension): little-endian elements, and for BYTES a 4-byte little-endian
 //! length before each element, as Triton encodes them.
 
-use super::types::{Datatype, Payload};
+use super::types::{Datatype, InputHeader, InvalidRequest, Payload};
 
-/// Split raw bytes into the payload of a tensor with `elements` elements.
-pub fn decode(datatype: Datatype, elements: u64, bytes: &[u8], name: &str) -> Result<Payload, String> {
-    match datatype {
+/// Split raw bytes into the payload of the input `header` declares (whether they fit its
+/// shape is the validator's to say).
+pub fn decode(header: &InputHeader, bytes: &[u8]) -> Result<Payload, InvalidRequest> {
+    let (name, elements) = (header.name(), header.elements());
+    match header.datatype() {
         Datatype::Fixed(_) => Ok(Payload::Fixed(bytes.to_vec())),
         Datatype::Bytes => {
             // Never more than the bytes could hold: a declared count alone allocates nothing.
@@ -14,14 +16,16 @@ pub fn decode(datatype: Datatype, elements: u64, bytes: &[u8], name: &str) -> Re
             let mut rest = bytes;
             while !rest.is_empty() {
                 let Some((length, tail)) = rest.split_first_chunk::<4>() else {
-                    return Err(format!("input '{name}': BYTES data ends inside a 4-byte length prefix"));
+                    return Err(InvalidRequest(format!(
+                        "input '{name}': BYTES data ends inside a 4-byte length prefix"
+                    )));
                 };
                 let length = u32::from_le_bytes(*length) as usize;
                 if tail.len() < length {
-                    return Err(format!(
+                    return Err(InvalidRequest(format!(
                         "input '{name}': a BYTES element declares {length} bytes but only {} remain",
                         tail.len()
-                    ));
+                    )));
                 }
                 items.push(tail[..length].to_vec());
                 rest = &tail[length..];
@@ -49,19 +53,28 @@ pub fn encode(payload: &Payload) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::oip::types::{InputValidator, TensorLimits};
+
+    /// The header of input `x` of this datatype with `elements` elements.
+    fn header(datatype: &str, elements: u64) -> InputHeader {
+        InputValidator::new(TensorLimits { max_elements: u64::MAX }, 1)
+            .header("x".into(), datatype, &[elements as i64])
+            .expect("a valid header")
+    }
 
     #[test]
     fn bytes_elements_round_trip_with_length_prefixes() {
         let payload = Payload::Bytes(vec![b"ab".to_vec(), Vec::new(), b"xyz".to_vec()]);
         let raw = encode(&payload);
         assert_eq!(&raw[..6], &[2, 0, 0, 0, b'a', b'b']);
-        assert_eq!(decode(Datatype::Bytes, 3, &raw, "t"), Ok(payload));
+        assert_eq!(decode(&header("BYTES", 3), &raw), Ok(payload));
     }
 
     #[test]
     fn truncated_bytes_are_refused_with_a_reason() {
-        assert!(decode(Datatype::Bytes, 1, &[5, 0, 0, 0, b'a'], "t").expect_err("short").contains("declares 5 bytes"));
-        assert!(decode(Datatype::Bytes, 1, &[5, 0], "t").expect_err("cut").contains("length prefix"));
+        let refusal = |raw: &[u8]| decode(&header("BYTES", 1), raw).expect_err("refused").0;
+        assert!(refusal(&[5, 0, 0, 0, b'a']).contains("declares 5 bytes"));
+        assert!(refusal(&[5, 0]).contains("length prefix"));
     }
 
     mod properties {
@@ -74,10 +87,10 @@ mod tests {
             #[test]
             fn binary_tensors_round_trip(elements in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..20), 0..20), raw in proptest::collection::vec(any::<u8>(), 0..200)) {
                 let payload = Payload::Bytes(elements.clone());
-                let decoded = decode(Datatype::Bytes, elements.len() as u64, &encode(&payload), "x");
+                let decoded = decode(&header("BYTES", elements.len() as u64), &encode(&payload));
                 prop_assert_eq!(decoded, Ok(payload));
-                for datatype in [Datatype::Bytes, Datatype::Fixed(crate::tensor::ElementType::F32), Datatype::Fixed(crate::tensor::ElementType::Bool)] {
-                    let _ = decode(datatype, raw.len() as u64 / 2, &raw, "x");
+                for datatype in ["BYTES", "FP32", "BOOL"] {
+                    let _ = decode(&header(datatype, raw.len() as u64 / 2), &raw);
                 }
             }
         }

@@ -30,6 +30,29 @@ impl Datatype {
             Self::Bytes => "BYTES",
         }
     }
+
+    /// Triton's `TYPE_*` name (`BYTES` is Triton's `TYPE_STRING`).
+    pub fn triton_name(self) -> &'static str {
+        match self {
+            Self::Fixed(ty) => ty.triton_name(),
+            Self::Bytes => "TYPE_STRING",
+        }
+    }
+
+    /// Triton's `DataType` enum number.
+    pub fn triton_number(self) -> i32 {
+        match self {
+            Self::Fixed(ty) => ty.triton_number(),
+            Self::Bytes => 13,
+        }
+    }
+
+    /// Every OIP datatype name, for messages.
+    fn all_names() -> String {
+        let mut names: Vec<&str> = ElementType::ALL.iter().map(|ty| ty.oip_name()).collect();
+        names.push("BYTES");
+        names.join(", ")
+    }
 }
 
 /// Tensor contents consistent with the datatype and shape.
@@ -67,49 +90,144 @@ pub struct TensorLimits {
     pub max_elements: u64,
 }
 
+/// The one validator of request inputs, fed by every front end: each input's header is
+/// checked (a known datatype, no negative dimension, within the tenant's element limit, not
+/// given twice) before any of its data is read, then its data against the header. The same
+/// bad input gets the same message over HTTP and gRPC.
+#[derive(Debug)]
+pub struct InputValidator {
+    limits: TensorLimits,
+    inputs: Vec<ValidTensor>,
+}
+
+/// An input's checked name, datatype and shape, waiting for its data.
+#[derive(Debug)]
+pub struct InputHeader {
+    name: String,
+    datatype: Datatype,
+    shape: Vec<u64>,
+    elements: u64,
+}
+
+impl InputHeader {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn datatype(&self) -> Datatype {
+        self.datatype
+    }
+
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// Elements the shape holds (within the tenant's limit).
+    pub fn elements(&self) -> u64 {
+        self.elements
+    }
+}
+
+impl InputValidator {
+    pub fn new(limits: TensorLimits, inputs: usize) -> Self {
+        Self { limits, inputs: Vec::with_capacity(inputs) }
+    }
+
+    /// Check an input's header as the wire gives it.
+    pub fn header(&self, name: String, datatype: &str, shape: &[i64]) -> Result<InputHeader, InvalidRequest> {
+        if self.inputs.iter().any(|input| input.name == name) {
+            return Err(InvalidRequest(format!("input '{name}' is given twice")));
+        }
+        let datatype = Datatype::parse(datatype).ok_or_else(|| {
+            InvalidRequest(format!(
+                "input '{name}': unknown datatype '{}'; expected one of {}",
+                crate::telemetry::text::cut(datatype, 32),
+                Datatype::all_names()
+            ))
+        })?;
+        let shape = shape
+            .iter()
+            .map(|&d| u64::try_from(d))
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(|_| InvalidRequest(format!("input '{name}': shape {shape:?} has a negative dimension")))?;
+        let elements = element_count(&name, &shape, self.limits)?;
+        Ok(InputHeader { name, datatype, shape, elements })
+    }
+
+    /// Add an input whose data has been read.
+    pub fn push(&mut self, header: InputHeader, payload: Payload) -> Result<(), InvalidRequest> {
+        let InputHeader { name, datatype, shape, elements } = header;
+        check_payload(&name, datatype, &shape, elements, &payload)?;
+        self.inputs.push(ValidTensor { name, datatype, shape, payload });
+        Ok(())
+    }
+
+    pub fn finish(self) -> Vec<ValidTensor> {
+        self.inputs
+    }
+}
+
+/// Elements of a shape, refused past the limit or on overflow.
+fn element_count(name: &str, shape: &[u64], limits: TensorLimits) -> Result<u64, InvalidRequest> {
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| InvalidRequest(format!("tensor '{name}': shape {shape:?} is too large")))?;
+    if elements > limits.max_elements {
+        return Err(InvalidRequest(format!(
+            "tensor '{name}' has {elements} elements; the tenant's limit is {} (max_tensor_elements)",
+            limits.max_elements
+        )));
+    }
+    Ok(elements)
+}
+
+/// Whether the payload is what the datatype and shape say.
+fn check_payload(
+    name: &str,
+    datatype: Datatype,
+    shape: &[u64],
+    elements: u64,
+    payload: &Payload,
+) -> Result<(), InvalidRequest> {
+    match (datatype, payload) {
+        (Datatype::Fixed(ty), Payload::Fixed(bytes)) => {
+            let expected = elements as usize * ty.size();
+            if bytes.len() != expected {
+                return Err(InvalidRequest(format!(
+                    "tensor '{name}': shape {shape:?} of {ty} needs {elements} values ({expected} bytes) but {} bytes \
+                     were given",
+                    bytes.len()
+                )));
+            }
+        }
+        (Datatype::Bytes, Payload::Bytes(items)) => {
+            if items.len() as u64 != elements {
+                return Err(InvalidRequest(format!(
+                    "tensor '{name}': shape {shape:?} needs {elements} BYTES elements but {} were given",
+                    items.len()
+                )));
+            }
+        }
+        _ => {
+            return Err(InvalidRequest(format!("tensor '{name}': contents do not match datatype {}", datatype.name())));
+        }
+    }
+    Ok(())
+}
+
 impl ValidTensor {
-    /// Check datatype, shape and payload together.
+    /// Check datatype, shape and payload together (for tensors that come whole, such as a
+    /// component's outputs).
     pub fn new(
         name: String,
         datatype: Datatype,
         shape: Vec<u64>,
         payload: Payload,
         limits: TensorLimits,
-    ) -> Result<Self, String> {
-        let elements = shape
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| format!("tensor '{name}': shape {shape:?} is too large"))?;
-        if elements > limits.max_elements {
-            return Err(format!(
-                "tensor '{name}' has {elements} elements; the tenant's limit is {} (max_tensor_elements)",
-                limits.max_elements
-            ));
-        }
-        match (&datatype, &payload) {
-            (Datatype::Fixed(ty), Payload::Fixed(bytes)) => {
-                let expected = elements as usize * ty.size();
-                if bytes.len() != expected {
-                    return Err(format!(
-                        "tensor '{name}': shape {shape:?} of {} needs {} values ({expected} bytes) but {} bytes were given",
-                        ty,
-                        elements,
-                        bytes.len()
-                    ));
-                }
-            }
-            (Datatype::Bytes, Payload::Bytes(items)) => {
-                if items.len() as u64 != elements {
-                    return Err(format!(
-                        "tensor '{name}': shape {shape:?} needs {elements} BYTES elements but {} were given",
-                        items.len()
-                    ));
-                }
-            }
-            _ => {
-                return Err(format!("tensor '{name}': contents do not match datatype {}", datatype.name()));
-            }
-        }
+    ) -> Result<Self, InvalidRequest> {
+        let elements = element_count(&name, &shape, limits)?;
+        check_payload(&name, datatype, &shape, elements, &payload)?;
         Ok(Self { name, datatype, shape, payload })
     }
 

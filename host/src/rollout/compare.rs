@@ -3,7 +3,6 @@
 //! far apart are their float values.
 
 use crate::oip::types::{Datatype, Payload, ValidTensor};
-use crate::tensor::ElementType;
 
 /// How a shadow answer compares with the primary answer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,16 +43,7 @@ pub fn compare(primary: &[ValidTensor], shadow: &[ValidTensor]) -> Comparison {
 /// A float tensor's values, or `None` for other datatypes.
 fn floats(tensor: &ValidTensor) -> Option<Vec<f64>> {
     let (Datatype::Fixed(ty), Payload::Fixed(bytes)) = (&tensor.datatype, &tensor.payload) else { return None };
-    let values = match ty {
-        ElementType::F32 => {
-            bytes.chunks_exact(4).map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect()
-        }
-        ElementType::F64 => bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect(),
-        ElementType::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64()).collect(),
-        ElementType::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64()).collect(),
-        _ => return None,
-    };
-    Some(values)
+    ty.is_float().then(|| ty.values(bytes).collect())
 }
 
 fn arg_max(values: &[f64]) -> Option<usize> {
@@ -63,6 +53,7 @@ fn arg_max(values: &[f64]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::ElementType;
 
     fn probabilities(values: &[f32]) -> ValidTensor {
         ValidTensor {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::registry::manifest::Drift as DriftSettings;
-use crate::tensor::{ElementType, Tensor};
+use crate::tensor::Tensor;
 
 /// Inputs with at most this many values per row get one feature per column.
 const MAX_COLUMN_FEATURES: usize = 64;
@@ -300,24 +300,7 @@ pub fn ks_statistic(reference: &[f64], current: &[f64]) -> f64 {
 
 /// Every element of a tensor as f64.
 fn values(tensor: &Tensor) -> Vec<f64> {
-    let size = tensor.ty().size();
-    let read = |bytes: &[u8]| -> f64 {
-        match tensor.ty() {
-            ElementType::Bool | ElementType::U8 => f64::from(bytes[0]),
-            ElementType::I8 => f64::from(bytes[0] as i8),
-            ElementType::U16 => f64::from(u16::from_le_bytes([bytes[0], bytes[1]])),
-            ElementType::I16 => f64::from(i16::from_le_bytes([bytes[0], bytes[1]])),
-            ElementType::F16 => half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
-            ElementType::BF16 => half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
-            ElementType::U32 => f64::from(u32::from_le_bytes(bytes.try_into().unwrap_or_default())),
-            ElementType::I32 => f64::from(i32::from_le_bytes(bytes.try_into().unwrap_or_default())),
-            ElementType::F32 => f64::from(f32::from_le_bytes(bytes.try_into().unwrap_or_default())),
-            ElementType::U64 => u64::from_le_bytes(bytes.try_into().unwrap_or_default()) as f64,
-            ElementType::I64 => i64::from_le_bytes(bytes.try_into().unwrap_or_default()) as f64,
-            ElementType::F64 => f64::from_le_bytes(bytes.try_into().unwrap_or_default()),
-        }
-    };
-    tensor.data().chunks_exact(size).map(read).collect()
+    tensor.ty().values(tensor.data()).collect()
 }
 
 /// The features of a sampled call: one value per row each.
@@ -342,8 +325,7 @@ pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Ve
     for (name, tensor) in outputs {
         let values = values(tensor);
         let per_row = values.len() / tensor.rows().max(1);
-        let integer =
-            !matches!(tensor.ty(), ElementType::F16 | ElementType::BF16 | ElementType::F32 | ElementType::F64);
+        let integer = !tensor.ty().is_float();
         match per_row {
             0 => {}
             1 if integer => features.push((format!("{name}:class"), Kind::Categorical, values)),
@@ -568,6 +550,7 @@ impl DriftMonitors {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::ElementType;
 
     fn settings(reference_rows: usize, window_rows: usize) -> DriftSettings {
         DriftSettings { reference_rows, window_rows, ..DriftSettings::default() }
