@@ -3,22 +3,30 @@
 
 use serde_json::{Value, json};
 
+use sluice::telemetry::metrics::names;
+
+use crate::metrics::Scrape;
 use crate::support::*;
 
 const ACME: &str = "test-key-acme";
 const GLOBEX: &str = "test-key-globex";
 
 /// Two tenants with the same digits weights (one resident copy, one queue) that waits
-/// 50 ms for requests to batch.
-fn tenants() -> Tenants {
+/// `delay_ms` for requests to batch.
+fn tenants_waiting(delay_ms: u64) -> Tenants {
     let tenants = Tenants::new();
     for (id, key, weight) in [("acme", ACME, 1), ("globex", GLOBEX, 2)] {
         let mut manifest = tenant_header(id, key, &format!("compute_weight = {weight}"));
         manifest += &model_entry("digits-mlp", &digits_model(), None);
-        manifest += "[models.digits-mlp.batching]\nmax_batch_size = 64\nmax_queue_delay_us = 50000\n\n";
+        manifest +=
+            &format!("[models.digits-mlp.batching]\nmax_batch_size = 64\nmax_queue_delay_us = {}\n\n", delay_ms * 1000);
         tenants.write(&format!("{id}.toml"), &manifest);
     }
     tenants
+}
+
+fn tenants() -> Tenants {
+    tenants_waiting(50)
 }
 
 fn rows(images: &[(Vec<u8>, i64)]) -> Value {
@@ -28,21 +36,25 @@ fn rows(images: &[(Vec<u8>, i64)]) -> Value {
 
 #[tokio::test]
 async fn batched_outputs_equal_unbatched_outputs_across_tenants() {
-    let tenants = tenants();
+    // Long enough a wait that the eight concurrent requests all reach the queue before it is cut.
+    let tenants = tenants_waiting(300);
     let server = Server::start(tenants.path(), &[]);
+    let scrape = Scrape::of(&server).await;
+    assert_eq!(scrape.sum(names::RESIDENT_MODELS, &[]), 1.0, "one resident copy for both tenants' weights");
     let digits = heldout_digits();
     let requests: Vec<(&str, Value)> =
         (0..8).map(|i| (if i % 2 == 0 { ACME } else { GLOBEX }, rows(&digits[i * 3..i * 3 + 3]))).collect();
 
-    // Alone: one request at a time.
+    // Alone: one request at a time, each its own batch of three rows.
     let mut alone = Vec::new();
     for (key, body) in &requests {
         let (status, response) = server.infer("digits-mlp", key, body).await;
         assert_eq!(status, 200, "{response}");
         alone.push(f32s(&output(&response, "probabilities")["data"]));
     }
-    let (_, before) = server.get("/v2/models/digits-mlp/stats", Some(ACME)).await;
-    let executions_before = before["model_stats"][0]["execution_count"].as_u64().expect("count");
+    let batches = |scrape: &Scrape, le: &str| scrape.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)]);
+    let before = Scrape::of(&server).await;
+    assert_eq!((batches(&before, "4"), batches(&before, "+Inf")), (8.0, 8.0), "eight batches of three rows");
 
     // Together: all at once, so they share batches.
     let together =
@@ -54,9 +66,16 @@ async fn batched_outputs_equal_unbatched_outputs_across_tenants() {
             assert!((a - b).abs() <= 1e-6 * b.abs().max(1e-6), "batched {a} vs alone {b}");
         }
     }
-    let (_, after) = server.get("/v2/models/digits-mlp/stats", Some(GLOBEX)).await;
-    let executions = after["model_stats"][0]["execution_count"].as_u64().expect("count") - executions_before;
-    assert!(executions < requests.len() as u64, "8 concurrent requests of two tenants ran in {executions} executions");
+    // Each tenant sent 12 rows: a batch of more than 12 holds rows of both.
+    let after = Scrape::of(&server).await;
+    let over_16 =
+        (batches(&after, "+Inf") - batches(&after, "16")) - (batches(&before, "+Inf") - batches(&before, "16"));
+    assert!(
+        over_16 >= 1.0,
+        "no batch held rows of both tenants: {:?}",
+        (batches(&after, "16"), batches(&after, "+Inf"))
+    );
+    assert_eq!(after.sum(names::RESIDENT_MODELS, &[]), 1.0);
 }
 
 #[tokio::test]

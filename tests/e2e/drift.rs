@@ -45,6 +45,11 @@ async fn tenants_drift_after(server: &Server, key: &str, rows: usize) -> Value {
     }
 }
 
+fn feature<'a>(report: &'a Value, name: &str) -> &'a Value {
+    let features = report["features"].as_array().expect("features");
+    features.iter().find(|f| f["feature"] == name).unwrap_or_else(|| panic!("no feature {name} in {report}"))
+}
+
 fn psi(report: &Value, feature: &str) -> f64 {
     report["features"]
         .as_array()
@@ -113,11 +118,10 @@ async fn held_out_digits_stay_put_and_inverted_or_shifted_ones_drift() {
     assert_eq!(report["level"], "significant");
     assert!(psi(&report, "X[36]") > 0.25 && psi(&report, "label:class") > 0.25, "{report}");
     assert!(psi(&report, "probabilities:argmax") > 0.25, "{report}");
-    let ks = report["features"].as_array().expect("features").iter().find(|f| f["feature"] == "X[36]").expect("X[36]")
-        ["ks"]
-        .as_f64()
-        .expect("continuous features have a KS statistic");
+    let ks = feature(&report, "X[36]")["ks"].as_f64().expect("continuous features have a KS statistic");
     assert!(ks > 0.25, "{report}");
+    let steady_ks = feature(&steady, "X[36]")["ks"].as_f64().expect("a KS statistic");
+    assert!(steady_ks < 0.1, "held-out digits: KS {steady_ks}");
     assert!(psi(&report, "X[0]") > 0.25, "a blank corner turned to ink: {report}");
 
     // Digits shifted two pixels right: the columns they move and the predictions drift.
@@ -138,7 +142,9 @@ async fn held_out_digits_stay_put_and_inverted_or_shifted_ones_drift() {
         scrape = Scrape::of(&server).await;
     }
     assert!(scrape.sum(names::DRIFT_PSI, &labels) > 0.25);
-    assert!(scrape.sum(names::DRIFT_KS, &[("model", "digits-mlp"), ("feature", "X[36]")]) >= 0.0);
+    let ks = feature(&report, "X[36]")["ks"].as_f64().expect("continuous features have a KS statistic");
+    let exported = scrape.sum(names::DRIFT_KS, &[("tenant", "acme"), ("model", "digits-mlp"), ("feature", "X[36]")]);
+    assert!(exported > 0.0 && (exported - ks).abs() < 1e-9, "KS of X[36]: /metrics {exported}, report {ks}");
 }
 
 #[tokio::test]

@@ -71,6 +71,8 @@ async fn health_and_metadata_over_grpc() {
         Code::Unauthenticated
     );
     assert_eq!(grpc.model_ready(authed(ready, OTHER)).await.expect_err("foreign").code(), Code::NotFound);
+    let unknown = ModelReadyRequest { name: "digits".into(), version: "9".into() };
+    assert_eq!(grpc.model_ready(authed(unknown, KEY)).await.expect_err("no such version").code(), Code::NotFound);
 
     let meta = grpc
         .model_metadata(authed(ModelMetadataRequest { name: "digits-mlp".into(), version: "1".into() }, KEY))

@@ -164,12 +164,37 @@ async fn known_traffic_gives_exact_counts_and_histograms() {
 }
 
 #[tokio::test]
-async fn no_metrics_serves_none() {
+async fn no_metrics_binds_no_port_and_samples_no_drift() {
     let tenants = Tenants::new();
-    tenants.write("acme.toml", &(tenant_header("acme", KEY, "") + &model_entry("digits-mlp", &digits_model(), None)));
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += "[models.digits-mlp.drift]\nsample_rate = 1.0\nreference_rows = 10\n\n";
+    tenants.write("acme.toml", &acme);
     let server = Server::start(tenants.path(), &["--no-metrics"]);
+    let with_metrics = Server::start(tenants.path(), &[]);
     assert!(server.metrics.is_none());
-    assert_eq!(server.infer("digits-mlp", KEY, &plain_request(1)).await.0, 200);
+    let port = |address: &str| address.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse::<u16>().ok());
+    let expected: std::collections::BTreeSet<u16> =
+        [port(server.http_address()), port(&server.grpc)].into_iter().flatten().collect();
+    assert_eq!(server.listening_ports(), expected, "only the HTTP and gRPC ports");
+    assert_eq!(with_metrics.listening_ports().len(), 3, "the control server also listens for metrics");
+
+    for target in [&server, &with_metrics] {
+        assert_eq!(target.infer("digits-mlp", KEY, &plain_request(4)).await.0, 200);
+    }
+    // The same traffic reaches the drift thread of the server with metrics ...
+    let started = std::time::Instant::now();
+    while with_metrics.get("/v2/models/digits-mlp/drift", Some(KEY)).await.1["rows_observed"] != 4 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "the control server samples drift");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // ... and never that of the server without.
+    let (status, drift) = server.get("/v2/models/digits-mlp/drift", Some(KEY)).await;
+    assert_eq!((status, drift["rows_observed"].as_u64()), (200, Some(0)), "{drift}");
+    let baseline = server
+        .send(reqwest::Method::PUT, "/v2/models/digits-mlp/drift/baseline", KEY, plain_request(10).to_string().into())
+        .await;
+    assert_eq!(baseline.0, 409, "{}", baseline.1);
 }
 
 #[tokio::test]

@@ -70,6 +70,10 @@ async fn requests_past_the_tenants_rate_get_429_with_retry_after() {
         || ModelInferRequest { model_name: "digits-mlp".into(), inputs: vec![input.clone()], ..Default::default() };
     let status = grpc.model_infer(authed(request(), LIMITED)).await.expect_err("still over its rate");
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    // gRPC's server pushback: the same wait, in milliseconds.
+    let pushback = status.metadata().get("grpc-retry-pushback-ms").expect("a retry hint").to_str().expect("ascii");
+    let pushback: u64 = pushback.parse().expect("milliseconds");
+    assert!((1..=2000).contains(&pushback), "grpc-retry-pushback-ms: {pushback}");
     // A second later the bucket has refilled.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert!(grpc.model_infer(authed(request(), LIMITED)).await.is_ok());

@@ -71,7 +71,8 @@ async fn a_20_percent_canary_gets_its_share_and_a_sticky_key_stays_on_one_versio
         assert!(seen.iter().all(|v| *v == seen[0]), "{user} saw {seen:?}");
         canary_users += usize::from(seen[0] == "2");
     }
-    assert!(canary_users < 40, "not every key lands on the canary");
+    // The key's hash decides: about a fifth of the keys on the canary, the rest on stable.
+    assert!((2..=16).contains(&canary_users), "{canary_users} of 40 keys on the 20% canary");
 }
 
 /// Digits as the primary, the hostile component as its shadow (it answers differently,

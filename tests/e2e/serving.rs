@@ -49,8 +49,21 @@ async fn health_and_metadata_are_correct() {
     let (status, app) = server.get("/v2/models/digits", Some(KEY)).await;
     assert_eq!((status, app["platform"].as_str()), (200, Some("sluice_wasm")));
     assert_eq!(app["versions"], json!(["1"]));
-    assert_eq!(server.get("/v2/models/digits/ready", Some(KEY)).await.0, 200);
-    assert_eq!(server.get("/v2/models/digits/versions/1/ready", Some(KEY)).await.0, 200);
+    // Readiness: every loaded model and app version is ready (until models load on demand,
+    // nothing known is unready); what is not there is 404, and asking needs a key.
+    for (path, name) in [
+        ("/v2/models/digits/ready", "digits"),
+        ("/v2/models/digits/versions/1/ready", "digits"),
+        ("/v2/models/digits-mlp/ready", "digits-mlp"),
+    ] {
+        assert_eq!(server.get(path, Some(KEY)).await, (200, json!({ "name": name, "ready": true })), "{path}");
+    }
+    for path in
+        ["/v2/models/digits/versions/9/ready", "/v2/models/digits-mlp/versions/2/ready", "/v2/models/nope/ready"]
+    {
+        assert_eq!(server.get(path, Some(KEY)).await.0, 404, "{path}");
+    }
+    assert_eq!(server.get("/v2/models/digits/ready", None).await.0, 401);
 }
 
 #[tokio::test]

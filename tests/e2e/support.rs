@@ -343,6 +343,33 @@ impl Server {
         read(request.send().await.expect("POST reaches the server")).await
     }
 
+    /// The TCP ports the server process listens on (from /proc: its socket inodes in the
+    /// kernel's listening-socket tables).
+    pub fn listening_ports(&self) -> std::collections::BTreeSet<u16> {
+        let pid = self.child.id();
+        let inodes: std::collections::BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("the server's descriptors")
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter_map(|target| {
+                let target = target.to_string_lossy().into_owned();
+                Some(target.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            })
+            .collect();
+        let mut ports = std::collections::BTreeSet::new();
+        for table in ["tcp", "tcp6"] {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // local_address is field 1 (ADDR:PORT in hex), st field 3 (0A: LISTEN), inode field 9.
+                if fields.len() > 9 && fields[3] == "0A" && inodes.contains(fields[9]) {
+                    let port = fields[1].rsplit(':').next().and_then(|hex| u16::from_str_radix(hex, 16).ok());
+                    ports.extend(port);
+                }
+            }
+        }
+        ports
+    }
+
     /// Any method with a raw body; the status and the JSON answer.
     pub async fn send(&self, method: reqwest::Method, path: &str, key: &str, body: Vec<u8>) -> (u16, Value) {
         let request = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(key).body(body);

@@ -1,5 +1,6 @@
 //! The API's rendering of the error table ([`crate::infer::error`]): an HTTP answer with a
-//! JSON `error`, `Connection: close` and `Retry-After` where they apply, or a gRPC status;
+//! JSON `error`, `Connection: close` and `Retry-After` where they apply, or a gRPC status
+//! with the same wait as `grpc-retry-pushback-ms` (gRPC's server pushback, gRFC A6);
 //! server-side failures logged at a bounded rate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +12,23 @@ use crate::telemetry::rate::TokenBucket;
 
 impl From<ApiError> for tonic::Status {
     fn from(error: ApiError) -> Self {
-        tonic::Status::new(error.kind.grpc_code(), error.message)
+        let wait = retry_after(&error);
+        let mut status = tonic::Status::new(error.kind.grpc_code(), error.message);
+        if let Some(wait) = wait {
+            let millis = tonic::metadata::MetadataValue::from(wait.as_millis() as u64);
+            status.metadata_mut().insert("grpc-retry-pushback-ms", millis);
+        }
+        status
+    }
+}
+
+/// How long a refused client should wait before it tries again: the admission's own
+/// estimate where it made one, else a second for overload and quota refusals.
+fn retry_after(error: &ApiError) -> Option<std::time::Duration> {
+    match (error.retry_after, error.kind) {
+        (Some(wait), _) => Some(wait),
+        (None, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) => Some(std::time::Duration::from_secs(1)),
+        _ => None,
     }
 }
 
@@ -45,12 +62,9 @@ impl IntoResponse for ApiError {
             // The unread rest of the body makes the connection unusable: tell the client.
             response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
         }
-        let retry_after = match (self.retry_after, self.kind) {
-            (Some(wait), _) => Some(wait.as_secs_f64().ceil().max(1.0) as u64),
-            (None, ErrorKind::Overloaded | ErrorKind::QuotaExceeded) => Some(1),
-            _ => None,
-        };
-        if let Some(seconds) = retry_after {
+        if let Some(wait) = retry_after(&self) {
+            // Retry-After counts whole seconds.
+            let seconds = wait.as_secs_f64().ceil().max(1.0) as u64;
             response.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
         }
         response
