@@ -167,3 +167,54 @@ async fn batches_are_cut_to_the_preferred_batch_size() {
     let model = &stats["model_stats"][0];
     assert_eq!((model["inference_count"].as_u64(), model["execution_count"].as_u64()), (Some(8), Some(2)), "{stats}");
 }
+
+#[tokio::test]
+async fn a_busy_shared_model_serves_tenants_in_proportion_to_their_compute_weight() {
+    use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use sluice::api::grpc::proto::{ModelInferRequest, model_infer_request};
+
+    const ROWS: usize = 256;
+    let tenants = Tenants::new();
+    for (id, key, weight) in [("acme", ACME, 1), ("globex", GLOBEX, 3)] {
+        let mut manifest = tenant_header(id, key, &format!("compute_weight = {weight}"));
+        manifest += &model_entry("digits-mlp", &digits_model(), None);
+        // One request fills a batch, so every batch is one tenant's and the queue decides whose.
+        manifest += &format!("[models.digits-mlp.batching]\nmax_batch_size = {ROWS}\nmax_queue_delay_us = 100\n\n");
+        tenants.write(&format!("{id}.toml"), &manifest);
+    }
+    let server = Server::start(tenants.path(), &[]);
+    let request = ModelInferRequest {
+        model_name: "digits-mlp".into(),
+        inputs: vec![model_infer_request::InferInputTensor {
+            name: "X".into(),
+            datatype: "FP32".into(),
+            shape: vec![ROWS as i64, 64],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![vec![0u8; ROWS * 64 * 4]],
+        ..Default::default()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    // Eight callers of each tenant keep the queue full.
+    let callers = [ACME, GLOBEX].into_iter().flat_map(|key| std::iter::repeat_n(key, 8)).map(|key| {
+        let (address, request) = (format!("http://{}", server.grpc), request.clone());
+        tokio::spawn(async move {
+            let mut client = GrpcInferenceServiceClient::connect(address).await.expect("connects");
+            let mut served = 0u32;
+            while std::time::Instant::now() < until {
+                client.model_infer(authed(request.clone(), key)).await.expect("served");
+                served += 1;
+            }
+            (key, served)
+        })
+    });
+    let (mut acme, mut globex) = (0, 0);
+    for caller in futures::future::join_all(callers).await {
+        match caller.expect("caller") {
+            (ACME, served) => acme += served,
+            (_, served) => globex += served,
+        }
+    }
+    let ratio = f64::from(globex) / f64::from(acme.max(1));
+    assert!((2.0..=4.5).contains(&ratio), "weights 3:1 served {globex}:{acme} requests ({ratio:.2})");
+}

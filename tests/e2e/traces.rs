@@ -252,3 +252,57 @@ fn acme(guests: &[&str]) -> Tenants {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The most compute spans of `model` running at one moment, from their start and end times.
+fn most_at_once(spans: &[Received], model: &str) -> usize {
+    let mut edges: Vec<(u64, i32)> = spans
+        .iter()
+        .map(|r| &r.span)
+        .filter(|s| s.name == "compute" && attribute(s, "model").as_deref() == Some(model))
+        .flat_map(|s| [(s.start_time_unix_nano, 1), (s.end_time_unix_nano, -1)])
+        .collect();
+    // An end sorts before a start at the same instant: touching is not overlapping.
+    edges.sort();
+    let (mut running, mut most) = (0i32, 0i32);
+    for (_, change) in edges {
+        running += change;
+        most = most.max(running);
+    }
+    most as usize
+}
+
+#[tokio::test]
+async fn two_instances_run_two_batches_at_once_and_one_never_does() {
+    const REQUESTS: usize = 8;
+    let body = serde_json::json!({
+        "inputs": [{ "name": "bytes", "shape": [1, 2048], "datatype": "INT32", "data": vec![7; 2048] }],
+    });
+    let mut most = Vec::new();
+    for instances in [1, 2] {
+        let (collector, endpoint) = Collector::start().await;
+        let tenants = Tenants::new();
+        let mut manifest = tenant_header("acme", KEY, "");
+        manifest += &model_entry("magika-v3", &magika_model(), None);
+        // One row per batch: concurrent requests are concurrent batches, if instances allow.
+        manifest += &format!(
+            "[models.magika-v3.batching]\nmax_batch_size = 1\nmax_queue_size = 64\ninstances = {instances}\n\n"
+        );
+        tenants.write("acme.toml", &manifest);
+        let server = Server::start_with_env(
+            tenants.path(),
+            &["--otlp-endpoint", &endpoint],
+            &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+        );
+        for _ in 0..3 {
+            let answers = futures::future::join_all((0..REQUESTS).map(|_| server.infer("magika-v3", KEY, &body))).await;
+            assert!(answers.iter().all(|(status, _)| *status == 200), "{answers:?}");
+        }
+        let spans = collector
+            .wait_for("a compute span per request", |spans| {
+                spans.iter().filter(|r| r.span.name == "compute").count() >= 3 * REQUESTS
+            })
+            .await;
+        most.push(most_at_once(&spans, "magika-v3"));
+    }
+    assert_eq!(most, [1, 2], "batches running at once with one instance, then two");
+}
