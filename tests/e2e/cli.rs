@@ -1,5 +1,5 @@
 //! The `sluice` control commands against a running server: push a version, set traffic,
-//! read status, promote, and errors that say what to do.
+//! read status, promote, push model weights, and errors that say what to do.
 
 use std::process::{Command, Output};
 
@@ -61,6 +61,42 @@ async fn push_traffic_status_and_promote_from_the_command_line() {
     let conflict = sluice(&server, KEY, &["app", "push", "digits", "2", &component]);
     let message = String::from_utf8_lossy(&conflict.stderr);
     assert!(message.contains("409") && message.contains("push under a new name"), "{message}");
+}
+
+#[tokio::test]
+async fn model_push_uploads_weights_that_serve_at_once() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", KEY, ""));
+    let data = tempfile::tempdir().expect("tmp");
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
+    let weights = digits_small_model();
+    let row = serde_json::json!({
+        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }],
+    });
+    assert_eq!(server.infer("pushed", KEY, &row).await.0, 404, "not there before the push");
+
+    let pushed = stdout(&sluice(&server, KEY, &["model", "push", "pushed", &weights.display().to_string()]));
+    assert_eq!(pushed, format!("model pushed added (sha256 {})\n", sha256_file(&weights)));
+    let (status, body) = server.infer("pushed", KEY, &row).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output(&body, "probabilities")["shape"], serde_json::json!([1, 10]), "{body}");
+
+    let json =
+        stdout(&sluice(&server, KEY, &["model", "push", "again", &weights.display().to_string(), "--output", "json"]));
+    let json: Value = serde_json::from_str(&json).expect("json output");
+    assert_eq!(json["sha256"].as_str(), Some(sha256_file(&weights).as_str()), "{json}");
+
+    // Bytes that are not a model: the server's reason, and nothing stored under the name.
+    let not_onnx = data.path().join("notes.txt");
+    std::fs::write(&not_onnx, "not a model").expect("write");
+    let refused = sluice(&server, KEY, &["model", "push", "broken", &not_onnx.display().to_string()]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("400"), "{message}");
+    assert!(!message.contains(&data.path().display().to_string()), "no server path in {message}");
+    assert_eq!(server.infer("broken", KEY, &row).await.0, 404);
+    let missing = sluice(&server, KEY, &["model", "push", "gone", "/no/such/model.onnx"]);
+    let message = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && message.contains("cannot read /no/such/model.onnx"), "{message}");
 }
 
 fn sluice_admin(server: &Server, token: Option<&str>, args: &[&str]) -> Output {

@@ -124,3 +124,38 @@ async fn the_timeout_parameter_shortens_the_deadline() {
     assert_eq!(status, 400, "{body}");
     assert!(error_message(&body).contains("parameter 'timeout'"), "{body}");
 }
+
+#[tokio::test]
+async fn a_guest_reaches_no_file_socket_variable_or_fine_clock() {
+    let tenants = tenants();
+    // The server's own environment holds something worth stealing.
+    let server = Server::start_with_env(tenants.path(), &[], &[("SLUICE_TEST_SECRET", "hunter2")]);
+    let request = json!({ "inputs": [], "parameters": { "mode": "ambient", "address": server.http_address() } });
+    let (status, body) = server.infer("hostile", EVIL, &request).await;
+    assert_eq!(status, 200, "{body}");
+    let attempts: Vec<String> = output(&body, "attempts")["data"]
+        .as_array()
+        .expect("lines")
+        .iter()
+        .map(|line| line.as_str().expect("text").to_string())
+        .collect();
+    let result = |what: &str| {
+        attempts.iter().find_map(|line| line.strip_prefix(&format!("{what}: "))).unwrap_or_else(|| panic!("{what}"))
+    };
+    // No directory is open to it: not the root, not the server's working or data directory.
+    for what in ["list /", "list .", "read /etc/hostname", "create probe.txt"] {
+        assert!(result(what).starts_with("error"), "{what}: {attempts:#?}");
+    }
+    // The host refuses sockets (the guest's std supports them; the host says no).
+    for what in ["tcp connect", "udp bind"] {
+        assert!(result(what).starts_with("error Permission denied"), "{what}: {attempts:#?}");
+    }
+    assert!(result("lookup localhost").starts_with("error"), "{attempts:#?}");
+    // Nothing of the server's environment or command line.
+    assert_eq!((result("env vars"), result("args")), ("ok 0", "ok 0"), "{attempts:#?}");
+    // Clocks to the millisecond only.
+    let step = i64s(&output(&body, "clock_step_ns")["data"])[0];
+    assert!(step >= 1_000_000, "the guest's monotonic clock stepped by {step} ns");
+    assert_eq!(i64s(&output(&body, "wall_sub_ms_ns")["data"]), vec![0], "the wall clock below the millisecond");
+    others_still_served(&server).await;
+}

@@ -1,12 +1,14 @@
 //! What one request's store holds: a WASI context with nothing granted (no files, network,
-//! environment or inherited stdio), the resource table, the `wasi:nn` context, the limiter,
-//! and the guest's log identity. A fresh store serves each request and is dropped after it.
+//! environment or inherited stdio, clocks to the millisecond), the resource table, the
+//! `wasi:nn` context, the limiter, and the guest's log identity. A fresh store serves each
+//! request and is dropped after it.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::sluice::tenant::log;
 use super::limits::GuestLimiter;
@@ -16,6 +18,45 @@ use crate::telemetry::text::{cut, escape_controls};
 
 /// Bytes of guest stderr kept, so a panic message can explain a trap.
 const STDERR_CAPACITY: usize = 4096;
+
+/// What a guest's clocks resolve: enough to time its own work, too coarse to time another
+/// tenant's batch or a cache miss on the shared host (browsers cut their timers the same way
+/// against timing side channels).
+const CLOCK_RESOLUTION: Duration = Duration::from_millis(1);
+
+fn coarse(time: Duration) -> Duration {
+    let step = CLOCK_RESOLUTION.as_nanos();
+    Duration::from_nanos((time.as_nanos() - time.as_nanos() % step) as u64)
+}
+
+/// The monotonic clock a guest reads: time since its request's store was made, in whole
+/// milliseconds (it also hides how long the host has been up).
+struct CoarseMonotonic {
+    start: Instant,
+}
+
+impl HostMonotonicClock for CoarseMonotonic {
+    fn resolution(&self) -> u64 {
+        CLOCK_RESOLUTION.as_nanos() as u64
+    }
+
+    fn now(&self) -> u64 {
+        coarse(self.start.elapsed()).as_nanos() as u64
+    }
+}
+
+/// The wall clock a guest reads, in whole milliseconds.
+struct CoarseWall;
+
+impl HostWallClock for CoarseWall {
+    fn resolution(&self) -> Duration {
+        CLOCK_RESOLUTION
+    }
+
+    fn now(&self) -> Duration {
+        coarse(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default())
+    }
+}
 
 /// Who a guest's log lines are from, and what it may still log: at most `budget` bytes in
 /// this request and what the tenant's per-second allowance (shared by its requests) holds.
@@ -51,6 +92,8 @@ impl StoreState {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .monotonic_clock(CoarseMonotonic { start: Instant::now() })
+            .wall_clock(CoarseWall)
             .build();
         Self { wasi, table: ResourceTable::new(), nn, limiter, log, stderr }
     }
@@ -86,7 +129,7 @@ impl log::Host for GuestLog {
         let message = cut(&message, MAX_LOG_MESSAGE);
         // A line costs its text and what the log adds to it (time, level, tenant, app).
         let cost = message.len() + LOG_LINE_OVERHEAD;
-        if cost > self.budget || self.allowance.take(cost as f64, std::time::Instant::now()).is_err() {
+        if cost > self.budget || self.allowance.take(cost as f64, Instant::now()).is_err() {
             self.dropped += 1;
             return Ok(());
         }

@@ -22,7 +22,13 @@
 //!   inputs and answer its FP32 outputs;
 //! - `load-model`: load the model named by parameter `model` (isolation checks);
 //! - `load-bytes`: load a graph from raw bytes (refused unless the quota allows it): the
-//!   UINT8 input `graph` when given, else sixteen zero bytes.
+//!   UINT8 input `graph` when given, else sixteen zero bytes;
+//! - `ambient`: try what a process could reach and answer what happened, one BYTES element
+//!   per attempt (`what: ok ...` or `what: error ...`): files (list `/` and `.`, read
+//!   `/etc/hostname`, create a file), sockets (TCP to parameter `address`, a UDP socket, a
+//!   name lookup), the environment (variables, arguments, working directory), and the
+//!   clocks (`clock_step_ns`: the smallest step seen between two readings of the monotonic
+//!   clock; `wall_sub_ms_ns`: the wall clock's nanoseconds below the millisecond).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -140,9 +146,52 @@ impl Handler for Hostile {
                     .map_err(|e| Error::model(e.data()))?;
                 Ok(Response::new())
             }
+            "ambient" => Ok(ambient(request.parameter("address").unwrap_or("127.0.0.1:9"))),
             other => Err(Error::invalid_input(format!("unknown mode '{other}'"))),
         }
     }
+}
+
+/// Try the ambient authority a process would have; one line per attempt.
+fn ambient(address: &str) -> Response {
+    fn line<T: std::fmt::Debug, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> Vec<u8> {
+        match result {
+            Ok(value) => format!("{what}: ok {value:?}"),
+            Err(error) => format!("{what}: error {error}"),
+        }
+        .into_bytes()
+    }
+    let list = |path: &str| std::fs::read_dir(path).map(|entries| entries.count());
+    let lookup = || std::net::ToSocketAddrs::to_socket_addrs("localhost:80").map(|addresses| addresses.count());
+    let attempts = vec![
+        line("list /", list("/")),
+        line("list .", list(".")),
+        line("read /etc/hostname", std::fs::read("/etc/hostname").map(|b| b.len())),
+        line("create probe.txt", std::fs::write("probe.txt", b"x")),
+        line("tcp connect", std::net::TcpStream::connect(address).map(|_| ())),
+        line("udp bind", std::net::UdpSocket::bind("0.0.0.0:0").map(|_| ())),
+        line("lookup localhost", lookup()),
+        line("env vars", Ok::<_, String>(std::env::vars().count())),
+        line("args", Ok::<_, String>(std::env::args().count())),
+        line("current dir", std::env::current_dir()),
+    ];
+    let count = attempts.len() as u64;
+    // The smallest nonzero step between two monotonic readings, over a few thousand reads.
+    let mut step = u64::MAX;
+    let mut last = std::time::Instant::now();
+    for _ in 0..20_000 {
+        let now = std::time::Instant::now();
+        let gap = now.duration_since(last).as_nanos() as u64;
+        if gap > 0 {
+            step = step.min(gap);
+        }
+        last = now;
+    }
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Response::new()
+        .with_output(Tensor::from_bytes("attempts", &[count], attempts))
+        .with_output(Tensor::from_i64("clock_step_ns", &[1], &[step as i64]))
+        .with_output(Tensor::from_i64("wall_sub_ms_ns", &[1], &[i64::from(wall.subsec_nanos() % 1_000_000)]))
 }
 
 /// Grow linear memory by 16 pages, count the bytes of them that are not zero, then fill them
