@@ -1,8 +1,13 @@
-//! The shipped Grafana dashboard and Prometheus rules reference only metrics that `/metrics`
-//! exports, and the SLO alert rules are the ones `sluice slo-rules` generates.
+//! The shipped Grafana dashboard and Prometheus rules against a real Prometheus (Debian's
+//! package) scraping a real server: every panel's query returns series, every rule evaluates
+//! and the alerts the traffic should raise are raised; `promtool` checks the rules and runs
+//! their unit tests; they reference only metrics `/metrics` exports, and the SLO alert rules
+//! are the ones `sluice slo-rules` generates.
 
 use std::collections::BTreeSet;
-use std::process::Command;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sluice::telemetry::metrics::names;
@@ -20,6 +25,158 @@ fn referenced(text: &str) -> BTreeSet<String> {
         found.insert(family.to_string());
     }
     found
+}
+
+/// A Prometheus server scraping one Sluice metrics port every second, with the shipped rules.
+struct Prometheus {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    async fn start(metrics: &str, rules: &Path) -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("port").port();
+        let rule_files: Vec<String> = ["sluice-alerts.yml", "sluice-slo-alerts.yml"]
+            .iter()
+            .map(|file| format!("\"{}\"", rules.join(file).display()))
+            .collect();
+        let config = format!(
+            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nrule_files: [{}]\nscrape_configs:\n  - \
+             job_name: sluice\n    static_configs: [{{ targets: [\"{}\"] }}]\n",
+            rule_files.join(", "),
+            metrics.trim_start_matches("http://")
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).expect("config");
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
+        let child = Command::new(prometheus_program("prometheus"))
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starts prometheus");
+        let prometheus = Self { child, base: format!("http://127.0.0.1:{port}"), _dir: dir };
+        let started = Instant::now();
+        while reqwest::get(format!("{}/-/ready", prometheus.base)).await.map_or(true, |r| r.status() != 200) {
+            let log = std::fs::read_to_string(prometheus._dir.path().join("prometheus.log")).unwrap_or_default();
+            assert!(started.elapsed() < Duration::from_secs(30), "prometheus did not become ready:\n{log}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        prometheus
+    }
+
+    async fn api(&self, path: &str, query: &[(&str, &str)]) -> Value {
+        let url = reqwest::Url::parse_with_params(&format!("{}/api/v1/{path}", self.base), query).expect("url");
+        let body: Value = reqwest::get(url).await.expect("prometheus answers").json().await.expect("json");
+        assert_eq!(body["status"], "success", "{path} {query:?}: {body}");
+        body["data"].clone()
+    }
+
+    /// The series an instant query returns.
+    async fn query(&self, expr: &str) -> Vec<Value> {
+        self.api("query", &[("query", expr)]).await["result"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every panel query of the dashboard, with Grafana's variables filled in (the tenant chosen: a pattern that matches
+/// anything would also match a label the series lacks).
+fn panel_queries(dashboard: &Value) -> Vec<(String, String)> {
+    let panels = dashboard["panels"].as_array().expect("panels");
+    panels
+        .iter()
+        .flat_map(|panel| {
+            let title = panel["title"].as_str().unwrap_or("?").to_string();
+            panel["targets"].as_array().cloned().unwrap_or_default().into_iter().map(move |target| {
+                let expr = target["expr"].as_str().expect("a PromQL target");
+                (title.clone(), expr.replace("$__rate_interval", "30s").replace("$tenant", "acme"))
+            })
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_panel_and_rule_works_on_a_real_prometheus_scraping_the_server() {
+    let (_tenants, server) = burning_app();
+    let root = repo_root().join("deploy");
+    let prometheus = Prometheus::start(server.metrics.as_deref().expect("metrics"), &root.join("prometheus")).await;
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("grafana/sluice-dashboard.json")).expect("the dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let queries = panel_queries(&dashboard);
+    assert!(queries.len() >= 15, "{queries:?}");
+
+    // Traffic over several scrapes, so rates have two samples to compare.
+    let plain = json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] });
+    let started = Instant::now();
+    let mut empty = queries.clone();
+    let mut active = BTreeSet::new();
+    let expected_alerts = BTreeSet::from(["SluiceErrorBudgetFastBurn", "SluiceGuestTraps", "SluiceServerErrors"]);
+    while !(empty.is_empty() && expected_alerts.iter().all(|a| active.contains(*a))) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "panels whose query returns nothing: {empty:#?}\nalerts active: {active:?}"
+        );
+        half_failing_traffic(&server).await;
+        for _ in 0..4 {
+            assert_eq!(server.infer("digits-mlp", KEY, &plain).await.0, 200);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut still_empty = Vec::new();
+        for (title, expr) in empty {
+            if prometheus.query(&expr).await.is_empty() {
+                still_empty.push((title, expr));
+            }
+        }
+        empty = still_empty;
+        let alerts = prometheus.api("alerts", &[]).await;
+        active = alerts["alerts"]
+            .as_array()
+            .expect("alerts")
+            .iter()
+            .filter_map(|a| a["labels"]["alertname"].as_str().map(str::to_string))
+            .collect();
+    }
+    // Every rule evaluates without error.
+    let rules = prometheus.api("rules", &[]).await;
+    let rules: Vec<&Value> = rules["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules"))
+        .collect();
+    assert_eq!(rules.len(), 7, "every shipped rule is loaded");
+    for rule in rules {
+        assert_eq!(rule["health"], "ok", "{rule}");
+    }
+}
+
+#[test]
+fn the_rules_pass_promtool_and_their_unit_tests() {
+    let promtool = prometheus_program("promtool");
+    let rules = repo_root().join("deploy/prometheus");
+    for args in [
+        vec!["check", "rules", "sluice-alerts.yml", "sluice-slo-alerts.yml"],
+        vec!["test", "rules", "sluice-alerts.test.yml"],
+    ] {
+        let output = Command::new(&promtool).args(&args).current_dir(&rules).output().expect("runs promtool");
+        assert!(
+            output.status.success(),
+            "promtool {args:?}:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 #[tokio::test]

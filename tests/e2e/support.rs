@@ -58,6 +58,49 @@ pub fn python_with(requirements: &[&str]) -> PathBuf {
     python
 }
 
+/// A program of Debian's `prometheus` package (`prometheus` or `promtool`): from PATH when
+/// installed, else unpacked on first use from the package (`apt-get download`, no system
+/// install) into `target/tools/prometheus`.
+pub fn prometheus_program(name: &str) -> PathBuf {
+    static UNPACKED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let on_path = Command::new("sh").args(["-c", &format!("command -v {name}")]).output();
+    if let Some(output) = on_path.ok().filter(|o| o.status.success()) {
+        let found = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        let sibling = if name == "promtool" { "prometheus" } else { "promtool" };
+        if Path::new(&found).with_file_name(sibling).exists() {
+            return PathBuf::from(found);
+        }
+    }
+    let _guard = UNPACKED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let root = repo_root().join("target/tools/prometheus");
+    let program = root.join("usr/bin").join(name);
+    if program.exists() {
+        return program;
+    }
+    let download = tempfile::tempdir_in(repo_root().join("target")).expect("a download directory");
+    let fetch = || Command::new("apt-get").args(["download", "prometheus"]).current_dir(download.path()).status();
+    if !fetch().is_ok_and(|s| s.success()) {
+        // Package lists may be missing on a fresh machine.
+        let _ = Command::new("apt-get").arg("update").status();
+        let fetched = fetch();
+        assert!(
+            fetched.is_ok_and(|s| s.success()),
+            "the tests need Debian's prometheus package (promtool): `apt-get download prometheus` failed"
+        );
+    }
+    let package = std::fs::read_dir(download.path())
+        .expect("the download")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|e| e == "deb"))
+        .expect("the prometheus .deb");
+    std::fs::create_dir_all(&root).expect("target/tools");
+    let unpack = Command::new("dpkg-deb").arg("-x").arg(&package).arg(&root).status();
+    assert!(unpack.is_ok_and(|s| s.success()), "dpkg-deb -x {} failed", package.display());
+    assert!(program.exists(), "{} is not in the prometheus package", program.display());
+    program
+}
+
 /// The ONNX Runtime library from the pinned `onnxruntime` wheel, installed into the
 /// project's `.venv` on first use.
 pub fn onnxruntime_library() -> &'static Path {

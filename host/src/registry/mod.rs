@@ -174,13 +174,6 @@ impl Registry {
         Ok(())
     }
 
-    /// The tenant owning an API key.
-    pub fn authenticate(&self, api_key: &str) -> Option<Arc<Tenant>> {
-        let digest = hex::encode(Sha256::digest(api_key.as_bytes()));
-        let id = self.key_digests.get(&digest)?;
-        self.tenants.get(id).cloned()
-    }
-
     /// API key digests and the tenant each belongs to.
     pub fn key_digests(&self) -> &HashMap<String, TenantId> {
         &self.key_digests
