@@ -69,7 +69,7 @@ async fn create_tenant(
     admin(&state, &headers)?;
     let request: NewTenant = json(&body, r#"{"id": "acme", "quotas": {"max_concurrent_requests": 64}}"#)?;
     let tenant = admin::create_tenant(&state, tenant_id(&request.id)?, request.quotas)?;
-    let spec = tenant.tenant();
+    let spec = tenant.spec();
     let created = serde_json::json!({ "id": spec.id, "quotas": spec.quotas });
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
@@ -84,7 +84,7 @@ async fn set_quotas(
     let quotas: Quotas = json(&body, r#"{"max_concurrent_requests": 64, "compute_weight": 2}"#)?;
     let id = tenant_id(&tenant)?;
     admin::set_quotas(&state, &id, quotas)?;
-    Ok(Json(serde_json::json!({ "id": id, "quotas": state.tenant(&id).map(|t| t.tenant().quotas.clone()) }))
+    Ok(Json(serde_json::json!({ "id": id, "quotas": state.tenant(&id).map(|t| t.spec().quotas.clone()) }))
         .into_response())
 }
 

@@ -100,7 +100,7 @@ async fn upload_version(
     let tenant = &authenticate(&state, &headers)?;
     let app_name = parse("app name", &app, AppName::new)?;
     let version = parse("version", &version, VersionName::new)?;
-    let max = tenant.tenant().quotas.max_component_bytes;
+    let max = tenant.spec().quotas.max_component_bytes;
     let addition = Addition::Version { app: app_name.as_str() };
     apply::check_storage(&state, tenant, addition, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_component_bytes").await?;
@@ -120,7 +120,7 @@ async fn upload_model(
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
     let name = parse("model name", &model, ModelName::new)?;
-    let max = tenant.tenant().quotas.max_model_bytes;
+    let max = tenant.spec().quotas.max_model_bytes;
     apply::check_storage(&state, tenant, Addition::Model, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_model_bytes").await?;
     apply::check_storage(&state, tenant, Addition::Model, uploaded.length)?;

@@ -152,7 +152,7 @@ impl GrpcInferenceService for GrpcApi {
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
         let duration = |d: triton::Duration| Some(StatisticDuration { count: d.count, ns: d.ns });
-        let model_stats = triton::statistics(tenant.tenant().id.as_str(), &message.name, &target)
+        let model_stats = triton::statistics(tenant.spec().id.as_str(), &message.name, &target)
             .model_stats
             .into_iter()
             .map(|m| ModelStatistics {
@@ -200,7 +200,7 @@ impl GrpcInferenceService for GrpcApi {
 impl GrpcApi {
     async fn serve_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let tenant = &self.tenant(&request)?;
-        let spec = tenant.tenant();
+        let spec = tenant.spec();
         let routed = infer::Routed::default();
         let outcome = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, async {
             // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.

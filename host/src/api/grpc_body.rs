@@ -96,7 +96,7 @@ where
             let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
             // An unknown key is left to the method, which answers it like every other call.
             if let Ok(tenant) = super::auth::tenant_for_key(state, authorization) {
-                let spec = tenant.tenant();
+                let spec = tenant.spec();
                 match infer::admit(&tenant) {
                     Ok(admitted) => {
                         request.extensions_mut().insert(Admission(Arc::new(Mutex::new(Some(admitted)))));

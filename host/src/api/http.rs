@@ -158,7 +158,7 @@ async fn model_stats(
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
     let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(super::triton::statistics(tenant.tenant().id.as_str(), &path.model, &target)).into_response())
+    Ok(Json(super::triton::statistics(tenant.spec().id.as_str(), &path.model, &target)).into_response())
 }
 
 /// `GET /v2/models/{model}/drift`: the caller's drift figures for one of its models.
@@ -174,7 +174,7 @@ async fn model_drift(
             path.model
         )));
     };
-    let report = model.drift.get(tenant.tenant().id.as_str()).map(|monitor| monitor.report());
+    let report = model.drift.get(tenant.spec().id.as_str()).map(|monitor| monitor.report());
     let mut body = serde_json::to_value(report.as_deref().unwrap_or(&DriftReport::empty()))
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("drift report: {e}")))?;
     body["model"] = serde_json::json!(name);
@@ -193,7 +193,7 @@ async fn model_drift_baseline(
     if !crate::telemetry::metrics::metrics().is_enabled() {
         return Err(ApiError::new(ErrorKind::Conflict, "drift is not tracked on this server (--no-metrics)"));
     }
-    let spec = tenant.tenant();
+    let spec = tenant.spec();
     let (entry, HttpInferRequest { request, .. }) =
         enter_and_read(&state, tenant, &spec.quotas, &headers, body).await?;
     let rows = infer::set_drift_baseline(tenant, entry, &path.model, request).await?;
@@ -207,7 +207,7 @@ async fn model_infer(
     body: Body,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
-    let spec = tenant.tenant();
+    let spec = tenant.spec();
     let routed = infer::Routed::default();
     infer::observed(
         spec.id.as_str(),

@@ -46,7 +46,7 @@ pub fn tenant_summaries(state: &ServingState) -> Vec<TenantSummary> {
         .all_tenants()
         .iter()
         .map(|tenant| {
-            let spec = tenant.tenant();
+            let spec = tenant.spec();
             TenantSummary { id: spec.id.to_string(), quotas: spec.quotas.clone(), keys: key_ids(state, &spec.id) }
         })
         .collect();

@@ -83,7 +83,7 @@ fn write_control(state: &ServingState, tenant: &TenantState) -> Result<(), Contr
         })
         .collect();
     let models = tenant.models.own_digests().into_iter().collect();
-    let spec = tenant.tenant();
+    let spec = tenant.spec();
     let (quotas, keys) = if tenant.admin_managed.load(Ordering::Relaxed) {
         (Some(spec.quotas.clone()), Some(state.key_digests_of(&spec.id)))
     } else {
@@ -109,7 +109,7 @@ pub async fn restore_control(state: &ServingState) -> anyhow::Result<()> {
         }
     }
     for tenant in state.all_tenants() {
-        let spec = tenant.tenant();
+        let spec = tenant.spec();
         let id = spec.id.as_str();
         let Some(saved) = state.store.read_state::<TenantControl>(id)? else { continue };
         if let Some(quotas) = saved.quotas {
@@ -198,7 +198,7 @@ pub async fn add_app_version(
         }
     };
     let (app, _) = change_and_save(state, tenant, add, undo)?;
-    tracing::info!(tenant = %tenant.tenant().id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
+    tracing::info!(tenant = %tenant.spec().id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
     Ok(app)
 }
 
@@ -250,7 +250,7 @@ pub async fn add_model(
         false => Err(ControlError::Conflict(format!("model '{name}' exists"))),
     };
     change_and_save(state, tenant, add, |()| tenant.models.remove(&name))?;
-    tracing::info!(tenant = %tenant.tenant().id, model = %name, sha256 = %uploaded.sha256, "model added");
+    tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %uploaded.sha256, "model added");
     Ok(())
 }
 
@@ -286,7 +286,7 @@ pub fn check_storage(
     addition: Addition<'_>,
     bytes: u64,
 ) -> Result<(), ControlError> {
-    let quotas = tenant.tenant().quotas.clone();
+    let quotas = tenant.spec().quotas.clone();
     let full = |message: String| ControlError::StorageQuota(message);
     let uploaded: BTreeMap<String, u64> = uploaded_blobs(state, tenant);
     match addition {

@@ -57,7 +57,7 @@ pub struct Admitted {
 /// Admit a request of `tenant` under its rate and concurrency quotas (429 past either, with
 /// the wait in `Retry-After`).
 pub fn admit(tenant: &TenantState) -> Result<Admitted, ApiError> {
-    let (spec, policy) = (tenant.tenant(), tenant.policy());
+    let (spec, policy) = (tenant.spec(), tenant.policy());
     policy.take_request().map_err(|wait| {
         ApiError::new(
             ErrorKind::QuotaExceeded,
@@ -118,7 +118,7 @@ pub async fn enter(
     client_timeout: Option<Duration>,
 ) -> Result<Entry, ApiError> {
     // One snapshot of id and quotas for the whole request (they may change while serving).
-    let spec = tenant.tenant();
+    let spec = tenant.spec();
     let quotas = &spec.quotas;
     let budget = Budget::new(Instant::now(), quotas.guest_deadline_ms, client_timeout);
     let turn = state.turns.enter(spec.id.as_str().into(), quotas.compute_weight, budget.deadline()).await?;
@@ -140,7 +140,7 @@ pub async fn set_drift_baseline(
             "'{name}' is an app; drift is tracked per model: set the baseline of the models it calls"
         )));
     };
-    let spec = tenant.tenant();
+    let spec = tenant.spec();
     let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
@@ -202,7 +202,7 @@ pub async fn infer(
         Target::Model { .. } => None,
     };
     caller.routed.set(name, target.version(), slo.as_ref());
-    let spec = tenant.tenant();
+    let spec = tenant.spec();
     // The OIP `timeout` request parameter (microseconds, as Triton reads it) shortens it too.
     let budget = budget.shortened(timeout_parameter(&request.parameters)?);
     let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };

@@ -217,7 +217,7 @@ async fn analyse_canaries(state: Arc<ServingState>, tick: Duration) {
     loop {
         ticker.tick().await;
         for tenant in state.all_tenants() {
-            let tenant_id = tenant.tenant().id.clone();
+            let tenant_id = tenant.spec().id.clone();
             for (name, app) in tenant.apps() {
                 let key = (tenant_id.to_string(), name.to_string());
                 let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
@@ -242,7 +242,7 @@ async fn export_gauges(state: Arc<ServingState>, tick: Duration) {
     loop {
         ticker.tick().await;
         for tenant in state.all_tenants() {
-            let id = tenant.tenant().id.clone();
+            let id = tenant.spec().id.clone();
             for (name, app) in tenant.apps() {
                 if let Some(slo) = &app.slo {
                     metrics.slo(id.as_str(), name.as_str(), &slo.report());

@@ -106,7 +106,7 @@ impl TenantState {
     }
 
     /// The tenant's id and current quotas.
-    pub fn tenant(&self) -> Arc<Tenant> {
+    pub fn spec(&self) -> Arc<Tenant> {
         self.spec.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
