@@ -61,6 +61,9 @@ async fn push_traffic_status_and_promote_from_the_command_line() {
     let conflict = sluice(&server, KEY, &["app", "push", "digits", "2", &component]);
     let message = String::from_utf8_lossy(&conflict.stderr);
     assert!(message.contains("409") && message.contains("push under a new name"), "{message}");
+    let in_traffic = sluice(&server, KEY, &["app", "delete", "digits", "2"]);
+    let message = String::from_utf8_lossy(&in_traffic.stderr);
+    assert!(!in_traffic.status.success() && message.contains("is its stable version"), "{message}");
 }
 
 #[tokio::test]
@@ -85,6 +88,8 @@ async fn model_push_uploads_weights_that_serve_at_once() {
         stdout(&sluice(&server, KEY, &["model", "push", "again", &weights.display().to_string(), "--output", "json"]));
     let json: Value = serde_json::from_str(&json).expect("json output");
     assert_eq!(json["sha256"].as_str(), Some(sha256_file(&weights).as_str()), "{json}");
+    assert_eq!(stdout(&sluice(&server, KEY, &["model", "delete", "again"])), "model again deleted\n");
+    assert_eq!(server.infer("again", KEY, &row).await.0, 404);
 
     // Bytes that are not a model: the server's reason, and nothing stored under the name.
     let not_onnx = data.path().join("notes.txt");

@@ -122,3 +122,81 @@ async fn an_upload_that_cannot_be_saved_fails_and_a_restart_agrees() {
     assert_eq!(versions(&server).await, ["1", "2"]);
     assert_eq!(server.get("/v2/models/small", Some(KEY)).await.0, 200);
 }
+
+const OTHER: &str = "test-key-globex";
+
+#[tokio::test]
+async fn deleting_frees_names_memory_and_disk_but_never_what_serves() {
+    let tenants = tenants();
+    tenants.write("globex.toml", &tenant_header("globex", OTHER, ""));
+    let data = tempfile::tempdir().expect("tmp");
+    let mut server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
+    let resident = |server: &Server| {
+        let server = server.metrics.clone().expect("metrics");
+        async move {
+            let text = reqwest::get(format!("{server}/metrics")).await.expect("scrape").text().await.expect("text");
+            let line = text.lines().find(|l| l.starts_with("sluice_resident_models ")).expect("the gauge").to_string();
+            line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a number")
+        }
+    };
+    let row = serde_json::json!({
+        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }],
+    });
+    let small = std::fs::read(digits_small_model()).expect("weights");
+    let blob = data.path().join("registry/blobs/sha256").join(sha256_file(&digits_small_model()));
+    assert_eq!(server.send(Method::PUT, "/control/v1/models/extra", KEY, small.clone()).await.0, 201);
+    assert_eq!(server.send(Method::PUT, "/control/v1/models/same", OTHER, small.clone()).await.0, 201);
+    let component = std::fs::read(guest("digits")).expect("component");
+    assert_eq!(server.send(Method::PUT, "/control/v1/apps/digits/versions/2", KEY, component).await.0, 201);
+    let canary = serde_json::json!({ "stable": "1", "canary": { "version": "2", "weight": 10 } });
+    let put = server.send(Method::PUT, "/control/v1/apps/digits/traffic", KEY, canary.to_string().into()).await;
+    assert_eq!(put.0, 200, "{}", put.1);
+    assert_eq!(resident(&server).await, 2.0, "digits-mlp, and one copy of the weights two tenants uploaded");
+
+    // What serves, what the manifest declares and what is not the caller's are refused.
+    for (path, key, status, message) in [
+        ("/control/v1/apps/digits/versions/2", KEY, 409, "is its canary; change the traffic first"),
+        ("/control/v1/apps/digits/versions/1", KEY, 409, "declared in the tenant's manifest"),
+        ("/control/v1/models/digits-mlp", KEY, 409, "declared in the tenant's manifest"),
+        ("/control/v1/models/same", KEY, 404, "not found"),
+        ("/control/v1/models/extra", OTHER, 404, "not found"),
+        ("/control/v1/apps/digits/versions/2", OTHER, 404, "not found"),
+    ] {
+        let (code, body) = server.send(Method::DELETE, path, key, Vec::new()).await;
+        assert_eq!(code, status, "{path}: {body}");
+        assert!(error_message(&body).contains(message), "{path}: {body}");
+    }
+    assert_eq!(server.infer("extra", KEY, &row).await.0, 200);
+    assert_eq!(versions(&server).await, ["1", "2"]);
+
+    // Out of traffic, version 2 goes; the model goes; the other tenant's copy of the same
+    // weights keeps serving, and keeps the blob and the resident copy.
+    let stable = serde_json::json!({ "stable": "1" });
+    assert_eq!(
+        server.send(Method::PUT, "/control/v1/apps/digits/traffic", KEY, stable.to_string().into()).await.0,
+        200
+    );
+    let (code, body) = server.send(Method::DELETE, "/control/v1/apps/digits/versions/2", KEY, Vec::new()).await;
+    assert_eq!((code, &body["deleted"]), (200, &serde_json::json!(true)), "{body}");
+    assert_eq!(versions(&server).await, ["1"]);
+    assert_eq!(server.post_raw("/v2/models/digits/versions/2/infer", Some(KEY), row.to_string().into()).await.0, 404);
+    let (code, body) = server.send(Method::DELETE, "/control/v1/models/extra", KEY, Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(server.infer("extra", KEY, &row).await.0, 404);
+    assert_eq!(server.infer("same", OTHER, &row).await.0, 200);
+    assert!(blob.exists(), "the other tenant still references the weights");
+    assert_eq!(resident(&server).await, 2.0);
+
+    // The last reference gone: the blob and the resident copy go too.
+    assert_eq!(server.send(Method::DELETE, "/control/v1/models/same", OTHER, Vec::new()).await.0, 200);
+    assert!(!blob.exists(), "nothing references the weights");
+    assert_eq!(resident(&server).await, 1.0, "only the manifest's model stays resident");
+
+    // After a restart: gone, and the names are free again.
+    assert!(server.terminate());
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("restarts");
+    assert_eq!(versions(&server).await, ["1"]);
+    assert_eq!(server.infer("extra", KEY, &row).await.0, 404);
+    assert_eq!(server.send(Method::PUT, "/control/v1/models/extra", KEY, small).await.0, 201);
+    assert_eq!(server.infer("extra", KEY, &row).await.0, 200);
+}

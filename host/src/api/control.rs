@@ -1,6 +1,6 @@
-//! The tenant control API (HTTP JSON under `/control/v1`, with the tenant's key): upload a
-//! model or an app version, read an app's rollout status, set its traffic, promote or roll
-//! back its canary. Uploads stream to disk within the tenant's `max_model_bytes` or
+//! The tenant control API (HTTP JSON under `/control/v1`, with the tenant's key): upload or
+//! delete a model or an app version, read an app's rollout status, set its traffic, promote
+//! or roll back its canary. Uploads stream to disk within the tenant's `max_model_bytes` or
 //! `max_component_bytes`; a model is added only once a backend has built its plan, a version
 //! only once its component is checked against the tenant world. Changes apply while serving
 //! and are saved in the data directory.
@@ -30,11 +30,11 @@ type Shared = Arc<ServingState>;
 pub fn routes() -> axum::Router<Shared> {
     axum::Router::new()
         .route("/control/v1/apps/{app}", get(app_status))
-        .route("/control/v1/apps/{app}/versions/{version}", put(upload_version))
+        .route("/control/v1/apps/{app}/versions/{version}", put(upload_version).delete(delete_version))
         .route("/control/v1/apps/{app}/traffic", put(set_traffic))
         .route("/control/v1/apps/{app}/promote", post(promote))
         .route("/control/v1/apps/{app}/rollback", post(rollback))
-        .route("/control/v1/models/{model}", put(upload_model))
+        .route("/control/v1/models/{model}", put(upload_model).delete(delete_model))
 }
 
 fn app_of(tenant: &TenantState, name: &str) -> Result<Arc<AppState>, ApiError> {
@@ -128,6 +128,29 @@ async fn upload_model(
     apply::add_model(&state, tenant, name.clone(), uploaded).await?;
     let body = serde_json::json!({ "model": name, "sha256": sha256 });
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `DELETE /control/v1/models/{model}`: one of the tenant's uploaded models.
+async fn delete_model(
+    State(state): State<Shared>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    let name = apply::delete_model(&state, tenant, &model)?;
+    Ok(Json(serde_json::json!({ "model": name, "deleted": true })).into_response())
+}
+
+/// `DELETE /control/v1/apps/{app}/versions/{version}`: an uploaded version not in traffic.
+async fn delete_version(
+    State(state): State<Shared>,
+    Path((app, version)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    let app = app_of(tenant, &app)?;
+    let version = apply::delete_version(&state, tenant, &app, &version)?;
+    Ok(Json(serde_json::json!({ "app": app.spec.name, "version": version, "deleted": true })).into_response())
 }
 
 /// `PUT /control/v1/apps/{app}/traffic` with the whole split as JSON.

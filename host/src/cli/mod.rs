@@ -84,6 +84,13 @@ pub enum AppCommand {
         #[command(flatten)]
         connection: Connection,
     },
+    /// `sluice app delete APP VERSION` (an uploaded version not in traffic)
+    Delete {
+        app: String,
+        version: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -92,6 +99,12 @@ pub enum ModelCommand {
     Push {
         name: String,
         weights: PathBuf,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// `sluice model delete NAME` (one of the tenant's uploaded models)
+    Delete {
+        name: String,
         #[command(flatten)]
         connection: Connection,
     },
@@ -122,8 +135,8 @@ pub enum TrafficCommand {
 impl ControlCommand {
     fn connection(&self) -> &Connection {
         match self {
-            Self::App(AppCommand::Push { connection, .. })
-            | Self::Model(ModelCommand::Push { connection, .. })
+            Self::App(AppCommand::Push { connection, .. } | AppCommand::Delete { connection, .. })
+            | Self::Model(ModelCommand::Push { connection, .. } | ModelCommand::Delete { connection, .. })
             | Self::Traffic(TrafficCommand::Set { connection, .. })
             | Self::Promote { connection, .. }
             | Self::Rollback { connection, .. }
@@ -156,6 +169,22 @@ pub async fn run(command: ControlCommand) -> anyhow::Result<()> {
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
                 Output::Text => println!("model {name} added (sha256 {})", answer["sha256"].as_str().unwrap_or("?")),
+            }
+            return Ok(());
+        }
+        ControlCommand::App(AppCommand::Delete { app, version, .. }) => {
+            let answer = client.send("DELETE", &format!("/control/v1/apps/{app}/versions/{version}"), None).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
+                Output::Text => println!("app {app}: version {version} deleted"),
+            }
+            return Ok(());
+        }
+        ControlCommand::Model(ModelCommand::Delete { name, .. }) => {
+            let answer = client.send("DELETE", &format!("/control/v1/models/{name}"), None).await?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
+                Output::Text => println!("model {name} deleted"),
             }
             return Ok(());
         }

@@ -177,8 +177,10 @@ pub async fn add_app_version(
         .prepare_upload(label, uploaded.sha256.clone(), bytes)
         .await
         .map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
-    state.store.commit(&uploaded).map_err(|e| internal("storing the component", e))?;
+    // Stored and added in one critical section, so a deletion's blob collection never sees
+    // a stored blob that is not yet referenced.
     let add = || {
+        state.store.commit(&uploaded).map_err(|e| internal("storing the component", e))?;
         let (app, created) = match tenant.app(app_name.as_str()) {
             Some(app) => (app, false),
             None => {
@@ -192,7 +194,7 @@ pub async fn add_app_version(
         Ok((app, created))
     };
     let undo = |(app, created): &(Arc<AppState>, bool)| {
-        app.remove_version(&version);
+        let _ = app.remove_version(&version);
         if *created {
             tenant.remove_app(&app_name);
         }
@@ -244,12 +246,14 @@ pub async fn add_model(
     }
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
     let model = load_model(state, &name, &uploaded.sha256, bytes).await?;
-    state.store.commit(&uploaded).map_err(|e| internal("storing the model", e))?;
-    let add = || match tenant.models.add(name.clone(), model) {
-        true => Ok(()),
-        false => Err(ControlError::Conflict(format!("model '{name}' exists"))),
+    let add = || {
+        state.store.commit(&uploaded).map_err(|e| internal("storing the model", e))?;
+        match tenant.models.add(name.clone(), model) {
+            true => Ok(()),
+            false => Err(ControlError::Conflict(format!("model '{name}' exists"))),
+        }
     };
-    change_and_save(state, tenant, add, |()| tenant.models.remove(&name))?;
+    change_and_save(state, tenant, add, |()| drop(tenant.models.remove(&name)))?;
     tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %uploaded.sha256, "model added");
     Ok(())
 }
@@ -261,13 +265,100 @@ pub fn set_traffic(
     app: &AppState,
     traffic: Traffic,
 ) -> Result<(), ControlError> {
-    let names = app.version_names();
-    traffic.check(|v| names.contains(v)).map_err(|e| ControlError::Invalid(format!("app '{}': {e}", app.spec.name)))?;
-    let replace = || Ok(app.update_traffic(|current| std::mem::replace(current, traffic)));
+    // Checked inside the critical section: a version deleted meanwhile is not in traffic.
+    let replace = || {
+        let names = app.version_names();
+        traffic
+            .check(|v| names.contains(v))
+            .map_err(|e| ControlError::Invalid(format!("app '{}': {e}", app.spec.name)))?;
+        Ok(app.update_traffic(|current| std::mem::replace(current, traffic)))
+    };
     let undo = |previous: &Traffic| app.update_traffic(|current| *current = previous.clone());
     change_and_save(state, tenant, replace, undo)?;
     app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restart();
     Ok(())
+}
+
+/// Delete one of the tenant's uploaded models, then save. Requests already using it finish
+/// on it; it is unloaded when the last one ends (unless another name serves the same
+/// weights), and its blob removed once nothing references it. A model the tenant's
+/// manifest declares is refused (the manifest would bring it back at the next start).
+pub fn delete_model(state: &ServingState, tenant: &TenantState, name: &str) -> Result<ModelName, ControlError> {
+    let not_found = || ControlError::NotFound(format!("model '{name}' not found in this tenant"));
+    let (name, _) = tenant.models.own(name).ok_or_else(not_found)?;
+    if tenant.spec().models.contains_key(&name) {
+        return Err(ControlError::Conflict(format!(
+            "model '{name}' is declared in the tenant's manifest; remove it there"
+        )));
+    }
+    let remove = || tenant.models.remove(&name).ok_or_else(not_found);
+    let undo = |model: &Arc<LoadedModel>| {
+        tenant.models.add(name.clone(), model.clone());
+    };
+    let removed = change_and_save(state, tenant, remove, undo)?;
+    collect_blob(state, &removed.sha256);
+    tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %removed.sha256, "model deleted");
+    Ok(name)
+}
+
+/// Delete an uploaded version of an app, then save. A version in the app's traffic (stable,
+/// canary or shadow) is refused, naming its role; so is one the manifest declares.
+pub fn delete_version(
+    state: &ServingState,
+    tenant: &TenantState,
+    app: &AppState,
+    version: &str,
+) -> Result<VersionName, ControlError> {
+    let app_name = &app.spec.name;
+    let not_found = || ControlError::NotFound(format!("version '{version}' of app '{app_name}' not found"));
+    let version = app.version_names().into_iter().find(|v| v.as_str() == version).ok_or_else(not_found)?;
+    if app.spec.versions.contains_key(&version) {
+        return Err(ControlError::Conflict(format!(
+            "version '{version}' of app '{app_name}' is declared in the tenant's manifest; remove it there"
+        )));
+    }
+    let remove = || {
+        let traffic = app.traffic();
+        let role = if traffic.stable == version {
+            Some("stable version")
+        } else if traffic.canary.as_ref().is_some_and(|c| c.version == version) {
+            Some("canary")
+        } else if traffic.shadow.as_ref().is_some_and(|s| s.version == version) {
+            Some("shadow")
+        } else {
+            None
+        };
+        if let Some(role) = role {
+            return Err(ControlError::Conflict(format!(
+                "version '{version}' of app '{app_name}' is its {role}; change the traffic first"
+            )));
+        }
+        app.remove_version(&version).ok_or_else(not_found)
+    };
+    let undo = |removed: &AppVersion| {
+        app.add_version(version.clone(), removed.clone());
+    };
+    let removed = change_and_save(state, tenant, remove, undo)?;
+    collect_blob(state, &removed.sha256);
+    tracing::info!(tenant = %tenant.spec().id, app = %app_name, %version, sha256 = %removed.sha256, "app version deleted");
+    Ok(version)
+}
+
+/// Remove a blob no tenant's model or app version references any more. Under the control
+/// lock: uploads store and reference their blobs in one critical section, so a blob is
+/// never removed between being stored and being referenced.
+fn collect_blob(state: &ServingState, sha256: &str) {
+    let _one_writer = state.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let referenced = state.all_tenants().iter().any(|tenant| {
+        tenant.models.own_digests().iter().any(|(_, digest)| digest == sha256)
+            || tenant.apps().iter().any(|(_, app)| {
+                app.version_names().iter().any(|v| app.version(v).is_some_and(|version| version.sha256 == sha256))
+            })
+    });
+    if !referenced && let Err(error) = state.store.remove_blob(sha256) {
+        // Only space is lost: the next deletion or start does not depend on it.
+        tracing::warn!(sha256, %error, "an unreferenced blob could not be removed");
+    }
 }
 
 /// What an upload adds, for the storage quotas.

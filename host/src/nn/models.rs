@@ -3,7 +3,7 @@
 //! one queue. Tenants reach them only through their own namespace ([`TenantModels`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
@@ -200,10 +200,20 @@ pub enum ModelLoadError {
     Refused { model: String, reason: OnnxError },
 }
 
-/// Every resident model, keyed by weights digest and backend.
+impl Drop for LoadedModel {
+    fn drop(&mut self) {
+        tracing::info!(model = %self.queue.model(), backend = %self.backend, sha256 = %self.sha256, "model unloaded");
+        metrics().model_unloaded();
+    }
+}
+
+/// Every resident model, keyed by weights digest and backend. The store does not keep a
+/// model alive: a model nothing serves any more (its names deleted, its upload refused) is
+/// unloaded when the last request using it ends, and loading the same weights again makes
+/// a fresh copy.
 #[derive(Default)]
 pub struct ModelStore {
-    resident: HashMap<(String, BackendKind), Arc<LoadedModel>>,
+    resident: HashMap<(String, BackendKind), Weak<LoadedModel>>,
 }
 
 impl ModelStore {
@@ -239,8 +249,8 @@ impl ModelStore {
         let mut reasons = Vec::new();
         for backend in candidates {
             let key = (spec.sha256.clone(), backend.kind());
-            if let Some(model) = self.resident.get(&key) {
-                return Ok(model.clone());
+            if let Some(model) = self.resident.get(&key).and_then(Weak::upgrade) {
+                return Ok(model);
             }
             let started = Instant::now();
             let (bytes, file) = (spec.bytes.clone(), model_file.clone());
@@ -296,7 +306,8 @@ impl ModelStore {
                 "model resident"
             );
             metrics().model_loaded(&backend.kind().to_string(), started.elapsed());
-            self.resident.insert(key, model.clone());
+            self.resident.retain(|_, model| model.strong_count() > 0);
+            self.resident.insert(key, Arc::downgrade(&model));
             return Ok(model);
         }
         Err(ModelLoadError::Failed { model: spec.name.to_string(), reasons: reasons.join("; ") })
@@ -371,9 +382,9 @@ impl TenantModels {
         self.own_models().iter().map(|(n, m)| (n.clone(), m.sha256.clone())).collect()
     }
 
-    /// Take a model out again (an upload whose state could not be saved).
-    pub fn remove(&self, name: &ModelName) {
-        self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+    /// Take a model out (a deletion, or an upload whose state could not be saved).
+    pub fn remove(&self, name: &ModelName) -> Option<Arc<LoadedModel>> {
+        self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name)
     }
 
     /// Add a model; `false` if the name is taken (model names are immutable).

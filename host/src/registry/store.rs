@@ -125,6 +125,14 @@ impl Store {
         fs::read(self.blob_path(sha256))
     }
 
+    /// Remove a blob nothing references any more (a no-op when it is gone).
+    pub fn remove_blob(&self, sha256: &str) -> io::Result<()> {
+        match fs::remove_file(self.blob_path(sha256)) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+            _ => sync_dir(&self.blobs),
+        }
+    }
+
     /// Start an upload of at most `max` bytes.
     pub fn begin_upload(&self, max: u64) -> io::Result<Upload> {
         let path = self.temp_path("upload");

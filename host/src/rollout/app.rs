@@ -92,9 +92,9 @@ impl AppState {
         true
     }
 
-    /// Take a version out again (an upload whose state could not be saved).
-    pub fn remove_version(&self, name: &VersionName) {
-        self.versions.write().unwrap_or_else(PoisonError::into_inner).remove(name);
+    /// Take a version out (a deletion, or an upload whose state could not be saved).
+    pub fn remove_version(&self, name: &VersionName) -> Option<AppVersion> {
+        self.versions.write().unwrap_or_else(PoisonError::into_inner).remove(name)
     }
 
     /// The pinned version, or the stable one; an unknown one is refused naming the known.

@@ -393,6 +393,11 @@ impl Metrics {
         self.resident_models.inc();
     }
 
+    /// A resident model unloaded (nothing serves it any more).
+    pub fn model_unloaded(&self) {
+        self.resident_models.dec();
+    }
+
     /// The shadow-comparison counters of one app's shadow version.
     pub fn shadow_series(&self, tenant: &str, app: &str, version: &str) -> ShadowSeries {
         let outcome = |outcome: &str| self.shadow_comparisons.with_label_values(&[tenant, app, version, outcome]);
