@@ -98,6 +98,8 @@ pub struct TensorLimits {
 pub struct InputValidator {
     limits: TensorLimits,
     inputs: Vec<ValidTensor>,
+    /// Names seen, so a request of many inputs costs linear time to check for repeats.
+    names: std::collections::HashSet<String>,
 }
 
 /// An input's checked name, datatype and shape, waiting for its data.
@@ -130,12 +132,14 @@ impl InputHeader {
 
 impl InputValidator {
     pub fn new(limits: TensorLimits, inputs: usize) -> Self {
-        Self { limits, inputs: Vec::with_capacity(inputs) }
+        // The declared count is the sender's: reserve no more than a small request holds.
+        let reserve = inputs.min(64);
+        Self { limits, inputs: Vec::with_capacity(reserve), names: std::collections::HashSet::with_capacity(reserve) }
     }
 
     /// Check an input's header as the wire gives it.
     pub fn header(&self, name: String, datatype: &str, shape: &[i64]) -> Result<InputHeader, InvalidRequest> {
-        if self.inputs.iter().any(|input| input.name == name) {
+        if self.names.contains(&name) {
             return Err(InvalidRequest(format!("input '{name}' is given twice")));
         }
         let datatype = Datatype::parse(datatype).ok_or_else(|| {
@@ -158,6 +162,7 @@ impl InputValidator {
     pub fn push(&mut self, header: InputHeader, payload: Payload) -> Result<(), InvalidRequest> {
         let InputHeader { name, datatype, shape, elements } = header;
         check_payload(&name, datatype, &shape, elements, &payload)?;
+        self.names.insert(name.clone());
         self.inputs.push(ValidTensor { name, datatype, shape, payload });
         Ok(())
     }
@@ -275,15 +280,59 @@ impl InferOutcome {
         let Some(requested) = requested else {
             return Ok(self);
         };
-        let mut selected = Vec::with_capacity(requested.len());
+        // By name in a map: a client's long list of names against a component's many outputs
+        // costs linear time, not their product.
+        let mut outputs: std::collections::HashMap<String, ValidTensor> =
+            std::mem::take(&mut self.outputs).into_iter().map(|o| (o.name.clone(), o)).collect();
+        let mut selected = Vec::with_capacity(requested.len().min(outputs.len()));
         for name in requested {
-            let index = self.outputs.iter().position(|o| &o.name == name).ok_or_else(|| {
-                let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
-                InvalidRequest(format!("unknown requested output '{name}'; outputs: {known:?}"))
+            let output = outputs.remove(name).ok_or_else(|| {
+                let mut known: Vec<&str> = outputs.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                known.truncate(16);
+                InvalidRequest(format!(
+                    "unknown requested output '{}' (or asked for twice); outputs: {known:?}",
+                    crate::telemetry::text::cut(name, 64)
+                ))
             })?;
-            selected.push(self.outputs.swap_remove(index));
+            selected.push(output);
         }
         self.outputs = selected;
         Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(outputs: usize) -> InferOutcome {
+        let tensor = |i: usize| ValidTensor {
+            name: format!("out{i}"),
+            datatype: Datatype::Fixed(ElementType::U8),
+            shape: vec![1],
+            payload: Payload::Fixed(vec![i as u8]),
+        };
+        InferOutcome {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: None,
+            outputs: (0..outputs).map(tensor).collect(),
+            parameters: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn requested_outputs_come_in_the_order_asked_in_linear_time() {
+        let requested: Vec<String> = (0..60_000).rev().map(|i| format!("out{i}")).collect();
+        let started = std::time::Instant::now();
+        let selected = outcome(60_000).select(Some(&requested)).expect("all exist");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
+        let names: Vec<&str> = selected.outputs.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!((names[0], names[59_999]), ("out59999", "out0"));
+        let twice = ["out1".to_string(), "out1".to_string()];
+        let error = outcome(3).select(Some(&twice)).expect_err("asked twice");
+        assert!(error.0.contains("unknown requested output 'out1' (or asked for twice)"), "{}", error.0);
+        assert!(outcome(3).select(None).expect("all").outputs.len() == 3);
     }
 }
