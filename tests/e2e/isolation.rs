@@ -81,6 +81,20 @@ async fn raw_model_loading_needs_the_quota() {
     assert_eq!(status, 500, "{body}");
     assert!(!error_message(&body).contains("not allowed"), "{body}");
     assert!(error_message(&body).contains("not an ONNX model"), "{body}");
+
+    // A real graph loads; it is resident while the request runs and gone after it.
+    let resident = || async {
+        crate::metrics::Scrape::of(&server).await.sum(sluice::telemetry::metrics::names::RESIDENT_MODELS, &[])
+    };
+    let before = resident().await;
+    let weights = std::fs::read(digits_model()).expect("weights");
+    let request = json!({
+        "inputs": [{ "name": "graph", "shape": [weights.len()], "datatype": "UINT8", "data": weights }],
+        "parameters": { "mode": "load-bytes" },
+    });
+    let (status, body) = server.infer("hostile", BETA, &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(resident().await, before, "the raw graph was counted while it lived, and only then");
 }
 
 #[tokio::test]

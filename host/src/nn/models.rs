@@ -83,6 +83,8 @@ impl LoadedModel {
         settings: QueueSettings,
     ) -> Self {
         let stats = Arc::new(ModelStats::default());
+        // Counted while it lives, whoever made it (a manifest, an upload, a guest's raw load).
+        metrics().model_resident(true);
         Self {
             sha256,
             backend,
@@ -203,7 +205,7 @@ pub enum ModelLoadError {
 impl Drop for LoadedModel {
     fn drop(&mut self) {
         tracing::info!(model = %self.queue.model(), backend = %self.backend, sha256 = %self.sha256, "model unloaded");
-        metrics().model_unloaded();
+        metrics().model_resident(false);
     }
 }
 

@@ -390,12 +390,15 @@ impl Metrics {
     /// A model made resident.
     pub fn model_loaded(&self, backend: &str, took: Duration) {
         self.model_load.with_label_values(&[backend]).observe(took.as_secs_f64());
-        self.resident_models.inc();
     }
 
-    /// A resident model unloaded (nothing serves it any more).
-    pub fn model_unloaded(&self) {
-        self.resident_models.dec();
+    /// A model made resident (with its queue), or unloaded once nothing serves it.
+    pub fn model_resident(&self, resident: bool) {
+        if resident {
+            self.resident_models.inc();
+        } else {
+            self.resident_models.dec();
+        }
     }
 
     /// The shadow-comparison counters of one app's shadow version.
