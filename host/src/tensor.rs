@@ -23,49 +23,44 @@ pub enum ElementType {
     F64,
 }
 
-/// Each element type's names, in the order of [`ElementType`]'s variants (a test holds the
-/// two together): the OIP datatype, Triton's `TYPE_*` name and its number in Triton's
-/// `model_config.proto`. The `wasi:nn` tensor types map onto these in `nn::host`, beside the
-/// bindings they come from (this module imports nothing).
+/// Each element type with its names, in the order of [`ElementType`]'s variants (a test
+/// holds the two together): the OIP datatype, Triton's `TYPE_*` name and its number in
+/// Triton's `model_config.proto`. The `wasi:nn` tensor types map onto these in `nn::host`,
+/// beside the bindings they come from (this module imports nothing).
 const NAMES: [Names; 13] = [
-    Names { oip: "BOOL", triton: "TYPE_BOOL", triton_number: 1 },
-    Names { oip: "UINT8", triton: "TYPE_UINT8", triton_number: 2 },
-    Names { oip: "INT8", triton: "TYPE_INT8", triton_number: 6 },
-    Names { oip: "UINT16", triton: "TYPE_UINT16", triton_number: 3 },
-    Names { oip: "INT16", triton: "TYPE_INT16", triton_number: 7 },
-    Names { oip: "UINT32", triton: "TYPE_UINT32", triton_number: 4 },
-    Names { oip: "INT32", triton: "TYPE_INT32", triton_number: 8 },
-    Names { oip: "UINT64", triton: "TYPE_UINT64", triton_number: 5 },
-    Names { oip: "INT64", triton: "TYPE_INT64", triton_number: 9 },
-    Names { oip: "FP16", triton: "TYPE_FP16", triton_number: 10 },
-    Names { oip: "BF16", triton: "TYPE_BF16", triton_number: 14 },
-    Names { oip: "FP32", triton: "TYPE_FP32", triton_number: 11 },
-    Names { oip: "FP64", triton: "TYPE_FP64", triton_number: 12 },
+    Names { ty: ElementType::Bool, oip: "BOOL", triton: "TYPE_BOOL", triton_number: 1 },
+    Names { ty: ElementType::U8, oip: "UINT8", triton: "TYPE_UINT8", triton_number: 2 },
+    Names { ty: ElementType::I8, oip: "INT8", triton: "TYPE_INT8", triton_number: 6 },
+    Names { ty: ElementType::U16, oip: "UINT16", triton: "TYPE_UINT16", triton_number: 3 },
+    Names { ty: ElementType::I16, oip: "INT16", triton: "TYPE_INT16", triton_number: 7 },
+    Names { ty: ElementType::U32, oip: "UINT32", triton: "TYPE_UINT32", triton_number: 4 },
+    Names { ty: ElementType::I32, oip: "INT32", triton: "TYPE_INT32", triton_number: 8 },
+    Names { ty: ElementType::U64, oip: "UINT64", triton: "TYPE_UINT64", triton_number: 5 },
+    Names { ty: ElementType::I64, oip: "INT64", triton: "TYPE_INT64", triton_number: 9 },
+    Names { ty: ElementType::F16, oip: "FP16", triton: "TYPE_FP16", triton_number: 10 },
+    Names { ty: ElementType::BF16, oip: "BF16", triton: "TYPE_BF16", triton_number: 14 },
+    Names { ty: ElementType::F32, oip: "FP32", triton: "TYPE_FP32", triton_number: 11 },
+    Names { ty: ElementType::F64, oip: "FP64", triton: "TYPE_FP64", triton_number: 12 },
 ];
 
 struct Names {
+    ty: ElementType,
     oip: &'static str,
     triton: &'static str,
     triton_number: i32,
 }
 
 impl ElementType {
-    /// Every element type, in declaration order.
-    pub const ALL: [ElementType; 13] = [
-        Self::Bool,
-        Self::U8,
-        Self::I8,
-        Self::U16,
-        Self::I16,
-        Self::U32,
-        Self::I32,
-        Self::U64,
-        Self::I64,
-        Self::F16,
-        Self::BF16,
-        Self::F32,
-        Self::F64,
-    ];
+    /// Every element type, in declaration order (read off the table).
+    pub const ALL: [ElementType; 13] = {
+        let mut all = [ElementType::Bool; 13];
+        let mut index = 0;
+        while index < NAMES.len() {
+            all[index] = NAMES[index].ty;
+            index += 1;
+        }
+        all
+    };
 
     fn names(self) -> &'static Names {
         &NAMES[self as usize]
