@@ -241,6 +241,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         data_dir: data.path().to_path_buf(),
         onnxruntime_library: onnxruntime_library(),
         default_backend: None,
+        idle_unload: None,
         backend_threads: 1,
         max_instances: 64,
         epoch_tick: Duration::from_millis(5),

@@ -126,6 +126,10 @@ struct ServeArgs {
     /// add execution instances (`[models.X.batching] instances`) to run batches in parallel.
     #[arg(long, env = "SLUICE_BACKEND_THREADS", default_value_t = 1)]
     backend_threads: usize,
+    /// Seconds without a call after which a model leaves memory (the next call loads it
+    /// again) where its manifest sets no `idle_unload_s`; 0: models stay resident.
+    #[arg(long, env = "SLUICE_IDLE_UNLOAD_S", default_value_t = 0)]
+    idle_unload_s: u64,
     /// Guest instances alive at once across all tenants.
     #[arg(long, env = "SLUICE_MAX_INSTANCES", default_value_t = 256)]
     max_instances: u32,
@@ -210,6 +214,7 @@ fn main() -> anyhow::Result<()> {
                     BackendArg::Onnxruntime => BackendKind::Onnxruntime,
                     BackendArg::Tract => BackendKind::Tract,
                 }),
+                idle_unload: (args.idle_unload_s > 0).then(|| Duration::from_secs(args.idle_unload_s)),
                 backend_threads: args.backend_threads,
                 max_instances: args.max_instances,
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),

@@ -76,6 +76,22 @@ def run(client, module, headers, images, labels, flavour):
     stats = stats if isinstance(stats, dict) else {"model_stats": [{"inference_count": stats.model_stats[0].inference_count}]}
     check(int(stats["model_stats"][0]["inference_count"]) >= len(labels), f"{flavour}: statistics {stats}")
 
+    # Triton's model repository extension: the index, unload and load, readiness following.
+    def states(index):
+        rows = index if isinstance(index, list) else [{"name": m.name, "state": m.state} for m in index.models]
+        return {row["name"]: row.get("state") for row in rows}
+
+    index = states(client.get_model_repository_index(headers=headers))
+    check(index.get("digits-mlp") == "READY" and index.get("digits") == "READY", f"{flavour}: index {index}")
+    client.unload_model("digits-mlp", headers=headers)
+    check(not client.is_model_ready("digits-mlp", headers=headers), f"{flavour}: ready after unload")
+    check(states(client.get_model_repository_index(headers=headers))["digits-mlp"] == "UNAVAILABLE", f"{flavour}: index")
+    expect_error(lambda: client.infer("digits-mlp", [x], headers=headers), "is unloaded")
+    client.load_model("digits-mlp", headers=headers)
+    check(client.is_model_ready("digits-mlp", headers=headers), f"{flavour}: not ready after load")
+    result = client.infer("digits-mlp", [x], headers=headers)
+    check(list(result.as_numpy("label")) == list(labels), f"{flavour}: plain model labels after load")
+
     # An error surfaces as the client's exception with Sluice's message.
     return expect_error(lambda: client.infer("no-such-model", [image], headers=headers), "model 'no-such-model' not found")
 

@@ -94,6 +94,11 @@ async fn raw_model_loading_needs_the_quota() {
     });
     let (status, body) = server.infer("hostile", BETA, &request).await;
     assert_eq!(status, 200, "{body}");
+    // Its queue's task ends (and the graph is dropped) just after the answer.
+    let started = std::time::Instant::now();
+    while resident().await != before && started.elapsed() < std::time::Duration::from_secs(5) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_eq!(resident().await, before, "the raw graph was counted while it lived, and only then");
 }
 

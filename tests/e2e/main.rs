@@ -16,6 +16,7 @@ mod grpc;
 mod hostile;
 mod isolation;
 mod layers;
+mod lifecycle;
 mod metrics;
 mod onnx;
 #[cfg(feature = "tract")]

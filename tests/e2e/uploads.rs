@@ -190,6 +190,11 @@ async fn deleting_frees_names_memory_and_disk_but_never_what_serves() {
     // The last reference gone: the blob and the resident copy go too.
     assert_eq!(server.send(Method::DELETE, "/control/v1/models/same", OTHER, Vec::new()).await.0, 200);
     assert!(!blob.exists(), "nothing references the weights");
+    // The copy's queue task ends (and drops the weights) just after the answer.
+    let started = std::time::Instant::now();
+    while resident(&server).await != 1.0 && started.elapsed() < std::time::Duration::from_secs(5) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert_eq!(resident(&server).await, 1.0, "only the manifest's model stays resident");
 
     // After a restart: gone, and the names are free again.

@@ -66,8 +66,8 @@ impl GrpcInferenceService for GrpcApi {
     async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
         let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
-        infer::resolve(tenant, &message.name, version(&message.version))?;
-        Ok(Response::new(ModelReadyResponse { ready: true }))
+        let target = infer::resolve(tenant, &message.name, version(&message.version))?;
+        Ok(Response::new(ModelReadyResponse { ready: triton::is_ready(tenant, &message.name, &target) }))
     }
 
     async fn server_metadata(
@@ -142,6 +142,43 @@ impl GrpcInferenceService for GrpcApi {
                 }),
             }),
         }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let tenant = &self.tenant(&request)?;
+        let models = triton::repository_index(tenant, request.get_ref().ready)
+            .into_iter()
+            .map(|entry| repository_index_response::ModelIndex {
+                name: entry.name,
+                version: entry.version,
+                state: entry.state.to_string(),
+                reason: entry.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let tenant = &self.tenant(&request)?;
+        let message = request.get_ref();
+        triton::check_load_parameters(message.parameters.keys().map(String::as_str))?;
+        triton::load(tenant, &message.model_name).await?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        let tenant = &self.tenant(&request)?;
+        triton::unload(tenant, &request.get_ref().model_name).await?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 
     async fn model_statistics(

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde::Deserialize;
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use super::auth::{authenticate, declared_length};
 use super::error::{ApiError, ErrorKind};
 use super::json::{HttpInferRequest, encode_response, parse_infer_request};
-use super::metadata;
+use super::{metadata, triton};
 use crate::infer;
 use crate::infer::Caller;
 use crate::oip::types::TensorLimits;
@@ -46,6 +46,9 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/models/{model}/drift/baseline", put(model_drift_baseline))
         .route("/v2/models/{model}/versions/{version}/stats", get(model_stats))
         .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/models/{model}/load", post(repository_load))
+        .route("/v2/repository/models/{model}/unload", post(repository_unload))
         .route("/v2/models/{model}/infer", post(model_infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(model_infer))
         .merge(super::control::routes())
@@ -140,7 +143,69 @@ async fn model_ready(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    describe(&state, &headers, &path, |name, _| serde_json::json!({ "name": name, "ready": true }))
+    let tenant = &authenticate(&state, &headers)?;
+    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
+    let ready = triton::is_ready(tenant, &path.model, &target);
+    // The protocol's answer is the status: 200 ready, a 4xx not.
+    let status = if ready { StatusCode::OK } else { StatusCode::BAD_REQUEST };
+    Ok((status, Json(serde_json::json!({ "name": path.model, "ready": ready }))).into_response())
+}
+
+/// A repository request's body, empty or JSON (`{"ready": true}` for the index,
+/// `{"parameters": {...}}` for load and unload).
+#[derive(Debug, Default, Deserialize)]
+struct RepositoryRequest {
+    #[serde(default)]
+    ready: bool,
+    #[serde(default)]
+    parameters: serde_json::Map<String, serde_json::Value>,
+}
+
+fn repository_request(body: &[u8]) -> Result<RepositoryRequest, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(RepositoryRequest::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(format!("a repository request's body is empty or JSON like {{\"parameters\": {{}}}}: {e}"))
+    })
+}
+
+/// Triton's `POST /v2/repository/index`: the caller's apps and models with their states.
+async fn repository_index(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    let request = repository_request(&body)?;
+    Ok(Json(triton::repository_index(tenant, request.ready)).into_response())
+}
+
+/// Triton's `POST /v2/repository/models/{m}/load`: answered once the model is ready.
+async fn repository_load(
+    State(state): State<Shared>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    let request = repository_request(&body)?;
+    triton::check_load_parameters(request.parameters.keys().map(String::as_str))?;
+    triton::load(tenant, &model).await?;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+/// Triton's `POST /v2/repository/models/{m}/unload`.
+async fn repository_unload(
+    State(state): State<Shared>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    repository_request(&body)?;
+    triton::unload(tenant, &model).await?;
+    Ok(Json(serde_json::json!({})).into_response())
 }
 
 async fn model_config(
@@ -148,7 +213,7 @@ async fn model_config(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    describe(&state, &headers, &path, super::triton::config)
+    describe(&state, &headers, &path, triton::config)
 }
 
 async fn model_stats(
@@ -158,7 +223,7 @@ async fn model_stats(
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
     let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(super::triton::statistics(tenant.spec().id.as_str(), &path.model, &target)).into_response())
+    Ok(Json(triton::statistics(tenant.spec().id.as_str(), &path.model, &target)).into_response())
 }
 
 /// `GET /v2/models/{model}/drift`: the caller's drift figures for one of its models.

@@ -1,14 +1,20 @@
-//! Triton's model configuration and statistics extensions, so load tools written for
-//! Triton can read batching settings and per-model counters. One description per model,
-//! rendered as Triton's JSON (`GET /v2/models/{m}/config`, `/stats`) and its gRPC messages
-//! (`ModelConfig`, `ModelStatistics`).
+//! Triton's model configuration, statistics and model repository extensions, so tools
+//! written for Triton can read batching settings and per-model counters, and load and
+//! unload models. One description per model, rendered as Triton's JSON
+//! (`GET /v2/models/{m}/config`, `/stats`, `POST /v2/repository/...`) and its gRPC messages
+//! (`ModelConfig`, `ModelStatistics`, `Repository*`). The repository is the caller's tenant:
+//! its apps and its own models.
 
 use serde::Serialize;
 
 use crate::infer::Target;
+use crate::infer::error::ApiError;
 use crate::nn::backend::{BackendKind, TensorSpec};
+use crate::nn::models::ModelState;
+use crate::nn::scheduler::Residency;
 use crate::oip::types::Datatype;
 use crate::registry::manifest::TensorMetadata;
+use crate::state::TenantState;
 use crate::telemetry::stats::{Counters, DurationCounter};
 
 #[derive(Debug, Serialize)]
@@ -47,6 +53,83 @@ pub struct InstanceGroup {
     pub name: String,
     pub kind: &'static str,
     pub count: i32,
+}
+
+/// One row of Triton's repository index.
+#[derive(Debug, Serialize)]
+pub struct IndexEntry {
+    pub name: String,
+    pub version: String,
+    /// `READY`, `LOADING`, `UNLOADING` or `UNAVAILABLE`.
+    pub state: &'static str,
+    pub reason: String,
+}
+
+/// The caller's apps and own models with where each stands; `ready_only`: the ready ones.
+pub fn repository_index(tenant: &TenantState, ready_only: bool) -> Vec<IndexEntry> {
+    let apps = tenant.apps().into_iter().map(|(name, app)| IndexEntry {
+        name: name.to_string(),
+        version: app.traffic().stable.to_string(),
+        state: "READY",
+        reason: String::new(),
+    });
+    let models = tenant.models.states().into_iter().map(|(name, state)| {
+        let (state, reason) = match state {
+            ModelState::Ready { resident: true } => ("READY", String::new()),
+            ModelState::Ready { resident: false } => ("READY", "not resident; the next request loads it".to_string()),
+            ModelState::Loading => ("LOADING", String::new()),
+            ModelState::Unloading => ("UNLOADING", String::new()),
+            ModelState::Unloaded => ("UNAVAILABLE", "unloaded".to_string()),
+            ModelState::Failed(reason) => ("UNAVAILABLE", reason),
+        };
+        IndexEntry { name: name.to_string(), version: crate::infer::PLAIN_MODEL_VERSION.to_string(), state, reason }
+    });
+    let mut index: Vec<IndexEntry> = apps.chain(models).collect();
+    index.retain(|entry| !ready_only || entry.state == "READY");
+    index.sort_by(|a, b| a.name.cmp(&b.name));
+    index
+}
+
+/// Whether a request for the target is served now (a model that left memory is: the request
+/// loads it); not after its tenant unloaded it or while its last load stands failed.
+pub fn is_ready(tenant: &TenantState, name: &str, target: &Target) -> bool {
+    match target {
+        Target::App { .. } => true,
+        Target::Model { model, .. } => {
+            !tenant.models.is_unloaded(name) && !matches!(model.residency(), Residency::Failed(_))
+        }
+    }
+}
+
+/// Repository parameters Sluice cannot honour: Triton's config override and model files
+/// (Sluice's models are uploaded through the control API, and checked there).
+pub fn check_load_parameters<'a>(mut keys: impl Iterator<Item = &'a str>) -> Result<(), ApiError> {
+    match keys.find(|key| *key == "config" || key.starts_with("file:")) {
+        Some(key) => Err(ApiError::invalid(format!(
+            "load takes no '{key}' parameter: upload a model with PUT /control/v1/models/{{model}} and load it by name"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `load`: serve one of the caller's models again and make it resident (an app is always
+/// loaded); returns once it is ready.
+pub async fn load(tenant: &TenantState, name: &str) -> Result<(), ApiError> {
+    match crate::infer::resolve(tenant, name, None)? {
+        Target::App { .. } => Ok(()),
+        Target::Model { .. } => Ok(tenant.models.load(name).await?),
+    }
+}
+
+/// `unload`: stop serving one of the caller's models (its calls answer 503 until it is
+/// loaded again); the weights leave memory once no other name uses them.
+pub async fn unload(tenant: &TenantState, name: &str) -> Result<(), ApiError> {
+    match crate::infer::resolve(tenant, name, None)? {
+        Target::App { .. } => Err(ApiError::invalid(format!(
+            "'{name}' is an app: apps are not unloaded; send its traffic elsewhere or delete a version with DELETE              /control/v1/apps/{name}/versions/{{version}}"
+        ))),
+        Target::Model { .. } => Ok(tenant.models.unload(name).await?),
+    }
 }
 
 /// The configuration Triton would report for this model or app.

@@ -11,7 +11,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::ControlError;
-use crate::nn::models::LoadedModel;
+use crate::nn::models::ModelCopy;
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas};
 use crate::registry::store::Uploaded;
@@ -211,7 +211,7 @@ async fn load_model(
     name: &ModelName,
     sha256: &str,
     bytes: Vec<u8>,
-) -> Result<Arc<LoadedModel>, ControlError> {
+) -> Result<Arc<ModelCopy>, ControlError> {
     let spec = ModelSpec {
         name: name.clone(),
         path: state.store.blob_path(sha256),
@@ -222,12 +222,13 @@ async fn load_model(
         drift: Drift::default(),
         breaker: BreakerSettings::default(),
         origin: ModelOrigin::Upload,
+        idle_unload: None,
     };
     state
         .resident
         .lock()
         .await
-        .load(&spec, &state.backends, state.default_backend)
+        .load(&spec, &state.backends, state.model_defaults)
         .await
         .map_err(|e| ControlError::Invalid(format!("not a usable model: {e}")))
 }
@@ -292,7 +293,7 @@ pub fn delete_model(state: &ServingState, tenant: &TenantState, name: &str) -> R
         )));
     }
     let remove = || tenant.models.remove(&name).ok_or_else(not_found);
-    let undo = |model: &Arc<LoadedModel>| {
+    let undo = |model: &Arc<ModelCopy>| {
         tenant.models.add(name.clone(), model.clone());
     };
     let removed = change_and_save(state, tenant, remove, undo)?;

@@ -6,7 +6,8 @@
 use axum::http::StatusCode;
 
 use crate::control::ControlError;
-use crate::nn::scheduler::ComputeError;
+use crate::nn::models::RepositoryError;
+use crate::nn::scheduler::{ComputeError, LOAD_RETRY};
 use crate::oip::types::InvalidRequest;
 use crate::rollout::app::UnknownVersion;
 use crate::runtime::GuestError;
@@ -33,6 +34,8 @@ pub enum ErrorKind {
     StorageQuota,
     /// The server (a model queue) is over capacity.
     Overloaded,
+    /// The model is unloaded (by its tenant) or could not be loaded.
+    Unavailable,
     /// The request ran past its deadline.
     DeadlineExceeded,
     /// The guest exhausted a resource limit (memory, stack).
@@ -56,7 +59,7 @@ impl ErrorKind {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             Self::StorageQuota => StatusCode::INSUFFICIENT_STORAGE,
-            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded | Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Self::GuestResource | Self::GuestFailure | Self::ModelFailure | Self::Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -74,7 +77,7 @@ impl ErrorKind {
             Self::PayloadTooLarge | Self::QuotaExceeded | Self::StorageQuota | Self::GuestResource => {
                 tonic::Code::ResourceExhausted
             }
-            Self::Overloaded => tonic::Code::Unavailable,
+            Self::Overloaded | Self::Unavailable => tonic::Code::Unavailable,
             Self::DeadlineExceeded | Self::BodyTimeout => tonic::Code::DeadlineExceeded,
             Self::GuestFailure | Self::ModelFailure | Self::Internal => tonic::Code::Internal,
         }
@@ -92,6 +95,7 @@ impl ErrorKind {
             Self::QuotaExceeded => "quota_exceeded",
             Self::StorageQuota => "storage_quota",
             Self::Overloaded => "overloaded",
+            Self::Unavailable => "unavailable",
             Self::DeadlineExceeded => "deadline_exceeded",
             Self::GuestResource => "guest_resource",
             Self::GuestFailure => "guest_failure",
@@ -137,6 +141,14 @@ impl ApiError {
         )
     }
 
+    /// A model its tenant unloaded.
+    pub fn unloaded(model: &str) -> Self {
+        Self::new(
+            ErrorKind::Unavailable,
+            format!("model '{model}' is unloaded; load it with POST /v2/repository/models/{model}/load"),
+        )
+    }
+
     /// A body that did not arrive within the server's body timeout.
     pub fn body_timeout(timeout: std::time::Duration) -> Self {
         Self::new(
@@ -155,12 +167,26 @@ impl From<ComputeError> for ApiError {
             ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. } => ErrorKind::DeadlineExceeded,
             ComputeError::Backend { .. } => ErrorKind::ModelFailure,
             ComputeError::Stopped { .. } => ErrorKind::Overloaded,
+            ComputeError::LoadFailed { .. } => {
+                return Self::new(ErrorKind::Unavailable, error.to_string()).with_retry_after(LOAD_RETRY);
+            }
             ComputeError::CircuitOpen { retry_ms, .. } => {
                 let wait = std::time::Duration::from_millis(*retry_ms);
                 return Self::new(ErrorKind::Overloaded, error.to_string()).with_retry_after(wait);
             }
         };
         Self::new(kind, error.to_string())
+    }
+}
+
+impl From<RepositoryError> for ApiError {
+    fn from(error: RepositoryError) -> Self {
+        match error {
+            RepositoryError::NotFound(_) => ApiError::not_found(error.to_string()),
+            RepositoryError::LoadFailed { .. } => {
+                ApiError::new(ErrorKind::Unavailable, error.to_string()).with_retry_after(LOAD_RETRY)
+            }
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::nn::host::{NnCtx, RawLoad, Unmetered};
-use crate::nn::models::LoadedModel;
+use crate::nn::models::ModelCopy;
 use crate::nn::scheduler::{ComputeError, Share};
 use crate::oip::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::registry::Tenant;
@@ -126,7 +126,7 @@ pub async fn enter(
 }
 
 /// Make `request`'s rows the tenant's drift reference for model `name` (see
-/// [`crate::nn::models::LoadedModel::set_drift_baseline`]), within the tenant's deadline;
+/// [`crate::nn::models::ModelCopy::set_drift_baseline`]), within the tenant's deadline;
 /// the rows taken.
 pub async fn set_drift_baseline(
     tenant: &TenantState,
@@ -234,10 +234,13 @@ pub async fn infer(
 async fn run_model(
     run: &Run<'_>,
     name: &str,
-    model: &LoadedModel,
+    model: &ModelCopy,
     request: ValidInferRequest,
     mut turn: Turn,
 ) -> Result<Answer, ApiError> {
+    if run.tenant.models.is_unloaded(name) {
+        return Err(ApiError::unloaded(name));
+    }
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
     let outputs = within_deadline(run.budget, model.compute(inputs, run.budget.deadline(), run.share.clone())).await?;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::error::ApiError;
-use crate::nn::models::LoadedModel;
+use crate::nn::models::ModelCopy;
 use crate::registry::ids::{ModelName, VersionName};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::state::TenantState;
@@ -24,7 +24,7 @@ pub enum Target {
     },
     Model {
         name: ModelName,
-        model: Arc<LoadedModel>,
+        model: Arc<ModelCopy>,
     },
 }
 

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::backend::Backend;
-use super::models::{LoadedModel, TenantModels};
-use super::scheduler::{ComputeError, QueueSettings, Share};
+use super::models::{ModelCopy, TenantModels};
+use super::scheduler::{ComputeError, QueueSettings, Residence, Share};
 use crate::tensor::{ElementType, Tensor};
 use bindings::wasi::nn::{errors, graph, inference, tensor};
 
@@ -81,13 +81,13 @@ pub struct HostTensor {
 /// A loaded graph as the guest holds it.
 pub struct HostGraph {
     name: String,
-    model: Arc<LoadedModel>,
+    model: Arc<ModelCopy>,
 }
 
 /// An execution context on a graph.
 pub struct HostExecutionContext {
     name: String,
-    model: Arc<LoadedModel>,
+    model: Arc<ModelCopy>,
 }
 
 /// A `wasi:nn` error value.
@@ -329,7 +329,8 @@ impl graph::Host for NnView<'_> {
             instances: 1,
             padding: None,
         };
-        let model = Arc::new(LoadedModel::start("raw", String::new(), kind, vec![graph], settings));
+        let model =
+            Arc::new(ModelCopy::start("raw", String::new(), kind, (vec![graph], Residence::default()), settings));
         let name = "raw".to_string();
         self.track(name.len() + RESOURCE_OVERHEAD)?;
         Ok(Ok(self.table.push(HostGraph { name, model })?))
@@ -345,6 +346,11 @@ impl graph::Host for NnView<'_> {
                 let model = model.clone();
                 self.track(name.len() + RESOURCE_OVERHEAD)?;
                 Ok(Ok(self.table.push(HostGraph { name, model })?))
+            }
+            None if self.ctx.models.own(&name).is_some() => {
+                let message =
+                    format!("model '{name}' is unloaded; load it with POST /v2/repository/models/{name}/load");
+                self.error(errors::ErrorCode::NotFound, message)
             }
             None => self.error(errors::ErrorCode::NotFound, format!("model '{name}' not found")),
         }
@@ -412,6 +418,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                         | ComputeError::DeadlineExceeded { .. }
                         | ComputeError::TooLate { .. }
                         | ComputeError::CircuitOpen { .. }
+                        | ComputeError::LoadFailed { .. }
                 ) {
                     self.ctx.queue_failure = Some(err.clone());
                 }
@@ -423,6 +430,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     | ComputeError::OverShare { .. }
                     | ComputeError::Backend { .. }
                     | ComputeError::Stopped { .. }
+                    | ComputeError::LoadFailed { .. }
                     | ComputeError::CircuitOpen { .. } => errors::ErrorCode::RuntimeError,
                 };
                 let message = match err {

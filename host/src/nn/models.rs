@@ -1,8 +1,11 @@
-//! Resident models: each model's weights loaded once on a backend with its queue, keyed by
-//! weights digest and backend, so identical weights of several tenants share one copy and
-//! one queue. Tenants reach them only through their own namespace ([`TenantModels`]).
+//! Model copies: each model's weights on a backend with its queue, keyed by weights digest
+//! and backend, so identical weights of several tenants share one copy and one queue. A copy
+//! is resident (its execution instances loaded) or not: it leaves memory when asked, or when
+//! idle, and loads again on the next call. Tenants reach copies only through their own
+//! namespace ([`TenantModels`]), where each may unload and load its own names.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -12,7 +15,11 @@ use super::backend::{Backend, BackendKind, Backends, Graph, Signature, TensorSpe
 use super::breaker::{Breakers, Outcome};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
-use super::scheduler::{ComputeError, ModelQueue, NamedTensors, QueueSettings, Share};
+use sha2::Digest;
+
+use super::scheduler::{
+    ComputeError, LoadReason, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency, Share,
+};
 use crate::registry::ids::ModelName;
 use crate::registry::manifest::{BreakerSettings, Drift, Padding};
 use crate::registry::{ModelOrigin, ModelSpec};
@@ -20,15 +27,15 @@ use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, SampleBudget, che
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::stats::ModelStats;
 
-/// A model loaded on a backend, with its queue.
-pub struct LoadedModel {
+/// A model's weights on a backend, with its queue; resident or not (see [`Residency`]).
+pub struct ModelCopy {
     pub sha256: String,
     pub backend: BackendKind,
     pub signature: Signature,
     pub settings: QueueSettings,
     pub queue: ModelQueue,
     pub stats: Arc<ModelStats>,
-    /// What feeds the drift statistics (off unless set with [`LoadedModel::with_drift`]).
+    /// What feeds the drift statistics (off unless set with [`ModelCopy::with_drift`]).
     drift_settings: Drift,
     /// Drift per calling tenant.
     pub drift: DriftMonitors,
@@ -36,9 +43,11 @@ pub struct LoadedModel {
     drift_budget: SampleBudget,
     /// Each calling tenant's circuit on this model.
     breakers: Breakers,
+    /// Tenant names bound to this copy that have not unloaded it; at 0 it leaves memory.
+    wanted: AtomicUsize,
 }
 
-impl LoadedModel {
+impl ModelCopy {
     /// Check named inputs against the signature: every input present once, with its
     /// declared type and shape, and one row count across inputs of a batched model.
     pub fn check_inputs(&self, inputs: &NamedTensors) -> Result<(), String> {
@@ -73,29 +82,56 @@ impl LoadedModel {
         Ok(())
     }
 
-    /// Start a model queue for a graph and wrap both.
-    /// `graphs` are the execution instances (one loaded copy each; at least one).
+    /// Start a model queue for loaded graphs (the execution instances: one loaded copy
+    /// each; at least one) and wrap both; the residence says whether and how it may leave
+    /// memory and come back.
     pub fn start(
         name: &str,
         sha256: String,
         backend: BackendKind,
-        graphs: Vec<Arc<dyn Graph>>,
+        (graphs, residence): (Vec<Arc<dyn Graph>>, Residence),
         settings: QueueSettings,
     ) -> Self {
         let stats = Arc::new(ModelStats::default());
-        // Counted while it lives, whoever made it (a manifest, an upload, a guest's raw load).
-        metrics().model_resident(true);
+        let signature = graphs.first().map(|g| g.signature().clone()).unwrap_or_default();
+        let batchable = signature.batchable();
+        let queue = ModelQueue::start(
+            name,
+            &backend.to_string(),
+            (graphs, residence),
+            batchable,
+            settings.clone(),
+            stats.clone(),
+        );
         Self {
             sha256,
             backend,
-            signature: graphs.first().map(|g| g.signature().clone()).unwrap_or_default(),
-            queue: ModelQueue::start(name, &backend.to_string(), graphs, settings.clone(), stats.clone()),
+            signature,
+            queue,
             settings,
             stats,
             drift_settings: Drift { sample_rate: 0.0, ..Drift::default() },
             drift: DriftMonitors::default(),
             drift_budget: SampleBudget::default(),
             breakers: Breakers::default(),
+            wanted: AtomicUsize::new(0),
+        }
+    }
+
+    /// Where its execution instances are.
+    pub fn residency(&self) -> Residency {
+        self.queue.residency()
+    }
+
+    /// One more name wants it served (a tenant's, or the platform's shared name).
+    pub fn want(&self) {
+        self.wanted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One tenant name no longer wants it: when none does, it leaves memory once idle.
+    async fn unwant(&self) {
+        if self.wanted.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.queue.unload().await;
         }
     }
 
@@ -202,10 +238,9 @@ pub enum ModelLoadError {
     Refused { model: String, reason: OnnxError },
 }
 
-impl Drop for LoadedModel {
+impl Drop for ModelCopy {
     fn drop(&mut self) {
-        tracing::info!(model = %self.queue.model(), backend = %self.backend, sha256 = %self.sha256, "model unloaded");
-        metrics().model_resident(false);
+        tracing::info!(model = %self.queue.model(), backend = %self.backend, sha256 = %self.sha256, "model dropped: nothing serves it");
     }
 }
 
@@ -215,20 +250,29 @@ impl Drop for LoadedModel {
 /// a fresh copy.
 #[derive(Default)]
 pub struct ModelStore {
-    resident: HashMap<(String, BackendKind), Weak<LoadedModel>>,
+    resident: HashMap<(String, BackendKind), Weak<ModelCopy>>,
+}
+
+/// What applies to a model whose spec does not say.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ModelDefaults {
+    /// The backend when the model pins none (else the first available that loads it).
+    pub backend: Option<BackendKind>,
+    /// Leave memory after this long without a call; `None`: stay.
+    pub idle_unload: Option<Duration>,
 }
 
 impl ModelStore {
     /// Make a model resident (or reuse the resident copy of identical weights).
-    /// `default_backend` applies when the model pins none.
+    /// `defaults` apply where the spec says nothing.
     pub async fn load(
         &mut self,
         spec: &ModelSpec,
         backends: &Backends,
-        default_backend: Option<BackendKind>,
-    ) -> Result<Arc<LoadedModel>, ModelLoadError> {
+        defaults: ModelDefaults,
+    ) -> Result<Arc<ModelCopy>, ModelLoadError> {
         let candidates: Vec<Arc<dyn Backend>> =
-            match spec.backend.or(default_backend) {
+            match spec.backend.or(defaults.backend) {
                 Some(kind) => {
                     vec![backends.get(kind).ok_or_else(|| ModelLoadError::BackendMissing {
                         model: spec.name.to_string(),
@@ -255,15 +299,15 @@ impl ModelStore {
                 return Ok(model);
             }
             let started = Instant::now();
-            let (bytes, file) = (spec.bytes.clone(), model_file.clone());
-            let loader = backend.clone();
+            let (bytes, file, loader) = (spec.bytes.clone(), model_file.clone(), backend.clone());
             let instances = spec.batching.instances;
-            let load_one = move || match &file {
-                Some(file) => loader.load_file(file),
-                None => loader.load(&bytes),
+            let load_all = move || {
+                let source = match &file {
+                    Some(file) => Source::File(file),
+                    None => Source::Bytes(&bytes),
+                };
+                load_instances(&*loader, instances, source)
             };
-            // One loaded copy per execution instance, so instances never wait on each other.
-            let load_all = move || (0..instances).map(|_| load_one().map(Arc::<dyn Graph>::from)).collect();
             let graphs: Vec<Arc<dyn Graph>> = match tokio::task::spawn_blocking(load_all).await {
                 Ok(Ok(graphs)) => graphs,
                 Ok(Err(err)) => {
@@ -294,10 +338,20 @@ impl ModelStore {
                 instances,
                 padding,
             };
+            let residence = Residence {
+                loader: Some(reloader(backend.clone(), spec, model_file.clone())),
+                idle_unload: spec.idle_unload.or(defaults.idle_unload).filter(|idle| !idle.is_zero()),
+            };
             let model = Arc::new(
-                LoadedModel::start(spec.name.as_str(), spec.sha256.clone(), backend.kind(), graphs, settings)
-                    .with_drift(spec.drift.clone())
-                    .with_breaker(spec.breaker.clone()),
+                ModelCopy::start(
+                    spec.name.as_str(),
+                    spec.sha256.clone(),
+                    backend.kind(),
+                    (graphs, residence),
+                    settings,
+                )
+                .with_drift(spec.drift.clone())
+                .with_breaker(spec.breaker.clone()),
             );
             tracing::info!(
                 model = %spec.name,
@@ -307,13 +361,67 @@ impl ModelStore {
                 load_ms = started.elapsed().as_millis() as u64,
                 "model resident"
             );
-            metrics().model_loaded(&backend.kind().to_string(), started.elapsed());
+            metrics().model_loaded(&backend.kind().to_string(), LoadReason::Start.label(), started.elapsed());
             self.resident.retain(|_, model| model.strong_count() > 0);
             self.resident.insert(key, Arc::downgrade(&model));
             return Ok(model);
         }
         Err(ModelLoadError::Failed { model: spec.name.to_string(), reasons: reasons.join("; ") })
     }
+}
+
+/// Where a load reads the weights from.
+enum Source<'a> {
+    Bytes(&'a [u8]),
+    /// An operator's model with external data beside it, read by the engine.
+    File(&'a std::path::Path),
+}
+
+/// One loaded copy per execution instance, so instances never wait on each other.
+fn load_instances(
+    backend: &dyn Backend,
+    instances: usize,
+    source: Source<'_>,
+) -> Result<Vec<Arc<dyn Graph>>, super::backend::BackendError> {
+    (0..instances)
+        .map(|_| {
+            match source {
+                Source::Bytes(bytes) => backend.load(bytes),
+                Source::File(file) => backend.load_file(file),
+            }
+            .map(Arc::<dyn Graph>::from)
+        })
+        .collect()
+}
+
+/// How a model that left memory is loaded again: from its file (the manifest's, or the
+/// upload's blob), checked against the digest it was verified with, so the memory of the
+/// bytes is not held while it is out. The tenant sees why it failed without paths; the log
+/// has the detail.
+fn reloader(backend: Arc<dyn Backend>, spec: &ModelSpec, external_data: Option<std::path::PathBuf>) -> Loader {
+    let (path, sha256, instances, model) =
+        (spec.path.clone(), spec.sha256.clone(), spec.batching.instances, spec.name.clone());
+    Arc::new(move || {
+        let bytes;
+        let source = match &external_data {
+            Some(file) => Source::File(file),
+            None => {
+                bytes = std::fs::read(&path).map_err(|err| {
+                    tracing::warn!(model = %model, error = %err, "the weights of a model that left memory cannot be read");
+                    "its weights can no longer be read".to_string()
+                })?;
+                if hex::encode(sha2::Sha256::digest(&bytes)) != sha256 {
+                    tracing::error!(model = %model, "the weights on disk differ from the ones verified; not loading them");
+                    return Err("its weights changed on disk since they were verified".to_string());
+                }
+                Source::Bytes(&bytes)
+            }
+        };
+        load_instances(&*backend, instances, source).map_err(|err| {
+            tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
+            format!("{} could not load its weights", backend.kind())
+        })
+    })
 }
 
 /// The manifest's padding rule, checked against the model: every padded input and cut output
@@ -348,31 +456,84 @@ fn padding_rule(padding: &Padding, signature: &Signature) -> Result<PaddingRule,
 }
 
 /// The models one tenant can load by name: its own (which uploads add to while serving),
-/// then the platform's shared ones.
+/// then the platform's shared ones. Each own name may be unloaded by the tenant (its calls
+/// are then refused) and loaded again; the copy behind it leaves memory once no name of any
+/// tenant wants it.
 #[derive(Default)]
 pub struct TenantModels {
-    own: RwLock<BTreeMap<ModelName, Arc<LoadedModel>>>,
-    shared: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>,
+    own: RwLock<BTreeMap<ModelName, Binding>>,
+    shared: Arc<BTreeMap<ModelName, Arc<ModelCopy>>>,
+}
+
+/// One of a tenant's names for a model copy.
+struct Binding {
+    model: Arc<ModelCopy>,
+    /// The tenant unloaded it: its calls are refused until it loads it again.
+    unloaded: bool,
+}
+
+/// Where one of a tenant's own models stands, as the repository index shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelState {
+    /// Served: resident, or loaded by the next call (`resident` false).
+    Ready {
+        resident: bool,
+    },
+    Loading,
+    Unloading,
+    /// The tenant unloaded it.
+    Unloaded,
+    /// Its last load failed, for this reason.
+    Failed(String),
+}
+
+/// Why a tenant's load or unload did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum RepositoryError {
+    #[error("model '{0}' not found")]
+    NotFound(String),
+    #[error("model '{model}' could not be loaded: {reason}")]
+    LoadFailed { model: String, reason: String },
 }
 
 impl TenantModels {
-    pub fn new(own: BTreeMap<ModelName, Arc<LoadedModel>>, shared: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>) -> Self {
+    pub fn new(own: BTreeMap<ModelName, Arc<ModelCopy>>, shared: Arc<BTreeMap<ModelName, Arc<ModelCopy>>>) -> Self {
+        let own = own
+            .into_iter()
+            .map(|(name, model)| {
+                model.want();
+                (name, Binding { model, unloaded: false })
+            })
+            .collect();
         Self { own: RwLock::new(own), shared }
     }
 
-    fn own_models(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ModelName, Arc<LoadedModel>>> {
+    fn own_models(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ModelName, Binding>> {
         self.own.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A model by name for `load-by-name`: the tenant's own first, then the shared ones.
-    pub fn resolve(&self, name: &str) -> Option<Arc<LoadedModel>> {
+    fn own_models_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ModelName, Binding>> {
+        self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A model by name for `load-by-name`: the tenant's own first (unless it unloaded it),
+    /// then the shared ones.
+    pub fn resolve(&self, name: &str) -> Option<Arc<ModelCopy>> {
         let name = ModelName::new(name).ok()?;
-        self.own_models().get(&name).or_else(|| self.shared.get(&name)).cloned()
+        match self.own_models().get(&name) {
+            Some(binding) => (!binding.unloaded).then(|| binding.model.clone()),
+            None => self.shared.get(&name).cloned(),
+        }
     }
 
     /// One of the tenant's own models (the ones its plain-model endpoints serve).
-    pub fn own(&self, name: &str) -> Option<(ModelName, Arc<LoadedModel>)> {
-        self.own_models().iter().find(|(n, _)| n.as_str() == name).map(|(n, m)| (n.clone(), m.clone()))
+    pub fn own(&self, name: &str) -> Option<(ModelName, Arc<ModelCopy>)> {
+        self.own_models().iter().find(|(n, _)| n.as_str() == name).map(|(n, b)| (n.clone(), b.model.clone()))
+    }
+
+    /// Whether the tenant unloaded one of its own models.
+    pub fn is_unloaded(&self, name: &str) -> bool {
+        self.own_models().iter().any(|(n, binding)| n.as_str() == name && binding.unloaded)
     }
 
     pub fn own_names(&self) -> Vec<ModelName> {
@@ -381,21 +542,83 @@ impl TenantModels {
 
     /// The tenant's own models with the digest of their weights.
     pub fn own_digests(&self) -> Vec<(ModelName, String)> {
-        self.own_models().iter().map(|(n, m)| (n.clone(), m.sha256.clone())).collect()
+        self.own_models().iter().map(|(n, b)| (n.clone(), b.model.sha256.clone())).collect()
+    }
+
+    /// The tenant's own models and where each stands.
+    pub fn states(&self) -> Vec<(ModelName, ModelState)> {
+        let state = |binding: &Binding| {
+            if binding.unloaded {
+                return ModelState::Unloaded;
+            }
+            match binding.model.residency() {
+                Residency::Ready => ModelState::Ready { resident: true },
+                Residency::Unloaded => ModelState::Ready { resident: false },
+                Residency::Loading => ModelState::Loading,
+                Residency::Unloading => ModelState::Unloading,
+                Residency::Failed(reason) => ModelState::Failed(reason),
+            }
+        };
+        self.own_models().iter().map(|(name, binding)| (name.clone(), state(binding))).collect()
+    }
+
+    /// Stop serving one of the tenant's own models; its copy leaves memory once no name of
+    /// any tenant wants it and nothing runs or waits on it. Unloading twice is no error.
+    pub async fn unload(&self, name: &str) -> Result<(), RepositoryError> {
+        let released = {
+            let mut own = self.own_models_mut();
+            let binding = own
+                .iter_mut()
+                .find(|(n, _)| n.as_str() == name)
+                .map(|(_, b)| b)
+                .ok_or_else(|| RepositoryError::NotFound(name.to_string()))?;
+            let released = (!binding.unloaded).then(|| binding.model.clone());
+            binding.unloaded = true;
+            released
+        };
+        if let Some(model) = released {
+            model.unwant().await;
+        }
+        Ok(())
+    }
+
+    /// Serve one of the tenant's own models again (or still) and make it resident; returns
+    /// once it is ready.
+    pub async fn load(&self, name: &str) -> Result<(), RepositoryError> {
+        let model = {
+            let mut own = self.own_models_mut();
+            let binding = own
+                .iter_mut()
+                .find(|(n, _)| n.as_str() == name)
+                .map(|(_, b)| b)
+                .ok_or_else(|| RepositoryError::NotFound(name.to_string()))?;
+            if binding.unloaded {
+                binding.unloaded = false;
+                binding.model.want();
+            }
+            binding.model.clone()
+        };
+        model.queue.load().await.map_err(|reason| RepositoryError::LoadFailed { model: name.to_string(), reason })
     }
 
     /// Take a model out (a deletion, or an upload whose state could not be saved).
-    pub fn remove(&self, name: &ModelName) -> Option<Arc<LoadedModel>> {
-        self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name)
+    pub fn remove(&self, name: &ModelName) -> Option<Arc<ModelCopy>> {
+        let binding = self.own_models_mut().remove(name)?;
+        if !binding.unloaded {
+            // Dropped with its last holder if nothing else serves it; no unload to ask for.
+            binding.model.wanted.fetch_sub(1, Ordering::Relaxed);
+        }
+        Some(binding.model)
     }
 
     /// Add a model; `false` if the name is taken (model names are immutable).
-    pub fn add(&self, name: ModelName, model: Arc<LoadedModel>) -> bool {
-        let mut own = self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    pub fn add(&self, name: ModelName, model: Arc<ModelCopy>) -> bool {
+        let mut own = self.own_models_mut();
         if own.contains_key(&name) {
             return false;
         }
-        own.insert(name, model);
+        model.want();
+        own.insert(name, Binding { model, unloaded: false });
         true
     }
 }

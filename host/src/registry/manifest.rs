@@ -151,6 +151,10 @@ pub struct ModelManifest {
     pub drift: Drift,
     #[serde(default)]
     pub breaker: BreakerSettings,
+    /// Seconds without a call after which the model leaves memory (the next call loads it
+    /// again); 0: never. Unset: the server's `--idle-unload-s`.
+    #[serde(default)]
+    pub idle_unload_s: Option<u64>,
 }
 
 /// `[models.X.breaker]`: after `failures` consecutive calls of one tenant that failed in the

@@ -50,6 +50,8 @@ pub struct ModelSpec {
     pub drift: Drift,
     pub breaker: BreakerSettings,
     pub origin: ModelOrigin,
+    /// Leave memory after this long without a call (zero: never); `None`: the server's default.
+    pub idle_unload: Option<std::time::Duration>,
 }
 
 /// Who supplied a model's weights, which decides whether they may name other files.
@@ -257,6 +259,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         drift: model.drift,
         breaker: model.breaker,
         origin: ModelOrigin::Manifest,
+        idle_unload: model.idle_unload_s.map(std::time::Duration::from_secs),
     })
 }
 

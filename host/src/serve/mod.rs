@@ -16,6 +16,7 @@ pub use crate::state::BodyTimeouts;
 use crate::state::ServingState;
 
 use crate::nn::backend::{self, BackendKind, BackendSettings};
+use crate::nn::models::ModelDefaults;
 use crate::registry::Registry;
 use crate::runtime::{Runtime, RuntimeSettings};
 use listen::{ConnectionLimits, ConnectionSettings};
@@ -39,6 +40,9 @@ pub struct ServeConfig {
     pub onnxruntime_library: Option<PathBuf>,
     /// Backend for models that pin none; `None` picks the best available.
     pub default_backend: Option<BackendKind>,
+    /// How long a model without calls stays in memory when its manifest does not say;
+    /// `None`: for as long as it serves.
+    pub idle_unload: Option<Duration>,
     pub backend_threads: usize,
     pub max_instances: u32,
     pub epoch_tick: Duration,
@@ -202,8 +206,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let store = crate::registry::store::Store::open(&config.data_dir)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
-    let mut state =
-        ServingState::build(registry, runtime, backends, config.default_backend, turns, store, admin_token).await?;
+    let defaults = ModelDefaults { backend: config.default_backend, idle_unload: config.idle_unload };
+    let mut state = ServingState::build(registry, runtime, backends, defaults, turns, store, admin_token).await?;
     state.body_timeouts = config.body_timeouts;
     crate::control::apply::restore_control(&state).await.context("restoring the saved control state")?;
     Ok(state)

@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
-use crate::nn::backend::{Backend, BackendKind, Backends};
-use crate::nn::models::{LoadedModel, ModelStore, TenantModels};
+use crate::nn::backend::{Backend, Backends};
+use crate::nn::models::{ModelCopy, ModelDefaults, ModelStore, TenantModels};
 use crate::registry::ids::{AppName, ModelName, TenantId};
 use crate::registry::manifest::Quotas;
 use crate::registry::store::Store;
@@ -177,9 +177,9 @@ pub struct ServingState {
     /// Resident models by weights digest and backend, for models uploaded while serving.
     pub resident: tokio::sync::Mutex<ModelStore>,
     pub backends: Backends,
-    pub default_backend: Option<BackendKind>,
+    pub model_defaults: ModelDefaults,
     /// The platform's shared models, for tenants created while serving.
-    pub shared_models: Arc<BTreeMap<ModelName, Arc<LoadedModel>>>,
+    pub shared_models: Arc<BTreeMap<ModelName, Arc<ModelCopy>>>,
     /// SHA-256 (hex) of the admin token; `None` turns the admin API off.
     pub admin_token_sha256: Option<String>,
     pub body_timeouts: BodyTimeouts,
@@ -209,7 +209,7 @@ impl ServingState {
 
     /// The backend a tenant allowed raw `load` uses.
     pub(crate) fn raw_backend(&self) -> Option<Arc<dyn Backend>> {
-        self.default_backend.and_then(|kind| self.backends.get(kind)).or_else(|| self.backends.preferred())
+        self.model_defaults.backend.and_then(|kind| self.backends.get(kind)).or_else(|| self.backends.preferred())
     }
 
     /// The tenant owning an API key.
@@ -251,7 +251,7 @@ impl ServingState {
         registry: Registry,
         runtime: Runtime,
         backends: Backends,
-        default_backend: Option<BackendKind>,
+        model_defaults: ModelDefaults,
         turns: Arc<Turns>,
         store: Store,
         admin_token: Option<&str>,
@@ -259,8 +259,11 @@ impl ServingState {
         let mut resident = ModelStore::default();
         let mut shared = BTreeMap::new();
         for (name, spec) in registry.shared_models() {
-            let model = resident.load(spec, &backends, default_backend).await;
-            shared.insert(name.clone(), model.with_context(|| format!("shared model {}", spec.path.display()))?);
+            let model = resident.load(spec, &backends, model_defaults).await;
+            let model = model.with_context(|| format!("shared model {}", spec.path.display()))?;
+            // Every tenant may call it by name: no tenant's unload takes it out of memory.
+            model.want();
+            shared.insert(name.clone(), model);
         }
         let shared = Arc::new(shared);
 
@@ -269,7 +272,7 @@ impl ServingState {
             let mut own = BTreeMap::new();
             for (name, spec) in &tenant.models {
                 let model = resident
-                    .load(spec, &backends, default_backend)
+                    .load(spec, &backends, model_defaults)
                     .await
                     .with_context(|| format!("tenant '{}', model {}", tenant.id, spec.path.display()))?;
                 tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");
@@ -287,7 +290,8 @@ impl ServingState {
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
                 apps.insert(name.clone(), Arc::new(AppState::new(spec.clone(), versions)));
             }
-            let raw_backend = default_backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred());
+            let raw_backend =
+                model_defaults.backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred());
             let models = Arc::new(TenantModels::new(own, shared.clone()));
             let state = TenantState::new(tenant.clone(), models, apps, raw_backend);
             tenants.insert(tenant.id.clone(), Arc::new(state));
@@ -308,7 +312,7 @@ impl ServingState {
             control_writes: Mutex::new(()),
             resident: tokio::sync::Mutex::new(resident),
             backends,
-            default_backend,
+            model_defaults,
             body_timeouts: BodyTimeouts::default(),
         })
     }

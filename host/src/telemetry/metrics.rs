@@ -245,8 +245,8 @@ impl Metrics {
             model_load: histogram(
                 &registry,
                 MODEL_LOAD_DURATION,
-                "Time to make a model resident (parse, optimise, plan).",
-                &["backend"],
+                "Time to make a model resident (parse, optimise, plan), by why: start, demand or request.",
+                &["backend", "reason"],
                 &[0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
             ),
             resident_models,
@@ -388,11 +388,11 @@ impl Metrics {
     }
 
     /// A model made resident.
-    pub fn model_loaded(&self, backend: &str, took: Duration) {
-        self.model_load.with_label_values(&[backend]).observe(took.as_secs_f64());
+    pub fn model_loaded(&self, backend: &str, reason: &str, took: Duration) {
+        self.model_load.with_label_values(&[backend, reason]).observe(took.as_secs_f64());
     }
 
-    /// A model made resident (with its queue), or unloaded once nothing serves it.
+    /// A model's execution instances loaded, or dropped (unloaded, or nothing serves it).
     pub fn model_resident(&self, resident: bool) {
         if resident {
             self.resident_models.inc();

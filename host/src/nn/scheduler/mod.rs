@@ -5,6 +5,10 @@
 //! batches run at once when a model has several) and splits the outputs back to each caller.
 //! [`admission`] refuses at once a job that cannot meet its deadline.
 //!
+//! The actor also owns the model's residency: a model with a [`Loader`] may leave memory
+//! (asked to, or idle past its `idle_unload`) once nothing runs or waits on it, and the next
+//! job loads it again while it and those after it wait in the queue, within their deadlines.
+//!
 //! In: checked input tensors with a deadline. Out: that job's output tensors, or a
 //! [`ComputeError`] (overload, deadline, backend failure).
 
@@ -15,7 +19,7 @@ pub mod queue;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -58,6 +62,8 @@ pub enum ComputeError {
     Backend { model: String, message: String },
     #[error("model '{model}' is shutting down")]
     Stopped { model: String },
+    #[error("model '{model}' could not be loaded: {reason}")]
+    LoadFailed { model: String, reason: String },
     #[error(
         "model '{model}' is failing for this tenant: its circuit opened after {failures} consecutive failures or \
          timeouts; the next call goes through in {retry_ms} ms"
@@ -70,6 +76,64 @@ struct Job {
     reply: oneshot::Sender<Result<NamedTensors, ComputeError>>,
     /// The caller's span: the batch's compute span links to it.
     span: tracing::Span,
+}
+
+/// Loads a model's execution instances (one loaded copy of the graph each) on a blocking
+/// thread; an error says why without naming server paths.
+pub type Loader = Arc<dyn Fn() -> Result<Vec<Arc<dyn Graph>>, String> + Send + Sync>;
+
+/// Where a model's execution instances are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Residency {
+    /// Not in memory; the next job loads it.
+    Unloaded,
+    Loading,
+    Ready,
+    /// Asked to leave memory: waits for its running batches and waiting jobs first.
+    Unloading,
+    /// The last load failed, for this reason; jobs are refused until [`LOAD_RETRY`] has passed.
+    Failed(String),
+}
+
+/// How long after a failed load jobs are refused at once instead of loading again (a load
+/// costs far more CPU than a refusal).
+pub const LOAD_RETRY: Duration = Duration::from_secs(5);
+
+/// Why a model was loaded, as `sluice_model_load_seconds` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadReason {
+    /// At start or upload, before it served.
+    Start,
+    /// A job arrived for it while it was not resident.
+    Demand,
+    /// Asked for (the repository API's load).
+    Request,
+}
+
+impl LoadReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Demand => "demand",
+            Self::Request => "request",
+        }
+    }
+}
+
+/// How a model comes and goes: without a loader it stays resident for as long as it lives.
+#[derive(Clone, Default)]
+pub struct Residence {
+    pub loader: Option<Loader>,
+    /// Leave memory after this long without a job.
+    pub idle_unload: Option<Duration>,
+}
+
+/// Asked of the actor by [`ModelQueue::load`] and [`ModelQueue::unload`].
+enum Control {
+    /// Load unless resident; answered once ready or failed.
+    Load(oneshot::Sender<Result<(), String>>),
+    /// Leave memory once nothing runs or waits.
+    Unload,
 }
 
 /// Settings of one model's queue.
@@ -96,15 +160,20 @@ pub struct ModelQueue {
     backlog: Arc<Backlog>,
     stats: Arc<ModelStats>,
     padding: Option<Arc<PaddingRule>>,
+    residency: watch::Receiver<Residency>,
+    controls: mpsc::Sender<Control>,
 }
 
 impl ModelQueue {
     /// Start the queue's actor on the current runtime; each graph is one execution instance
-    /// (batches run on them concurrently).
+    /// (batches run on them concurrently), loaded already (the model is ready) or, when
+    /// `graphs` is empty, by the residence's loader on the first job. `batchable`: whether
+    /// the model's signature has a batch dimension.
     pub fn start(
         model: &str,
         backend: &str,
-        graphs: Vec<Arc<dyn Graph>>,
+        (graphs, residence): (Vec<Arc<dyn Graph>>, Residence),
+        batchable: bool,
         settings: QueueSettings,
         stats: Arc<ModelStats>,
     ) -> Self {
@@ -112,9 +181,12 @@ impl ModelQueue {
             max_batch_rows: settings.max_batch_rows,
             preferred_batch_rows: settings.preferred_batch_rows.clone(),
             max_delay: settings.max_delay,
-            batchable: graphs.first().is_some_and(|g| g.signature().batchable()),
+            batchable,
         };
         let (sender, receiver) = mpsc::channel(settings.capacity);
+        let (controls, control_receiver) = mpsc::channel(16);
+        let initial = if graphs.is_empty() { Residency::Unloaded } else { Residency::Ready };
+        let (residency_sender, residency) = watch::channel(initial);
         let model: Arc<str> = model.into();
         let backlog = Arc::new(Backlog::default());
         let padding = settings.padding.map(Arc::new);
@@ -124,8 +196,10 @@ impl ModelQueue {
             backlog: backlog.clone(),
             padding: padding.clone(),
             series: metrics().model_series(ModelLabels { model: &model, backend }),
+            backend: backend.into(),
         };
-        tokio::spawn(run_queue(execution, graphs, policy, receiver));
+        let resident = Resident::new(graphs, residence, residency_sender);
+        tokio::spawn(run_queue(execution, resident, policy, receiver, control_receiver));
         Self {
             model,
             sender,
@@ -134,12 +208,34 @@ impl ModelQueue {
             backlog,
             stats,
             padding,
+            residency,
+            controls,
         }
     }
 
     /// The model this queue runs.
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// Where the model's execution instances are now.
+    pub fn residency(&self) -> Residency {
+        self.residency.borrow().clone()
+    }
+
+    /// Make the model resident unless it is; returns once it is ready, or why it could not be
+    /// loaded.
+    pub async fn load(&self) -> Result<(), String> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || format!("model '{}' is shutting down", self.model);
+        self.controls.send(Control::Load(reply)).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Let the model leave memory once no batch runs and no job waits on it (a later job
+    /// loads it again).
+    pub async fn unload(&self) {
+        let _ = self.controls.send(Control::Unload).await;
     }
 
     /// Queue inputs (already checked against the model's signature) and wait for outputs.
@@ -211,32 +307,181 @@ struct Execution {
     backlog: Arc<Backlog>,
     padding: Option<Arc<PaddingRule>>,
     series: ModelSeries,
+    backend: Arc<str>,
+}
+
+/// The actor's hold on the model's execution instances, and what it needs to load them again.
+struct Resident {
+    /// Instances free to take a batch; busy ones come back through the actor's `running`.
+    idle: Vec<Arc<dyn Graph>>,
+    /// Counts the model in `sluice_resident_models` while its instances are loaded.
+    gauge: Option<ResidentGauge>,
+    residence: Residence,
+    status: watch::Sender<Residency>,
+    /// The load under way, with why and when it began.
+    loading: tokio::task::JoinSet<Result<Vec<Arc<dyn Graph>>, String>>,
+    load_started: Option<(LoadReason, std::time::Instant)>,
+    /// Answered when the load under way ends.
+    load_waiters: Vec<oneshot::Sender<Result<(), String>>>,
+    /// Leave memory once nothing runs or waits.
+    unload_wanted: bool,
+    /// After a failed load: why, and until when jobs are refused at once.
+    failed: Option<(String, std::time::Instant)>,
+    /// When a job last arrived or a batch last ended (for `idle_unload`).
+    last_active: std::time::Instant,
+}
+
+impl Resident {
+    fn new(graphs: Vec<Arc<dyn Graph>>, residence: Residence, status: watch::Sender<Residency>) -> Self {
+        Self {
+            gauge: (!graphs.is_empty()).then(ResidentGauge::new),
+            idle: graphs,
+            residence,
+            status,
+            loading: tokio::task::JoinSet::new(),
+            load_started: None,
+            load_waiters: Vec::new(),
+            unload_wanted: false,
+            failed: None,
+            last_active: std::time::Instant::now(),
+        }
+    }
+
+    fn is_loaded(&self) -> bool {
+        self.gauge.is_some()
+    }
+
+    /// Begin loading unless loaded or loading; `false` when the model cannot be loaded again.
+    fn begin_load(&mut self, reason: LoadReason) -> bool {
+        if self.is_loaded() || !self.loading.is_empty() {
+            return true;
+        }
+        let Some(loader) = self.residence.loader.clone() else { return false };
+        self.loading.spawn_blocking(move || loader());
+        self.load_started = Some((reason, std::time::Instant::now()));
+        self.status.send_replace(Residency::Loading);
+        true
+    }
+
+    /// A load ended: ready, or failed for a while.
+    fn end_load(&mut self, execution: &Execution, result: Result<Vec<Arc<dyn Graph>>, String>) {
+        let (reason, started) = self.load_started.take().unwrap_or((LoadReason::Demand, std::time::Instant::now()));
+        let outcome = match result {
+            Ok(graphs) if !graphs.is_empty() => {
+                metrics().model_loaded(&execution.backend, reason.label(), started.elapsed());
+                tracing::info!(model = %execution.model, reason = reason.label(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
+                self.idle = graphs;
+                self.gauge = Some(ResidentGauge::new());
+                self.failed = None;
+                self.status.send_replace(Residency::Ready);
+                Ok(())
+            }
+            Ok(_) => Err("the backend made no execution instance".to_string()),
+            Err(reason) => Err(reason),
+        };
+        if let Err(reason) = &outcome {
+            tracing::warn!(model = %execution.model, error = %reason, "model could not be loaded");
+            self.failed = Some((reason.clone(), std::time::Instant::now() + LOAD_RETRY));
+            self.status.send_replace(Residency::Failed(reason.clone()));
+        }
+        for waiter in self.load_waiters.drain(..) {
+            let _ = waiter.send(outcome.clone());
+        }
+    }
+
+    /// Why jobs are refused now, if a recent load failed.
+    fn refusal(&self, now: std::time::Instant) -> Option<&str> {
+        self.failed.as_ref().filter(|(_, until)| now < *until).map(|(reason, _)| reason.as_str())
+    }
+
+    /// When the model leaves memory for being idle, if it would.
+    fn idle_until(&self, busy: bool) -> Option<std::time::Instant> {
+        let idle_unload = self.residence.idle_unload.filter(|_| self.is_loaded() && !busy)?;
+        self.residence.loader.as_ref().map(|_| self.last_active + idle_unload)
+    }
+
+    /// Drop the instances (nothing runs or waits on them).
+    fn unload(&mut self, model: &str, why: &str) {
+        self.idle.clear();
+        self.gauge = None;
+        self.unload_wanted = false;
+        self.status.send_replace(Residency::Unloaded);
+        tracing::info!(model = %model, why, "model left memory");
+    }
+}
+
+/// One count in `sluice_resident_models` for as long as it lives.
+struct ResidentGauge;
+
+impl ResidentGauge {
+    fn new() -> Self {
+        metrics().model_resident(true);
+        Self
+    }
+}
+
+impl Drop for ResidentGauge {
+    fn drop(&mut self) {
+        metrics().model_resident(false);
+    }
 }
 
 async fn run_queue(
     execution: Execution,
-    graphs: Vec<Arc<dyn Graph>>,
+    mut resident: Resident,
     policy: QueuePolicy,
     mut receiver: mpsc::Receiver<Queued<Job>>,
+    mut controls: mpsc::Receiver<Control>,
 ) {
     let execution = Arc::new(execution);
     let mut state = BatchQueue::new(policy.clone());
-    // Execution instances free to take a batch; busy ones come back through `running`.
-    let mut idle = graphs;
     let mut running: tokio::task::JoinSet<Arc<dyn Graph>> = tokio::task::JoinSet::new();
-    let mut closed = false;
+    let (mut closed, mut controls_closed) = (false, false);
     loop {
-        let due = state.next_due().filter(|_| !idle.is_empty());
+        let due = state.next_due().filter(|_| !resident.idle.is_empty());
+        let idle_until = resident.idle_until(!running.is_empty() || !state.is_empty());
         tokio::select! {
             job = receiver.recv(), if !closed => match job {
-                Some(job) => state.push(job),
+                Some(job) => {
+                    resident.last_active = std::time::Instant::now();
+                    state.push(job);
+                }
                 None => closed = true,
             },
-            () = sleep_until_due(due), if due.is_some() => {}
-            Some(done) = running.join_next(), if !running.is_empty() => match done {
-                Ok(graph) => idle.push(graph),
-                Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
+            control = controls.recv(), if !controls_closed => match control {
+                Some(Control::Load(reply)) => {
+                    resident.unload_wanted = false;
+                    if resident.is_loaded() {
+                        let _ = reply.send(Ok(()));
+                    } else if let Some(reason) = resident.refusal(std::time::Instant::now()) {
+                        let _ = reply.send(Err(reason.to_string()));
+                    } else if resident.begin_load(LoadReason::Request) {
+                        resident.load_waiters.push(reply);
+                    } else {
+                        let _ = reply.send(Err("it cannot be loaded again".to_string()));
+                    }
+                }
+                Some(Control::Unload) => {
+                    resident.unload_wanted = resident.residence.loader.is_some()
+                        && (resident.is_loaded() || !resident.loading.is_empty());
+                }
+                None => controls_closed = true,
             },
+            () = sleep_until_due(due), if due.is_some() => {}
+            () = sleep_until_due(idle_until), if idle_until.is_some() => {
+                resident.unload(&execution.model, "idle");
+            }
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                resident.last_active = std::time::Instant::now();
+                match done {
+                    Ok(graph) => resident.idle.push(graph),
+                    Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
+                }
+            }
+            Some(loaded) = resident.loading.join_next(), if !resident.loading.is_empty() => {
+                let loaded = loaded.unwrap_or_else(|join| Err(format!("the loader thread failed: {join}")));
+                resident.end_load(&execution, loaded);
+            }
         }
         while let Ok(job) = receiver.try_recv() {
             state.push(job);
@@ -250,18 +495,42 @@ async fn run_queue(
             execution.backlog.remove(&job.share.tenant, job.rows);
             let _ = job.payload.reply.send(Err(ComputeError::DeadlineExceeded { model: execution.model.to_string() }));
         }
+        if !state.is_empty() && !resident.is_loaded() {
+            // Jobs wait for the model: load it, unless a load failed moments ago.
+            let refusal = resident.refusal(now).map(str::to_string);
+            let refusal = match refusal {
+                None if resident.begin_load(LoadReason::Demand) => None,
+                None => Some("it cannot be loaded again".to_string()),
+                refused => refused,
+            };
+            if let Some(reason) = refusal {
+                for job in state.drain() {
+                    execution.backlog.remove(&job.share.tenant, job.rows);
+                    let model = execution.model.to_string();
+                    let _ = job.payload.reply.send(Err(ComputeError::LoadFailed { model, reason: reason.clone() }));
+                }
+            }
+        }
         // Once every handle is gone, what is left runs without waiting for company.
         let due_at = if closed { now + policy.max_delay } else { now };
-        while !idle.is_empty() {
+        while !resident.idle.is_empty() {
             let Some(batch) = state.pop_batch(due_at) else { break };
-            let Some(graph) = idle.pop() else { break };
+            let Some(graph) = resident.idle.pop() else { break };
             let execution = execution.clone();
             running.spawn(async move {
                 execute(&execution, &graph, batch).await;
                 graph
             });
         }
-        if closed && state.is_empty() && running.is_empty() {
+        let busy = !running.is_empty() || !state.is_empty();
+        if resident.unload_wanted && resident.is_loaded() {
+            if busy {
+                resident.status.send_replace(Residency::Unloading);
+            } else {
+                resident.unload(&execution.model, "asked");
+            }
+        }
+        if closed && !busy && resident.loading.is_empty() {
             return;
         }
     }
@@ -403,4 +672,118 @@ fn unstack(outputs: NamedTensors, rows: &[usize]) -> Option<Vec<NamedTensors>> {
         }
     }
     Some(per_job)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::nn::backend::tract::Tract;
+    use crate::nn::backend::{Backend, BackendSettings};
+    use crate::tensor::ElementType;
+
+    /// The digits MLP on tract, loaded by a loader that counts its loads and fails the
+    /// first `failures` of them.
+    fn digits_loader(failures: usize) -> (Loader, Arc<AtomicUsize>) {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/digits/model/digits.onnx");
+        let bytes = std::fs::read(path).expect("the digits model");
+        let loads = Arc::new(AtomicUsize::new(0));
+        let counted = loads.clone();
+        let loader: Loader = Arc::new(move || {
+            if counted.fetch_add(1, Ordering::SeqCst) < failures {
+                return Err("the weights are broken".to_string());
+            }
+            let graph = Tract::new(&BackendSettings::default()).load(&bytes).map_err(|e| e.to_string())?;
+            Ok(vec![Arc::<dyn Graph>::from(graph)])
+        });
+        (loader, loads)
+    }
+
+    fn queue(loader: Loader, idle_unload: Option<Duration>) -> ModelQueue {
+        let settings = QueueSettings {
+            max_batch_rows: 32,
+            preferred_batch_rows: Vec::new(),
+            max_delay: Duration::ZERO,
+            capacity: 128,
+            instances: 1,
+            padding: None,
+        };
+        let residence = Residence { loader: Some(loader), idle_unload };
+        ModelQueue::start("digits", "tract", (Vec::new(), residence), true, settings, Arc::default())
+    }
+
+    fn row() -> NamedTensors {
+        let data: Vec<u8> = [0.5f32; 64].iter().flat_map(|v| v.to_le_bytes()).collect();
+        vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], data).expect("a tensor"))]
+    }
+
+    fn share() -> Share {
+        Share { tenant: "acme".into(), weight: 1 }
+    }
+
+    async fn residency_becomes(queue: &ModelQueue, expected: Residency) {
+        let started = std::time::Instant::now();
+        while queue.residency() != expected {
+            assert!(started.elapsed() < Duration::from_secs(5), "stayed {:?}, not {expected:?}", queue.residency());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn jobs_for_a_model_out_of_memory_wait_for_one_load() {
+        let (loader, loads) = digits_loader(0);
+        let queue = queue(loader, None);
+        assert_eq!(queue.residency(), Residency::Unloaded);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let calls = (0..20).map(|_| queue.compute(row(), deadline, share()));
+        for outputs in futures::future::join_all(calls).await {
+            assert!(outputs.is_ok(), "{outputs:?}");
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        assert_eq!(queue.residency(), Residency::Ready);
+    }
+
+    #[tokio::test]
+    async fn an_unload_waits_for_the_jobs_in_flight_and_the_next_job_loads_again() {
+        let (loader, loads) = digits_loader(0);
+        let queue = queue(loader, None);
+        queue.load().await.expect("loads");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let calls: Vec<_> = (0..10).map(|_| queue.compute(row(), deadline, share())).collect();
+        let (outputs, ()) = tokio::join!(futures::future::join_all(calls), queue.unload());
+        assert!(outputs.iter().all(Result::is_ok), "every job in flight is answered: {outputs:?}");
+        residency_becomes(&queue, Residency::Unloaded).await;
+        assert!(queue.compute(row(), deadline, share()).await.is_ok());
+        assert_eq!(queue.residency(), Residency::Ready);
+        assert_eq!(loads.load(Ordering::SeqCst), 2, "loaded on request, then again on demand");
+    }
+
+    #[tokio::test]
+    async fn an_idle_model_leaves_memory() {
+        let (loader, _) = digits_loader(0);
+        let queue = queue(loader, Some(Duration::from_millis(50)));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(queue.compute(row(), deadline, share()).await.is_ok());
+        assert_eq!(queue.residency(), Residency::Ready);
+        residency_becomes(&queue, Residency::Unloaded).await;
+    }
+
+    #[tokio::test]
+    async fn a_failed_load_is_answered_and_not_retried_at_once() {
+        let (loader, loads) = digits_loader(1);
+        let queue = queue(loader, None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let first = queue.compute(row(), deadline, share()).await;
+        assert!(
+            matches!(&first, Err(ComputeError::LoadFailed { reason, .. }) if reason == "the weights are broken"),
+            "{first:?}"
+        );
+        assert_eq!(queue.residency(), Residency::Failed("the weights are broken".to_string()));
+        // Within the retry pause: refused at once, without another load's CPU.
+        let again = queue.compute(row(), deadline, share()).await;
+        assert!(matches!(again, Err(ComputeError::LoadFailed { .. })), "{again:?}");
+        assert!(queue.load().await.is_err());
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
 }

@@ -135,6 +135,14 @@ impl<P> BatchQueue<P> {
         dropped
     }
 
+    /// Take every waiting job out (their model could not be loaded).
+    pub fn drain(&mut self) -> Vec<Queued<P>> {
+        let jobs: Vec<Queued<P>> = self.lanes.values_mut().flat_map(|lane| lane.jobs.drain(..)).collect();
+        self.rows = 0;
+        self.forget_idle_lanes();
+        jobs
+    }
+
     /// When the oldest job's delay runs out (the actor's next wake-up).
     pub fn next_due(&self) -> Option<Instant> {
         self.lanes.values().filter_map(|lane| lane.jobs.front()).map(|job| job.enqueued + self.policy.max_delay).min()

@@ -1,0 +1,172 @@
+//! Model lifecycle: Triton's repository extension (index, load, unload) scoped to the
+//! caller's tenant over HTTP and gRPC, readiness that follows it, and models that leave
+//! memory when idle and come back on the next request, a burst of them loading it once.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+use sluice::api::grpc::proto::*;
+use tonic::Code;
+
+use crate::support::*;
+
+const ACME: &str = "lifecycle-acme";
+const GLOBEX: &str = "lifecycle-globex";
+
+fn row() -> Value {
+    json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] })
+}
+
+/// The sum of a metric's samples whose line starts with `prefix` (0 when there are none).
+async fn metric(server: &Server, prefix: &str) -> f64 {
+    let base = server.metrics.clone().expect("metrics");
+    let text = reqwest::get(format!("{base}/metrics")).await.expect("scrape").text().await.expect("text");
+    text.lines()
+        .filter(|line| line.starts_with(prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Wait until the resident-model gauge reads `expected` (an unload finishes in the model's
+/// own task, after the answer).
+async fn resident_becomes(server: &Server, expected: f64) {
+    let started = Instant::now();
+    loop {
+        let now = metric(server, "sluice_resident_models ").await;
+        if now == expected {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "sluice_resident_models stayed {now}, not {expected}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn index(server: &Server, key: &str) -> Vec<Value> {
+    let (code, body) = server.post_raw("/v2/repository/index", Some(key), Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    body.as_array().expect("an array").clone()
+}
+
+fn state_of<'a>(index: &'a [Value], name: &str) -> (&'a str, &'a str) {
+    let row = index.iter().find(|row| row["name"] == name).unwrap_or_else(|| panic!("{name} in {index:?}"));
+    (row["state"].as_str().expect("state"), row["reason"].as_str().expect("reason"))
+}
+
+#[tokio::test]
+async fn tenants_unload_and_load_their_own_models_and_nobody_elses() {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", ACME, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += &model_entry("small", &digits_small_model(), None);
+    acme += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &acme);
+    // Globex serves the same weights as acme's digits-mlp: one copy for both.
+    tenants.write("globex.toml", &(tenant_header("globex", GLOBEX, "") + &model_entry("mlp", &digits_model(), None)));
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("connects");
+    resident_becomes(&server, 2.0).await;
+
+    let acme_index = index(&server, ACME).await;
+    let names: Vec<&str> = acme_index.iter().filter_map(|row| row["name"].as_str()).collect();
+    assert_eq!(names, ["digits", "digits-mlp", "small"], "the caller's apps and models only");
+    assert_eq!(state_of(&acme_index, "small"), ("READY", ""));
+
+    // Unload over HTTP: not ready, refused with 503 over both protocols, out of memory.
+    let (code, body) = server.post_raw("/v2/repository/models/small/unload", Some(ACME), Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = server.get("/v2/models/small/ready", Some(ACME)).await;
+    assert_eq!((code, &body["ready"]), (400, &json!(false)), "{body}");
+    let ready = grpc.model_ready(authed(ModelReadyRequest { name: "small".into(), version: String::new() }, ACME));
+    assert!(!ready.await.expect("answers").into_inner().ready);
+    let (code, body) = server.infer("small", ACME, &row()).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(error_message(&body).contains("'small' is unloaded"), "{body}");
+    let request = ModelInferRequest { model_name: "small".into(), ..Default::default() };
+    let status = grpc.model_infer(authed(request, ACME)).await.expect_err("refused");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(state_of(&index(&server, ACME).await, "small"), ("UNAVAILABLE", "unloaded"));
+    resident_becomes(&server, 1.0).await;
+
+    // Another tenant can neither see nor touch acme's names.
+    let (code, body) = server.post_raw("/v2/repository/models/small/load", Some(GLOBEX), Vec::new()).await;
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = server.post_raw("/v2/repository/models/small/unload", Some(GLOBEX), Vec::new()).await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(index(&server, GLOBEX).await.len(), 1);
+
+    // Acme unloading weights globex serves too leaves globex's copy resident and warm.
+    let (code, _) = server.post_raw("/v2/repository/models/digits-mlp/unload", Some(ACME), Vec::new()).await;
+    assert_eq!(code, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metric(&server, "sluice_resident_models ").await, 1.0, "globex's copy stays");
+    assert_eq!(state_of(&index(&server, GLOBEX).await, "mlp"), ("READY", ""));
+    let (code, body) = server.infer("mlp", GLOBEX, &row()).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        metric(&server, "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"demand\"}").await,
+        0.0
+    );
+
+    // Load over gRPC: answered once ready; serves again, loaded once on request.
+    let load = RepositoryModelLoadRequest { model_name: "small".into(), ..Default::default() };
+    grpc.repository_model_load(authed(load, ACME)).await.expect("loads");
+    let (code, body) = server.get("/v2/models/small/ready", Some(ACME)).await;
+    assert_eq!((code, &body["ready"]), (200, &json!(true)), "{body}");
+    let (code, body) = server.infer("small", ACME, &row()).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        metric(&server, "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"request\"}").await,
+        1.0
+    );
+    resident_becomes(&server, 2.0).await;
+    let index = grpc.repository_index(authed(RepositoryIndexRequest { ready: true, ..Default::default() }, ACME));
+    let ready: Vec<String> = index.await.expect("answers").into_inner().models.into_iter().map(|m| m.name).collect();
+    assert_eq!(ready, ["digits", "small"], "ready only: digits-mlp is still unloaded");
+
+    // What Sluice cannot do is refused, saying why.
+    let with_config = serde_json::to_vec(&json!({ "parameters": { "config": "{}" } })).expect("json");
+    let (code, body) = server.post_raw("/v2/repository/models/small/load", Some(ACME), with_config).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(error_message(&body).contains("'config'"), "{body}");
+    let (code, body) = server.post_raw("/v2/repository/models/digits/unload", Some(ACME), Vec::new()).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(error_message(&body).contains("is an app"), "{body}");
+    let unload = RepositoryModelUnloadRequest { model_name: "digits".into(), ..Default::default() };
+    let status = grpc.repository_model_unload(authed(unload, ACME)).await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let (code, _) = server.post_raw("/v2/repository/index", None, Vec::new()).await;
+    assert_eq!(code, 401, "the repository is a tenant's");
+}
+
+#[tokio::test]
+async fn an_idle_model_leaves_memory_and_a_burst_of_requests_loads_it_once() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &(tenant_header("acme", ACME, "") + &model_entry("digits-mlp", &digits_model(), None)));
+    let server = Server::start(tenants.path(), &["--idle-unload-s", "1"]);
+    resident_becomes(&server, 0.0).await;
+    let rows = index(&server, ACME).await;
+    let (state, reason) = state_of(&rows, "digits-mlp");
+    assert_eq!(state, "READY", "a request is still served");
+    assert!(reason.contains("not resident"), "{reason}");
+    let (code, _) = server.get("/v2/models/digits-mlp/ready", Some(ACME)).await;
+    assert_eq!(code, 200);
+
+    let digits = heldout_digits();
+    let requests = (0..50).map(|i| {
+        // The first eight the model classifies right (the tritonclient check relies on them too).
+        let (pixels, label) = digits[i % 8].clone();
+        let x: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+        let body = json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": x }] });
+        let server = &server;
+        async move { (server.infer("digits-mlp", ACME, &body).await, label) }
+    });
+    for ((code, body), label) in futures::future::join_all(requests).await {
+        assert_eq!(code, 200, "every request is held for the load, none fails: {body}");
+        assert_eq!(i64s(&output(&body, "label")["data"]), [label]);
+    }
+    let loads = "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"demand\"}";
+    assert_eq!(metric(&server, loads).await, 1.0, "one load for the burst");
+    // And idle again, it leaves again.
+    resident_becomes(&server, 0.0).await;
+}
