@@ -28,6 +28,20 @@ async fn metric(server: &Server, prefix: &str) -> f64 {
         .sum()
 }
 
+/// A log without its terminal colours.
+fn plain(log: &str) -> String {
+    let mut text = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            text.push(c);
+        }
+    }
+    text
+}
+
 /// Wait until the resident-model gauge reads `expected` (an unload finishes in the model's
 /// own task, after the answer).
 async fn resident_becomes(server: &Server, expected: f64) {
@@ -167,6 +181,35 @@ async fn an_idle_model_leaves_memory_and_a_burst_of_requests_loads_it_once() {
     }
     let loads = "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"demand\"}";
     assert_eq!(metric(&server, loads).await, 1.0, "one load for the burst");
+    assert_eq!(metric(&server, "sluice_queue_depth{").await, 0.0, "nothing left waiting");
+    // The reload was warmed up before it served, as the load at start was.
+    let log = plain(&server.log());
+    let warmed: Vec<usize> = log.match_indices("model warmed up").map(|(at, _)| at).collect();
+    let reloaded = log.find("reason=demand").or_else(|| log.find("reason=\"demand\"")).expect("the demand load's line");
+    assert_eq!(warmed.len(), 2, "at start and on demand:\n{log}");
+    assert!(warmed[1] < reloaded, "warmed up before it was reported loaded:\n{log}");
     // And idle again, it leaves again.
     resident_becomes(&server, 0.0).await;
+}
+
+#[tokio::test]
+async fn warm_up_sizes_are_checked_and_run() {
+    let with_warmup = |sizes: &str| {
+        let tenants = Tenants::new();
+        let mut acme = tenant_header("acme", ACME, "");
+        acme += &model_entry("digits-mlp", &digits_model(), None);
+        acme += &format!("[models.digits-mlp.warmup]\nbatch_sizes = {sizes}\n");
+        tenants.write("acme.toml", &acme);
+        tenants
+    };
+    let data = tempfile::tempdir().expect("tmp");
+    let log = Server::start_in(with_warmup("[1, 64]").path(), data.path(), &[]).err().expect("refused at start");
+    assert!(log.contains("warmup takes at most 8 batch sizes, each between 1 and max_batch_size (32)"), "{log}");
+
+    let tenants = with_warmup("[1, 4, 32]");
+    let server = Server::start(tenants.path(), &[]);
+    assert!(plain(&server.log()).contains("batch_sizes=[1, 4, 32]"), "{}", server.log());
+    let tenants = with_warmup("[]");
+    let server = Server::start(tenants.path(), &[]);
+    assert!(!server.log().contains("model warmed up"), "{}", server.log());
 }

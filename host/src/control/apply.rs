@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::ControlError;
 use crate::nn::models::ModelCopy;
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
-use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas};
+use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
 use crate::registry::store::Uploaded;
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
@@ -223,6 +223,7 @@ async fn load_model(
         breaker: BreakerSettings::default(),
         origin: ModelOrigin::Upload,
         idle_unload: None,
+        warmup: Warmup::default().batch_sizes,
     };
     state
         .resident

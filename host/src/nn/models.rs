@@ -9,14 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+use sha2::Digest;
 use tracing::Instrument;
 
-use super::backend::{Backend, BackendKind, Backends, Graph, Signature, TensorSpec};
+use super::backend::{Backend, BackendKind, Backends, Graph, Signature, Stop, TensorSpec};
 use super::breaker::{Breakers, Outcome};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
-use sha2::Digest;
-
 use super::scheduler::{
     ComputeError, LoadReason, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency, Share,
 };
@@ -26,6 +25,7 @@ use crate::registry::{ModelOrigin, ModelSpec};
 use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, SampleBudget, check_baseline_rows, tensor_bytes};
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::stats::ModelStats;
+use crate::tensor::Tensor;
 
 /// A model's weights on a backend, with its queue; resident or not (see [`Residency`]).
 pub struct ModelCopy {
@@ -300,13 +300,13 @@ impl ModelStore {
             }
             let started = Instant::now();
             let (bytes, file, loader) = (spec.bytes.clone(), model_file.clone(), backend.clone());
-            let instances = spec.batching.instances;
+            let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
             let load_all = move || {
                 let source = match &file {
                     Some(file) => Source::File(file),
                     None => Source::Bytes(&bytes),
                 };
-                load_instances(&*loader, instances, source)
+                load_instances(&*loader, (instances, &warmup), source)
             };
             let graphs: Vec<Arc<dyn Graph>> = match tokio::task::spawn_blocking(load_all).await {
                 Ok(Ok(graphs)) => graphs,
@@ -377,21 +377,53 @@ enum Source<'a> {
     File(&'a std::path::Path),
 }
 
-/// One loaded copy per execution instance, so instances never wait on each other.
+/// One loaded copy per execution instance, so instances never wait on each other, each
+/// warmed up on its `warmup` batch sizes before it serves.
 fn load_instances(
     backend: &dyn Backend,
-    instances: usize,
+    (instances, warmup): (usize, &[usize]),
     source: Source<'_>,
 ) -> Result<Vec<Arc<dyn Graph>>, super::backend::BackendError> {
     (0..instances)
         .map(|_| {
-            match source {
+            let graph = match source {
                 Source::Bytes(bytes) => backend.load(bytes),
                 Source::File(file) => backend.load_file(file),
-            }
-            .map(Arc::<dyn Graph>::from)
+            }?;
+            warm_up(&*graph, warmup);
+            Ok(Arc::<dyn Graph>::from(graph))
         })
         .collect()
+}
+
+/// Run a freshly loaded instance once per batch size on zeros shaped by its signature
+/// (other dynamic dimensions 1; a model without a batch dimension once), so its first
+/// request finds the engine's plans built and buffers allocated. A model that refuses zeros
+/// is logged and served anyway: warm-up is an optimisation, not a check.
+fn warm_up(graph: &dyn Graph, batch_sizes: &[usize]) {
+    let signature = graph.signature();
+    let sizes = if signature.batchable() { batch_sizes } else { &batch_sizes[..batch_sizes.len().min(1)] };
+    let started = Instant::now();
+    for &rows in sizes {
+        let zeros = |spec: &TensorSpec| {
+            let dims: Vec<usize> = spec
+                .dims
+                .iter()
+                .enumerate()
+                .map(|(axis, dim)| dim.unwrap_or(if axis == 0 { rows } else { 1 }))
+                .collect();
+            let bytes = dims.iter().product::<usize>() * spec.ty.size();
+            Tensor::new(spec.ty, dims, vec![0; bytes]).ok().map(|tensor| (spec.name.clone(), tensor))
+        };
+        let Some(inputs) = signature.inputs.iter().map(zeros).collect::<Option<NamedTensors>>() else { return };
+        if let Err(err) = graph.run(inputs, &Stop::default()) {
+            tracing::warn!(rows, error = %err, "warm-up on zeros failed; the model serves without it");
+            return;
+        }
+    }
+    if !sizes.is_empty() {
+        tracing::info!(batch_sizes = ?sizes, warmup_ms = started.elapsed().as_millis() as u64, "model warmed up");
+    }
 }
 
 /// How a model that left memory is loaded again: from its file (the manifest's, or the
@@ -399,8 +431,8 @@ fn load_instances(
 /// bytes is not held while it is out. The tenant sees why it failed without paths; the log
 /// has the detail.
 fn reloader(backend: Arc<dyn Backend>, spec: &ModelSpec, external_data: Option<std::path::PathBuf>) -> Loader {
-    let (path, sha256, instances, model) =
-        (spec.path.clone(), spec.sha256.clone(), spec.batching.instances, spec.name.clone());
+    let (path, sha256, model) = (spec.path.clone(), spec.sha256.clone(), spec.name.clone());
+    let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
     Arc::new(move || {
         let bytes;
         let source = match &external_data {
@@ -417,7 +449,7 @@ fn reloader(backend: Arc<dyn Backend>, spec: &ModelSpec, external_data: Option<s
                 Source::Bytes(&bytes)
             }
         };
-        load_instances(&*backend, instances, source).map_err(|err| {
+        load_instances(&*backend, (instances, &warmup), source).map_err(|err| {
             tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
             format!("{} could not load its weights", backend.kind())
         })

@@ -155,6 +155,22 @@ pub struct ModelManifest {
     /// again); 0: never. Unset: the server's `--idle-unload-s`.
     #[serde(default)]
     pub idle_unload_s: Option<u64>,
+    #[serde(default)]
+    pub warmup: Warmup,
+}
+
+/// `[models.X.warmup]`: each loaded instance runs once per batch size on zeros shaped by its
+/// signature before it serves, so the first request finds its plans built; `[]`: none.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Warmup {
+    pub batch_sizes: Vec<usize>,
+}
+
+impl Default for Warmup {
+    fn default() -> Self {
+        Self { batch_sizes: vec![1] }
+    }
 }
 
 /// `[models.X.breaker]`: after `failures` consecutive calls of one tenant that failed in the

@@ -52,6 +52,8 @@ pub struct ModelSpec {
     pub origin: ModelOrigin,
     /// Leave memory after this long without a call (zero: never); `None`: the server's default.
     pub idle_unload: Option<std::time::Duration>,
+    /// Batch sizes each loaded instance runs once on zeros before it serves.
+    pub warmup: Vec<usize>,
 }
 
 /// Who supplied a model's weights, which decides whether they may name other files.
@@ -240,6 +242,15 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
             ),
         });
     }
+    if model.warmup.batch_sizes.len() > 8 || model.warmup.batch_sizes.iter().any(|&size| size == 0 || size > max_batch)
+    {
+        return Err(RegistryError::Invalid {
+            path: manifest.to_path_buf(),
+            message: format!(
+                "model '{name}': warmup takes at most 8 batch sizes, each between 1 and max_batch_size ({max_batch})"
+            ),
+        });
+    }
     if !model.drift.is_valid() {
         return Err(RegistryError::Invalid {
             path: manifest.to_path_buf(),
@@ -260,6 +271,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         breaker: model.breaker,
         origin: ModelOrigin::Manifest,
         idle_unload: model.idle_unload_s.map(std::time::Duration::from_secs),
+        warmup: model.warmup.batch_sizes,
     })
 }
 

@@ -26,6 +26,7 @@ pub mod names {
     pub const GUEST_TRAPS: &str = "sluice_guest_traps_total";
     pub const NN_COMPUTE_CALLS: &str = "sluice_nn_compute_calls_total";
     pub const QUEUE_WAIT: &str = "sluice_queue_wait_seconds";
+    pub const QUEUE_DEPTH: &str = "sluice_queue_depth";
     pub const BATCH_ROWS: &str = "sluice_batch_rows";
     pub const COMPUTE_DURATION: &str = "sluice_compute_seconds";
     pub const MODEL_LOAD_DURATION: &str = "sluice_model_load_seconds";
@@ -87,6 +88,8 @@ pub struct ModelLabels<'a> {
 #[derive(Clone)]
 pub struct ModelSeries {
     pub queue_wait: Histogram,
+    /// Rows waiting (changed by deltas: copies of different weights may share a name).
+    pub queue_depth: IntGauge,
     pub batch_rows: Histogram,
     pub compute: Histogram,
 }
@@ -119,6 +122,7 @@ pub struct Metrics {
     guest_traps: IntCounterVec,
     nn_compute_calls: IntCounterVec,
     queue_wait: HistogramVec,
+    queue_depth: IntGaugeVec,
     batch_rows: HistogramVec,
     compute: HistogramVec,
     model_load: HistogramVec,
@@ -157,6 +161,12 @@ impl Metrics {
         use names::*;
         let registry = Registry::new();
         let request = ["tenant", "app", "version", "protocol"];
+        let queue_depth = IntGaugeVec::new(
+            Opts::new(QUEUE_DEPTH, "Rows waiting in a model's queue, not yet in a batch (what autoscalers scale on)."),
+            &["model", "backend"],
+        )
+        .expect("a valid gauge definition");
+        registry.register(Box::new(queue_depth.clone())).expect("each metric registered once");
         let inflight = IntGaugeVec::new(Opts::new(INFLIGHT_REQUESTS, "Requests being served now."), &["tenant"])
             .expect("a valid gauge definition");
         registry.register(Box::new(inflight.clone())).expect("each metric registered once");
@@ -196,6 +206,7 @@ impl Metrics {
                 LATENCY_BUCKETS,
             ),
             inflight,
+            queue_depth,
             rejected: counter(
                 &registry,
                 REJECTED_REQUESTS,
@@ -364,6 +375,7 @@ impl Metrics {
         let values = [labels.model, labels.backend];
         ModelSeries {
             queue_wait: self.queue_wait.with_label_values(&values),
+            queue_depth: self.queue_depth.with_label_values(&values),
             batch_rows: self.batch_rows.with_label_values(&values),
             compute: self.compute.with_label_values(&values),
         }

@@ -51,7 +51,7 @@ impl Backend for Tract {
                         *first = None;
                     }
                 }
-                let plans = Plans::PerBatch { onnx: onnx.into(), cache: Mutex::new(HashMap::new()) };
+                let plans = Plans::PerBatch { onnx: onnx.into(), cache: Mutex::new(PlanCache::default()) };
                 Ok(Box::new(TractGraph { plans, signature }))
             }
         }
@@ -112,7 +112,44 @@ fn name_unknown_dims(mut model: InferenceModel, batch: Option<usize>) -> TractRe
 /// One plan for every batch size, or one per size compiled on first use.
 enum Plans {
     Symbolic(Arc<TypedSimplePlan>),
-    PerBatch { onnx: Arc<[u8]>, cache: Mutex<HashMap<usize, Arc<TypedSimplePlan>>> },
+    PerBatch { onnx: Arc<[u8]>, cache: Mutex<PlanCache<TypedSimplePlan>> },
+}
+
+/// Most per-batch-size plans kept per instance: a caller sending ever new row counts (a job
+/// over the batch limit runs alone, at its own size) must not grow the memory held.
+const MAX_PLANS: usize = 16;
+
+/// Per-batch-size plans, the least recently used dropped past [`MAX_PLANS`].
+struct PlanCache<P> {
+    plans: HashMap<usize, (Arc<P>, u64)>,
+    uses: u64,
+}
+
+impl<P> Default for PlanCache<P> {
+    fn default() -> Self {
+        Self { plans: HashMap::new(), uses: 0 }
+    }
+}
+
+impl<P> PlanCache<P> {
+    fn get(&mut self, batch: usize) -> Option<Arc<P>> {
+        self.uses += 1;
+        let uses = self.uses;
+        self.plans.get_mut(&batch).map(|(plan, last)| {
+            *last = uses;
+            plan.clone()
+        })
+    }
+
+    fn insert(&mut self, batch: usize, plan: Arc<P>) {
+        if self.plans.len() >= MAX_PLANS
+            && let Some(oldest) = self.plans.iter().min_by_key(|(_, (_, last))| *last).map(|(size, _)| *size)
+        {
+            self.plans.remove(&oldest);
+        }
+        self.uses += 1;
+        self.plans.insert(batch, (plan, self.uses));
+    }
 }
 
 impl Plans {
@@ -120,8 +157,8 @@ impl Plans {
         match self {
             Self::Symbolic(plan) => Ok(plan.clone()),
             Self::PerBatch { onnx, cache } => {
-                if let Some(plan) = cache.lock().map_err(|_| "plan cache poisoned")?.get(&batch) {
-                    return Ok(plan.clone());
+                if let Some(plan) = cache.lock().map_err(|_| "plan cache poisoned")?.get(batch) {
+                    return Ok(plan);
                 }
                 let plan = typed_model(onnx, Some(batch)).and_then(runnable).map_err(|e| format!("{e:#}"))?;
                 cache.lock().map_err(|_| "plan cache poisoned")?.insert(batch, plan.clone());
@@ -259,4 +296,25 @@ fn from_tract(value: &TractTensor) -> Result<Tensor, String> {
         element_type(value.datum_type()).ok_or_else(|| format!("unsupported output type {:?}", value.datum_type()))?;
     // tract stores elements in native order; every platform Sluice runs on is little-endian.
     Tensor::new(ty, value.shape().to_vec(), value.as_bytes().to_vec()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_cache_keeps_the_most_recently_used_sizes_only() {
+        let mut cache = PlanCache::<usize>::default();
+        for batch in 1..=MAX_PLANS {
+            cache.insert(batch, Arc::new(batch));
+        }
+        assert!(cache.get(1).is_some(), "size 1 is used again, so it is the newest");
+        for batch in 100..110 {
+            cache.insert(batch, Arc::new(batch));
+        }
+        assert_eq!(cache.plans.len(), MAX_PLANS, "never more than the bound");
+        assert!(cache.get(1).is_some(), "the recently used size stayed");
+        assert!(cache.get(2).is_none(), "the least recently used went first");
+        assert!(cache.get(109).is_some());
+    }
 }

@@ -437,6 +437,8 @@ async fn run_queue(
     let mut state = BatchQueue::new(policy.clone());
     let mut running: tokio::task::JoinSet<Arc<dyn Graph>> = tokio::task::JoinSet::new();
     let (mut closed, mut controls_closed) = (false, false);
+    // What this queue added to `sluice_queue_depth`.
+    let mut depth = 0usize;
     loop {
         let due = state.next_due().filter(|_| !resident.idle.is_empty());
         let idle_until = resident.idle_until(!running.is_empty() || !state.is_empty());
@@ -522,6 +524,9 @@ async fn run_queue(
                 graph
             });
         }
+        let rows = state.rows();
+        execution.series.queue_depth.add(rows as i64 - depth as i64);
+        depth = rows;
         let busy = !running.is_empty() || !state.is_empty();
         if resident.unload_wanted && resident.is_loaded() {
             if busy {

@@ -92,6 +92,11 @@ impl<P> BatchQueue<P> {
         Self { policy, lanes: HashMap::new(), ring: VecDeque::new(), rows: 0 }
     }
 
+    /// Rows waiting.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
     pub fn len(&self) -> usize {
         self.lanes.values().map(|lane| lane.jobs.len()).sum()
     }
