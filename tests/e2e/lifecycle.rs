@@ -213,3 +213,63 @@ async fn warm_up_sizes_are_checked_and_run() {
     let server = Server::start(tenants.path(), &[]);
     assert!(!server.log().contains("model warmed up"), "{}", server.log());
 }
+
+/// When each `model loaded` line of `reason` says its load began and ended, in seconds of
+/// the day (the line's time, less its `load_ms`).
+fn load_intervals(log: &str, reason: &str) -> Vec<(f64, f64)> {
+    plain(log)
+        .lines()
+        .filter(|line| {
+            line.contains("model loaded")
+                && (line.contains(&format!("reason={reason} ")) || line.contains(&format!("reason=\"{reason}\"")))
+        })
+        .map(|line| {
+            let time = line.split('T').nth(1).and_then(|rest| rest.split('Z').next()).expect("a timestamp");
+            let seconds = time.split(':').fold(0.0, |total, part| total * 60.0 + part.parse::<f64>().expect("time"));
+            let load_ms: f64 = line.rsplit("load_ms=").next().and_then(|v| v.trim().parse().ok()).expect("load_ms");
+            (seconds - load_ms / 1000.0, seconds)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn repository_calls_are_the_tenants_requests_and_its_loads_run_one_at_a_time() {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", ACME, "");
+    acme += &model_entry("a", &digits_model(), None);
+    acme += &model_entry("b", &digits_small_model(), None);
+    acme += &model_entry("c", &magika_model(), None);
+    tenants.write("acme.toml", &acme);
+    let limited = tenant_header("globex", GLOBEX, "max_requests_per_second = 2");
+    tenants.write("globex.toml", &limited);
+    let server = Server::start(tenants.path(), &[]);
+
+    // Over its rate, a tenant's unloads and loads are refused like its inference.
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        codes.push(server.post_raw("/v2/repository/models/m/unload", Some(GLOBEX), Vec::new()).await.0);
+    }
+    assert_eq!(codes.iter().filter(|&&code| code == 404).count(), 2, "two within the rate: {codes:?}");
+    assert!(codes.contains(&429), "{codes:?}");
+
+    // Three loads asked for at once run one after the other.
+    for model in ["a", "b", "c"] {
+        let (code, _) = server.post_raw(&format!("/v2/repository/models/{model}/unload"), Some(ACME), Vec::new()).await;
+        assert_eq!(code, 200);
+    }
+    resident_becomes(&server, 0.0).await;
+    let server = &server;
+    let loads = ["a", "b", "c"].map(|model| async move {
+        server.post_raw(&format!("/v2/repository/models/{model}/load"), Some(ACME), Vec::new()).await
+    });
+    for (code, body) in futures::future::join_all(loads).await {
+        assert_eq!(code, 200, "{body}");
+    }
+    let mut intervals = load_intervals(&server.log(), "request");
+    assert_eq!(intervals.len(), 3, "{}", server.log());
+    intervals.sort_by(|x, y| x.0.total_cmp(&y.0));
+    for pair in intervals.windows(2) {
+        // Load times are whole milliseconds: allow one of rounding.
+        assert!(pair[1].0 >= pair[0].1 - 0.001, "loads overlapped: {intervals:?}");
+    }
+}

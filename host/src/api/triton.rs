@@ -113,8 +113,11 @@ pub fn check_load_parameters<'a>(mut keys: impl Iterator<Item = &'a str>) -> Res
 }
 
 /// `load`: serve one of the caller's models again and make it resident (an app is always
-/// loaded); returns once it is ready.
+/// loaded); returns once it is ready. Counted as one of the tenant's requests (its rate and
+/// concurrency quotas), and one such load of a tenant runs at a time: a load costs a CPU for
+/// as long as it takes, so a tenant looping unload and load gets no more than one.
 pub async fn load(tenant: &TenantState, name: &str) -> Result<(), ApiError> {
+    let _admitted = crate::infer::admit(tenant)?;
     match crate::infer::resolve(tenant, name, None)? {
         Target::App { .. } => Ok(()),
         Target::Model { .. } => Ok(tenant.models.load(name).await?),
@@ -124,6 +127,7 @@ pub async fn load(tenant: &TenantState, name: &str) -> Result<(), ApiError> {
 /// `unload`: stop serving one of the caller's models (its calls answer 503 until it is
 /// loaded again); the weights leave memory once no other name uses them.
 pub async fn unload(tenant: &TenantState, name: &str) -> Result<(), ApiError> {
+    let _admitted = crate::infer::admit(tenant)?;
     match crate::infer::resolve(tenant, name, None)? {
         Target::App { .. } => Err(ApiError::invalid(format!(
             "'{name}' is an app: apps are not unloaded; send its traffic elsewhere or delete a version with DELETE              /control/v1/apps/{name}/versions/{{version}}"

@@ -495,6 +495,8 @@ fn padding_rule(padding: &Padding, signature: &Signature) -> Result<PaddingRule,
 pub struct TenantModels {
     own: RwLock<BTreeMap<ModelName, Binding>>,
     shared: Arc<BTreeMap<ModelName, Arc<ModelCopy>>>,
+    /// One load asked for by the tenant at a time (each may cost a CPU for seconds).
+    loads: tokio::sync::Mutex<()>,
 }
 
 /// One of a tenant's names for a model copy.
@@ -537,7 +539,7 @@ impl TenantModels {
                 (name, Binding { model, unloaded: false })
             })
             .collect();
-        Self { own: RwLock::new(own), shared }
+        Self { own: RwLock::new(own), shared, loads: tokio::sync::Mutex::new(()) }
     }
 
     fn own_models(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ModelName, Binding>> {
@@ -630,6 +632,7 @@ impl TenantModels {
             }
             binding.model.clone()
         };
+        let _one_at_a_time = self.loads.lock().await;
         model.queue.load().await.map_err(|reason| RepositoryError::LoadFailed { model: name.to_string(), reason })
     }
 
