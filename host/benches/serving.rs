@@ -242,6 +242,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         onnxruntime_library: onnxruntime_library(),
         default_backend: None,
         idle_unload: None,
+        model_memory: None,
         backend_threads: 1,
         max_instances: 64,
         epoch_tick: Duration::from_millis(5),

@@ -130,6 +130,10 @@ struct ServeArgs {
     /// again) where its manifest sets no `idle_unload_s`; 0: models stay resident.
     #[arg(long, env = "SLUICE_IDLE_UNLOAD_S", default_value_t = 0)]
     idle_unload_s: u64,
+    /// Memory resident models may hold on the host, as `cpu=SIZE` (`8GiB`, `512MiB`, bytes);
+    /// loads that would pass it are refused. Default: half the machine's memory.
+    #[arg(long, env = "SLUICE_MODEL_MEMORY", value_parser = parse_model_memory)]
+    model_memory: Option<u64>,
     /// Guest instances alive at once across all tenants.
     #[arg(long, env = "SLUICE_MAX_INSTANCES", default_value_t = 256)]
     max_instances: u32,
@@ -215,6 +219,7 @@ fn main() -> anyhow::Result<()> {
                     BackendArg::Tract => BackendKind::Tract,
                 }),
                 idle_unload: (args.idle_unload_s > 0).then(|| Duration::from_secs(args.idle_unload_s)),
+                model_memory: args.model_memory,
                 backend_threads: args.backend_threads,
                 max_instances: args.max_instances,
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
@@ -320,4 +325,17 @@ fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow:
     };
     tracing_subscriber::registry().with(log.with_filter(filter)).with(export_layer).init();
     Ok(export)
+}
+
+/// `cpu=SIZE` for `--model-memory`: SIZE in bytes or with KiB, MiB, GiB or TiB.
+fn parse_model_memory(value: &str) -> Result<u64, String> {
+    let size = value.strip_prefix("cpu=").ok_or("give it as cpu=SIZE (the only device so far), e.g. cpu=8GiB")?;
+    let units = [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("", 1)];
+    let (number, unit) = units
+        .iter()
+        .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
+        .ok_or("no size")?;
+    let number: u64 =
+        number.trim().parse().map_err(|_| format!("'{size}' is not a size like 8GiB, 512MiB or bytes"))?;
+    number.checked_mul(unit).filter(|&bytes| bytes > 0).ok_or_else(|| format!("'{size}' is not a usable size"))
 }

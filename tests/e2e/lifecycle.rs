@@ -273,3 +273,35 @@ async fn repository_calls_are_the_tenants_requests_and_its_loads_run_one_at_a_ti
         assert!(pair[1].0 >= pair[0].1 - 0.001, "loads overlapped: {intervals:?}");
     }
 }
+
+#[tokio::test]
+async fn models_are_held_to_the_memory_budget() {
+    let tenants = Tenants::new();
+    let quotas = "max_model_bytes = 10000000";
+    tenants
+        .write("acme.toml", &(tenant_header("acme", ACME, quotas) + &model_entry("digits-mlp", &digits_model(), None)));
+    let server = Server::start(tenants.path(), &["--model-memory", "cpu=2MiB"]);
+    let weights = std::fs::metadata(digits_model()).expect("weights").len() as f64;
+    assert_eq!(metric(&server, "sluice_device_memory_budget_bytes{device=\"cpu\"}").await, 2.0 * 1024.0 * 1024.0);
+    let model = metric(&server, "sluice_model_memory_bytes{backend=\"onnxruntime\",model=\"digits-mlp\"}").await;
+    assert!(model >= weights, "at least its weights: {model}");
+    assert_eq!(metric(&server, "sluice_device_memory_used_bytes{device=\"cpu\"}").await, model);
+
+    // Weights larger than what is left are refused before anything is loaded, saying why.
+    let magika = std::fs::read(magika_model()).expect("magika");
+    let (code, body) = server.send(reqwest::Method::PUT, "/control/v1/models/magika", ACME, magika).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(error_message(&body).contains("the cpu model memory budget is full"), "{body}");
+    assert!(error_message(&body).contains("of the 2 MiB budget"), "{body}");
+    let (code, _) = server.infer("digits-mlp", ACME, &row()).await;
+    assert_eq!(code, 200, "what is resident keeps serving");
+
+    // A manifest's model past the budget stops the start; a budget of another device is refused.
+    let big = Tenants::new();
+    big.write("acme.toml", &(tenant_header("acme", ACME, "") + &model_entry("magika", &magika_model(), None)));
+    let data = tempfile::tempdir().expect("tmp");
+    let log = Server::start_in(big.path(), data.path(), &["--model-memory", "cpu=1MiB"]).err().expect("refused");
+    assert!(plain(&log).contains("the cpu model memory budget is full"), "{log}");
+    let log = Server::start_in(big.path(), data.path(), &["--model-memory", "gpu=1GiB"]).err().expect("refused");
+    assert!(log.contains("cpu=SIZE"), "{log}");
+}

@@ -11,7 +11,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::ControlError;
-use crate::nn::models::ModelCopy;
+use crate::nn::models::{ModelCopy, ModelLoadError};
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
 use crate::registry::store::Uploaded;
@@ -225,13 +225,10 @@ async fn load_model(
         idle_unload: None,
         warmup: Warmup::default().batch_sizes,
     };
-    state
-        .resident
-        .lock()
-        .await
-        .load(&spec, &state.backends, state.model_defaults)
-        .await
-        .map_err(|e| ControlError::Invalid(format!("not a usable model: {e}")))
+    state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await.map_err(|e| match e {
+        ModelLoadError::NoRoom { .. } => ControlError::Unavailable(e.to_string()),
+        e => ControlError::Invalid(format!("not a usable model: {e}")),
+    })
 }
 
 /// Make uploaded weights the tenant's model `name`, then save.

@@ -12,6 +12,9 @@ pub enum ControlError {
     /// What the change would create exists (versions and model names are immutable).
     #[error("{0}")]
     Conflict(String),
+    /// The server cannot take it now (the model memory budget is full).
+    #[error("{0}")]
+    Unavailable(String),
     /// The tenant is at one of its storage quotas.
     #[error("{0}")]
     StorageQuota(String),

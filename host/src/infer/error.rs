@@ -215,6 +215,7 @@ impl From<ControlError> for ApiError {
             ControlError::Invalid(_) => ErrorKind::InvalidInput,
             ControlError::Conflict(_) => ErrorKind::Conflict,
             ControlError::StorageQuota(_) => ErrorKind::StorageQuota,
+            ControlError::Unavailable(_) => ErrorKind::Unavailable,
             ControlError::Internal(_) => ErrorKind::Internal,
         };
         Self::new(kind, error.to_string())

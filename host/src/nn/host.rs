@@ -17,7 +17,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::backend::Backend;
 use super::models::{ModelCopy, TenantModels};
-use super::scheduler::{ComputeError, QueueSettings, Residence, Share};
+use super::scheduler::{ComputeError, Loaded, QueueSettings, Residence, Share};
 use crate::tensor::{ElementType, Tensor};
 use bindings::wasi::nn::{errors, graph, inference, tensor};
 
@@ -329,8 +329,13 @@ impl graph::Host for NnView<'_> {
             instances: 1,
             padding: None,
         };
-        let model =
-            Arc::new(ModelCopy::start("raw", String::new(), kind, (vec![graph], Residence::default()), settings));
+        let model = Arc::new(ModelCopy::start(
+            "raw",
+            String::new(),
+            kind,
+            (Loaded { graphs: vec![graph], memory: None }, Residence::default()),
+            settings,
+        ));
         let name = "raw".to_string();
         self.track(name.len() + RESOURCE_OVERHEAD)?;
         Ok(Ok(self.table.push(HostGraph { name, model })?))

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod breaker;
+pub mod device;
 pub mod host;
 pub mod models;
 pub mod onnx;

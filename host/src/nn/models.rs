@@ -5,7 +5,7 @@
 //! namespace ([`TenantModels`]), where each may unload and load its own names.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,10 +14,11 @@ use tracing::Instrument;
 
 use super::backend::{Backend, BackendKind, Backends, Graph, Signature, Stop, TensorSpec};
 use super::breaker::{Breakers, Outcome};
+use super::device::{Device, NoRoom, resident_bytes};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{
-    ComputeError, LoadReason, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency, Share,
+    ComputeError, LoadReason, Loaded, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency, Share,
 };
 use crate::registry::ids::ModelName;
 use crate::registry::manifest::{BreakerSettings, Drift, Padding};
@@ -89,16 +90,16 @@ impl ModelCopy {
         name: &str,
         sha256: String,
         backend: BackendKind,
-        (graphs, residence): (Vec<Arc<dyn Graph>>, Residence),
+        (loaded, residence): (Loaded, Residence),
         settings: QueueSettings,
     ) -> Self {
         let stats = Arc::new(ModelStats::default());
-        let signature = graphs.first().map(|g| g.signature().clone()).unwrap_or_default();
+        let signature = loaded.graphs.first().map(|g| g.signature().clone()).unwrap_or_default();
         let batchable = signature.batchable();
         let queue = ModelQueue::start(
             name,
             &backend.to_string(),
-            (graphs, residence),
+            (loaded, residence),
             batchable,
             settings.clone(),
             stats.clone(),
@@ -236,6 +237,8 @@ pub enum ModelLoadError {
     Failed { model: String, reasons: String },
     #[error("model '{model}' is refused: {reason}")]
     Refused { model: String, reason: OnnxError },
+    #[error("model '{model}' cannot be made resident: {no_room}")]
+    NoRoom { model: String, no_room: NoRoom },
 }
 
 impl Drop for ModelCopy {
@@ -253,13 +256,15 @@ pub struct ModelStore {
     resident: HashMap<(String, BackendKind), Weak<ModelCopy>>,
 }
 
-/// What applies to a model whose spec does not say.
-#[derive(Debug, Clone, Copy, Default)]
+/// What applies to a model whose spec does not say, and where models are resident.
+#[derive(Debug, Clone)]
 pub struct ModelDefaults {
     /// The backend when the model pins none (else the first available that loads it).
     pub backend: Option<BackendKind>,
     /// Leave memory after this long without a call; `None`: stay.
     pub idle_unload: Option<Duration>,
+    /// The device models run on, whose budget their memory is held in.
+    pub device: Arc<Device>,
 }
 
 impl ModelStore {
@@ -269,7 +274,7 @@ impl ModelStore {
         &mut self,
         spec: &ModelSpec,
         backends: &Backends,
-        defaults: ModelDefaults,
+        defaults: &ModelDefaults,
     ) -> Result<Arc<ModelCopy>, ModelLoadError> {
         let candidates: Vec<Arc<dyn Backend>> =
             match spec.backend.or(defaults.backend) {
@@ -301,16 +306,25 @@ impl ModelStore {
             let started = Instant::now();
             let (bytes, file, loader) = (spec.bytes.clone(), model_file.clone(), backend.clone());
             let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
+            // Room for at least the weights of each instance before anything is allocated.
+            let estimate = spec.bytes.len() as u64 * instances as u64;
+            let mut memory = defaults
+                .device
+                .reserve(estimate)
+                .map_err(|no_room| ModelLoadError::NoRoom { model: spec.name.to_string(), no_room })?;
             let load_all = move || {
                 let source = match &file {
                     Some(file) => Source::File(file),
                     None => Source::Bytes(&bytes),
                 };
-                load_instances(&*loader, (instances, &warmup), source)
+                measured(|| load_instances(&*loader, (instances, &warmup), source))
             };
             let graphs: Vec<Arc<dyn Graph>> = match tokio::task::spawn_blocking(load_all).await {
-                Ok(Ok(graphs)) => graphs,
-                Ok(Err(err)) => {
+                Ok((Ok(graphs), grown)) => {
+                    memory.resize(grown.max(estimate));
+                    graphs
+                }
+                Ok((Err(err), _)) => {
                     tracing::warn!(model = %spec.name, backend = %backend.kind(), error = %err, "backend cannot load the model; trying the next one");
                     reasons.push(err.to_string());
                     continue;
@@ -338,8 +352,9 @@ impl ModelStore {
                 instances,
                 padding,
             };
+            let footprint = Arc::new(AtomicU64::new(memory.bytes()));
             let residence = Residence {
-                loader: Some(reloader(backend.clone(), spec, model_file.clone())),
+                loader: Some(reloader((backend.clone(), defaults.device.clone(), footprint), spec, model_file.clone())),
                 idle_unload: spec.idle_unload.or(defaults.idle_unload).filter(|idle| !idle.is_zero()),
             };
             let model = Arc::new(
@@ -347,7 +362,7 @@ impl ModelStore {
                     spec.name.as_str(),
                     spec.sha256.clone(),
                     backend.kind(),
-                    (graphs, residence),
+                    (Loaded { graphs, memory: Some(memory) }, residence),
                     settings,
                 )
                 .with_drift(spec.drift.clone())
@@ -430,10 +445,16 @@ fn warm_up(graph: &dyn Graph, batch_sizes: &[usize]) {
 /// upload's blob), checked against the digest it was verified with, so the memory of the
 /// bytes is not held while it is out. The tenant sees why it failed without paths; the log
 /// has the detail.
-fn reloader(backend: Arc<dyn Backend>, spec: &ModelSpec, external_data: Option<std::path::PathBuf>) -> Loader {
+fn reloader(
+    (backend, device, footprint): (Arc<dyn Backend>, Arc<Device>, Arc<AtomicU64>),
+    spec: &ModelSpec,
+    external_data: Option<std::path::PathBuf>,
+) -> Loader {
     let (path, sha256, model) = (spec.path.clone(), spec.sha256.clone(), spec.name.clone());
     let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
     Arc::new(move || {
+        // Room for what it took last time, before anything is read or allocated.
+        let mut memory = device.reserve(footprint.load(Ordering::Relaxed)).map_err(|no_room| no_room.to_string())?;
         let bytes;
         let source = match &external_data {
             Some(file) => Source::File(file),
@@ -449,11 +470,23 @@ fn reloader(backend: Arc<dyn Backend>, spec: &ModelSpec, external_data: Option<s
                 Source::Bytes(&bytes)
             }
         };
-        load_instances(&*backend, (instances, &warmup), source).map_err(|err| {
+        let (graphs, grown) = measured(|| load_instances(&*backend, (instances, &warmup), source));
+        let graphs = graphs.map_err(|err| {
             tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
             format!("{} could not load its weights", backend.kind())
-        })
+        })?;
+        memory.resize(grown.max(memory.bytes()));
+        footprint.store(memory.bytes(), Ordering::Relaxed);
+        Ok(Loaded { graphs, memory: Some(memory) })
     })
+}
+
+/// Run a load and say how much the process's resident memory grew meanwhile (its footprint;
+/// other work in the process may add to it, never take from it).
+fn measured<T>(load: impl FnOnce() -> T) -> (T, u64) {
+    let before = resident_bytes();
+    let loaded = load();
+    (loaded, resident_bytes().saturating_sub(before))
 }
 
 /// The manifest's padding rule, checked against the model: every padded input and cut output

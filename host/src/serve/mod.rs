@@ -16,6 +16,7 @@ pub use crate::state::BodyTimeouts;
 use crate::state::ServingState;
 
 use crate::nn::backend::{self, BackendKind, BackendSettings};
+use crate::nn::device::Device;
 use crate::nn::models::ModelDefaults;
 use crate::registry::Registry;
 use crate::runtime::{Runtime, RuntimeSettings};
@@ -43,6 +44,8 @@ pub struct ServeConfig {
     /// How long a model without calls stays in memory when its manifest does not say;
     /// `None`: for as long as it serves.
     pub idle_unload: Option<Duration>,
+    /// Bytes resident models may hold on the host; `None`: half the machine's memory.
+    pub model_memory: Option<u64>,
     pub backend_threads: usize,
     pub max_instances: u32,
     pub epoch_tick: Duration,
@@ -206,7 +209,10 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let store = crate::registry::store::Store::open(&config.data_dir)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
-    let defaults = ModelDefaults { backend: config.default_backend, idle_unload: config.idle_unload };
+    let budget = config.model_memory.unwrap_or_else(Device::default_cpu_budget);
+    tracing::info!(device = "cpu", budget_mib = budget >> 20, "model memory budget");
+    let defaults =
+        ModelDefaults { backend: config.default_backend, idle_unload: config.idle_unload, device: Device::cpu(budget) };
     let mut state = ServingState::build(registry, runtime, backends, defaults, turns, store, admin_token).await?;
     state.body_timeouts = config.body_timeouts;
     crate::control::apply::restore_control(&state).await.context("restoring the saved control state")?;

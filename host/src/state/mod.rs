@@ -259,7 +259,7 @@ impl ServingState {
         let mut resident = ModelStore::default();
         let mut shared = BTreeMap::new();
         for (name, spec) in registry.shared_models() {
-            let model = resident.load(spec, &backends, model_defaults).await;
+            let model = resident.load(spec, &backends, &model_defaults).await;
             let model = model.with_context(|| format!("shared model {}", spec.path.display()))?;
             // Every tenant may call it by name: no tenant's unload takes it out of memory.
             model.want();
@@ -272,7 +272,7 @@ impl ServingState {
             let mut own = BTreeMap::new();
             for (name, spec) in &tenant.models {
                 let model = resident
-                    .load(spec, &backends, model_defaults)
+                    .load(spec, &backends, &model_defaults)
                     .await
                     .with_context(|| format!("tenant '{}', model {}", tenant.id, spec.path.display()))?;
                 tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");

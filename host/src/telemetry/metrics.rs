@@ -31,6 +31,9 @@ pub mod names {
     pub const COMPUTE_DURATION: &str = "sluice_compute_seconds";
     pub const MODEL_LOAD_DURATION: &str = "sluice_model_load_seconds";
     pub const RESIDENT_MODELS: &str = "sluice_resident_models";
+    pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
+    pub const DEVICE_MEMORY_BUDGET: &str = "sluice_device_memory_budget_bytes";
+    pub const DEVICE_MEMORY_USED: &str = "sluice_device_memory_used_bytes";
     pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
     pub const SLO_BUDGET_REMAINING: &str = "sluice_slo_error_budget_remaining";
     pub const SLO_BURN_RATE: &str = "sluice_slo_burn_rate";
@@ -127,6 +130,9 @@ pub struct Metrics {
     compute: HistogramVec,
     model_load: HistogramVec,
     resident_models: IntGauge,
+    model_memory: IntGaugeVec,
+    device_memory_budget: IntGaugeVec,
+    device_memory_used: IntGaugeVec,
     shadow_comparisons: IntCounterVec,
     slo_budget: GaugeVec,
     slo_burn: GaugeVec,
@@ -145,6 +151,12 @@ fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntC
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let family = GaugeVec::new(Opts::new(name, help), labels).expect("a valid gauge definition");
+    registry.register(Box::new(family.clone())).expect("each metric registered once");
+    family
+}
+
+fn int_gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let family = IntGaugeVec::new(Opts::new(name, help), labels).expect("a valid gauge definition");
     registry.register(Box::new(family.clone())).expect("each metric registered once");
     family
 }
@@ -261,6 +273,24 @@ impl Metrics {
                 &[0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
             ),
             resident_models,
+            model_memory: int_gauge(
+                &registry,
+                MODEL_MEMORY,
+                "Memory of resident model copies, measured at load (at least their weights).",
+                &["model", "backend"],
+            ),
+            device_memory_budget: int_gauge(
+                &registry,
+                DEVICE_MEMORY_BUDGET,
+                "Memory a device gives resident models (--model-memory).",
+                &["device"],
+            ),
+            device_memory_used: int_gauge(
+                &registry,
+                DEVICE_MEMORY_USED,
+                "Memory resident models hold on a device.",
+                &["device"],
+            ),
             shadow_comparisons: counter(
                 &registry,
                 SHADOW_COMPARISONS,
@@ -402,6 +432,20 @@ impl Metrics {
     /// A model made resident.
     pub fn model_loaded(&self, backend: &str, reason: &str, took: Duration) {
         self.model_load.with_label_values(&[backend, reason]).observe(took.as_secs_f64());
+    }
+
+    /// A device's budget (when set) and what resident models hold of it.
+    pub fn device_memory(&self, device: &str, budget: Option<u64>, used: u64) {
+        if let Some(budget) = budget {
+            self.device_memory_budget.with_label_values(&[device]).set(i64::try_from(budget).unwrap_or(i64::MAX));
+        }
+        self.device_memory_used.with_label_values(&[device]).set(i64::try_from(used).unwrap_or(i64::MAX));
+    }
+
+    /// Memory of a model copy coming (`bytes` > 0) or going (< 0); copies of different
+    /// weights may share a name, so the gauge moves by deltas.
+    pub fn model_memory(&self, model: &str, backend: &str, bytes: i64) {
+        self.model_memory.with_label_values(&[model, backend]).add(bytes);
     }
 
     /// A model's execution instances loaded, or dropped (unloaded, or nothing serves it).

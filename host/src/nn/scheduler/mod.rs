@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backend::{BackendError, Graph, Stop};
+use super::device::Reservation;
 use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
 use crate::telemetry::stats::ModelStats;
 use crate::tensor::Tensor;
@@ -80,7 +81,14 @@ struct Job {
 
 /// Loads a model's execution instances (one loaded copy of the graph each) on a blocking
 /// thread; an error says why without naming server paths.
-pub type Loader = Arc<dyn Fn() -> Result<Vec<Arc<dyn Graph>>, String> + Send + Sync>;
+pub type Loader = Arc<dyn Fn() -> Result<Loaded, String> + Send + Sync>;
+
+/// A model's loaded execution instances and the memory they hold of their device's budget
+/// (`None`: outside any budget, as a guest's raw load).
+pub struct Loaded {
+    pub graphs: Vec<Arc<dyn Graph>>,
+    pub memory: Option<Reservation>,
+}
 
 /// Where a model's execution instances are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +180,7 @@ impl ModelQueue {
     pub fn start(
         model: &str,
         backend: &str,
-        (graphs, residence): (Vec<Arc<dyn Graph>>, Residence),
+        (loaded, residence): (Loaded, Residence),
         batchable: bool,
         settings: QueueSettings,
         stats: Arc<ModelStats>,
@@ -185,7 +193,7 @@ impl ModelQueue {
         };
         let (sender, receiver) = mpsc::channel(settings.capacity);
         let (controls, control_receiver) = mpsc::channel(16);
-        let initial = if graphs.is_empty() { Residency::Unloaded } else { Residency::Ready };
+        let initial = if loaded.graphs.is_empty() { Residency::Unloaded } else { Residency::Ready };
         let (residency_sender, residency) = watch::channel(initial);
         let model: Arc<str> = model.into();
         let backlog = Arc::new(Backlog::default());
@@ -198,7 +206,7 @@ impl ModelQueue {
             series: metrics().model_series(ModelLabels { model: &model, backend }),
             backend: backend.into(),
         };
-        let resident = Resident::new(graphs, residence, residency_sender);
+        let resident = Resident::new(loaded, residence, residency_sender, (&execution.model, &execution.backend));
         tokio::spawn(run_queue(execution, resident, policy, receiver, control_receiver));
         Self {
             model,
@@ -319,7 +327,7 @@ struct Resident {
     residence: Residence,
     status: watch::Sender<Residency>,
     /// The load under way, with why and when it began.
-    loading: tokio::task::JoinSet<Result<Vec<Arc<dyn Graph>>, String>>,
+    loading: tokio::task::JoinSet<Result<Loaded, String>>,
     load_started: Option<(LoadReason, std::time::Instant)>,
     /// Answered when the load under way ends.
     load_waiters: Vec<oneshot::Sender<Result<(), String>>>,
@@ -332,10 +340,10 @@ struct Resident {
 }
 
 impl Resident {
-    fn new(graphs: Vec<Arc<dyn Graph>>, residence: Residence, status: watch::Sender<Residency>) -> Self {
+    fn new(loaded: Loaded, residence: Residence, status: watch::Sender<Residency>, labels: (&str, &str)) -> Self {
         Self {
-            gauge: (!graphs.is_empty()).then(ResidentGauge::new),
-            idle: graphs,
+            gauge: (!loaded.graphs.is_empty()).then(|| ResidentGauge::new(labels, loaded.memory)),
+            idle: loaded.graphs,
             residence,
             status,
             loading: tokio::task::JoinSet::new(),
@@ -364,14 +372,14 @@ impl Resident {
     }
 
     /// A load ended: ready, or failed for a while.
-    fn end_load(&mut self, execution: &Execution, result: Result<Vec<Arc<dyn Graph>>, String>) {
+    fn end_load(&mut self, execution: &Execution, result: Result<Loaded, String>) {
         let (reason, started) = self.load_started.take().unwrap_or((LoadReason::Demand, std::time::Instant::now()));
         let outcome = match result {
-            Ok(graphs) if !graphs.is_empty() => {
+            Ok(Loaded { graphs, memory }) if !graphs.is_empty() => {
                 metrics().model_loaded(&execution.backend, reason.label(), started.elapsed());
                 tracing::info!(model = %execution.model, reason = reason.label(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
                 self.idle = graphs;
-                self.gauge = Some(ResidentGauge::new());
+                self.gauge = Some(ResidentGauge::new((&execution.model, &execution.backend), memory));
                 self.failed = None;
                 self.status.send_replace(Residency::Ready);
                 Ok(())
@@ -410,19 +418,27 @@ impl Resident {
     }
 }
 
-/// One count in `sluice_resident_models` for as long as it lives.
-struct ResidentGauge;
+/// One count in `sluice_resident_models`, and the copy's memory in its device's budget and
+/// `sluice_model_memory_bytes`, for as long as it lives.
+struct ResidentGauge {
+    labels: (String, String),
+    memory: Option<Reservation>,
+}
 
 impl ResidentGauge {
-    fn new() -> Self {
+    fn new((model, backend): (&str, &str), memory: Option<Reservation>) -> Self {
         metrics().model_resident(true);
-        Self
+        let bytes = memory.as_ref().map_or(0, Reservation::bytes);
+        metrics().model_memory(model, backend, i64::try_from(bytes).unwrap_or(i64::MAX));
+        Self { labels: (model.to_string(), backend.to_string()), memory }
     }
 }
 
 impl Drop for ResidentGauge {
     fn drop(&mut self) {
         metrics().model_resident(false);
+        let bytes = self.memory.as_ref().map_or(0, Reservation::bytes);
+        metrics().model_memory(&self.labels.0, &self.labels.1, -i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 }
 
@@ -700,7 +716,7 @@ mod tests {
                 return Err("the weights are broken".to_string());
             }
             let graph = Tract::new(&BackendSettings::default()).load(&bytes).map_err(|e| e.to_string())?;
-            Ok(vec![Arc::<dyn Graph>::from(graph)])
+            Ok(Loaded { graphs: vec![Arc::<dyn Graph>::from(graph)], memory: None })
         });
         (loader, loads)
     }
@@ -715,7 +731,8 @@ mod tests {
             padding: None,
         };
         let residence = Residence { loader: Some(loader), idle_unload };
-        ModelQueue::start("digits", "tract", (Vec::new(), residence), true, settings, Arc::default())
+        let unloaded = Loaded { graphs: Vec::new(), memory: None };
+        ModelQueue::start("digits", "tract", (unloaded, residence), true, settings, Arc::default())
     }
 
     fn row() -> NamedTensors {
