@@ -470,6 +470,8 @@ async fn run_queue(
                 Some(Control::Load(reply)) => {
                     resident.unload_wanted = false;
                     if resident.is_loaded() {
+                        // An unload waiting for the model to go idle is called off.
+                        resident.status.send_replace(Residency::Ready);
                         let _ = reply.send(Ok(()));
                     } else if let Some(reason) = resident.refusal(std::time::Instant::now()) {
                         let _ = reply.send(Err(reason.to_string()));
