@@ -1,7 +1,8 @@
 //! The host's own `wasi:nn`: guests' model calls land in [`host`], which resolves names in
 //! the calling tenant's namespace and sends `compute` through the [`scheduler`] to a
-//! [`backend`]. [`models`] keeps the resident models; [`onnx`] reads what files a model would
-//! make an engine open. Tensors are [`crate::tensor`]'s. Imports only the layers below it
+//! [`backend`]. [`models`] keeps the model copies and each tenant's names for them, the
+//! [`scheduler`]'s actors their residency; [`device`] holds the memory budget loads reserve
+//! from; [`onnx`] reads what files a model would make an engine open. Tensors are [`crate::tensor`]'s. Imports only the layers below it
 //! (`oip`, `telemetry`, `registry`, `tensor`): what it needs of the embedder (the CPU turn)
 //! comes through [`host::CpuTurn`].
 
