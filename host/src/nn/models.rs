@@ -629,20 +629,21 @@ impl TenantModels {
         self.own_models().iter().map(|(name, binding)| (name.clone(), state(binding))).collect()
     }
 
+    /// Change one of the tenant's own names under the write lock.
+    fn change_binding<T>(&self, name: &str, change: impl FnOnce(&mut Binding) -> T) -> Result<T, RepositoryError> {
+        let mut own = self.own_models_mut();
+        let binding = own.iter_mut().find(|(n, _)| n.as_str() == name).map(|(_, binding)| binding);
+        binding.map(change).ok_or_else(|| RepositoryError::NotFound(name.to_string()))
+    }
+
     /// Stop serving one of the tenant's own models; its copy leaves memory once no name of
     /// any tenant wants it and nothing runs or waits on it. Unloading twice is no error.
     pub async fn unload(&self, name: &str) -> Result<(), RepositoryError> {
-        let released = {
-            let mut own = self.own_models_mut();
-            let binding = own
-                .iter_mut()
-                .find(|(n, _)| n.as_str() == name)
-                .map(|(_, b)| b)
-                .ok_or_else(|| RepositoryError::NotFound(name.to_string()))?;
+        let released = self.change_binding(name, |binding| {
             let released = (!binding.unloaded).then(|| binding.model.clone());
             binding.unloaded = true;
             released
-        };
+        })?;
         if let Some(model) = released {
             model.unwant().await;
         }
@@ -652,19 +653,13 @@ impl TenantModels {
     /// Serve one of the tenant's own models again (or still) and make it resident; returns
     /// once it is ready.
     pub async fn load(&self, name: &str) -> Result<(), RepositoryError> {
-        let model = {
-            let mut own = self.own_models_mut();
-            let binding = own
-                .iter_mut()
-                .find(|(n, _)| n.as_str() == name)
-                .map(|(_, b)| b)
-                .ok_or_else(|| RepositoryError::NotFound(name.to_string()))?;
+        let model = self.change_binding(name, |binding| {
             if binding.unloaded {
                 binding.unloaded = false;
                 binding.model.want();
             }
             binding.model.clone()
-        };
+        })?;
         let _one_at_a_time = self.loads.lock().await;
         model.queue.load().await.map_err(|reason| RepositoryError::LoadFailed { model: name.to_string(), reason })
     }

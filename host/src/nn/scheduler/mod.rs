@@ -543,8 +543,10 @@ async fn run_queue(
             });
         }
         let rows = state.rows();
-        execution.series.queue_depth.add(rows as i64 - depth as i64);
-        depth = rows;
+        if rows != depth {
+            execution.series.queue_depth.add(rows as i64 - depth as i64);
+            depth = rows;
+        }
         let busy = !running.is_empty() || !state.is_empty();
         if resident.unload_wanted && resident.is_loaded() {
             if busy {
