@@ -1,6 +1,8 @@
 //! Model lifecycle: Triton's repository extension (index, load, unload) scoped to the
-//! caller's tenant over HTTP and gRPC, readiness that follows it, and models that leave
-//! memory when idle and come back on the next request, a burst of them loading it once.
+//! caller's tenant over HTTP and gRPC, readiness that follows it, models that leave memory
+//! when idle and come back on the next request (a burst of them loading it once), and a
+//! memory budget that evicts the least recently used idle model to make room, never a busy
+//! or pinned one.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +11,7 @@ use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServic
 use sluice::api::grpc::proto::*;
 use tonic::Code;
 
+use crate::onnx;
 use crate::support::*;
 
 const ACME: &str = "lifecycle-acme";
@@ -287,12 +290,15 @@ async fn models_are_held_to_the_memory_budget() {
     assert!(model >= weights, "at least its weights: {model}");
     assert_eq!(metric(&server, "sluice_device_memory_used_bytes{device=\"cpu\"}").await, model);
 
-    // Weights larger than what is left are refused before anything is loaded, saying why.
+    // Weights larger than the whole budget are refused before anything is loaded or evicted.
     let magika = std::fs::read(magika_model()).expect("magika");
     let (code, body) = server.send(reqwest::Method::PUT, "/control/v1/models/magika", ACME, magika).await;
-    assert_eq!(code, 503, "{body}");
-    assert!(error_message(&body).contains("the cpu model memory budget is full"), "{body}");
-    assert!(error_message(&body).contains("of the 2 MiB budget"), "{body}");
+    assert_eq!(code, 413, "{body}");
+    assert!(
+        error_message(&body).contains("needs 3.0 MiB, more than the whole 2 MiB cpu model memory budget"),
+        "{body}"
+    );
+    assert_eq!(metric(&server, "sluice_model_evictions_total").await, 0.0, "nothing left for it");
     let (code, _) = server.infer("digits-mlp", ACME, &row()).await;
     assert_eq!(code, 200, "what is resident keeps serving");
 
@@ -301,7 +307,133 @@ async fn models_are_held_to_the_memory_budget() {
     big.write("acme.toml", &(tenant_header("acme", ACME, "") + &model_entry("magika", &magika_model(), None)));
     let data = tempfile::tempdir().expect("tmp");
     let log = Server::start_in(big.path(), data.path(), &["--model-memory", "cpu=1MiB"]).err().expect("refused");
-    assert!(plain(&log).contains("the cpu model memory budget is full"), "{log}");
+    assert!(plain(&log).contains("more than the whole 1 MiB cpu model memory budget"), "{log}");
     let log = Server::start_in(big.path(), data.path(), &["--model-memory", "gpu=1GiB"]).err().expect("refused");
     assert!(log.contains("cpu=SIZE"), "{log}");
+}
+
+/// Weights of each lookup model: 4 Mi floats (16 MiB).
+const LOOKUP_WEIGHTS: usize = 4 << 20;
+
+/// Room for two lookup models, not three.
+const BUDGET_FOR_TWO: &str = "cpu=44MiB";
+
+/// Write each model beside the manifest; its manifest entry, with `extra` lines in its table.
+fn entries(tenants: &Tenants, models: &[(&str, Vec<u8>, &str)]) -> String {
+    models
+        .iter()
+        .map(|(name, bytes, extra)| {
+            let path = tenants.path().join(format!("{name}.onnx"));
+            std::fs::write(&path, bytes).expect("writing a model");
+            model_entry(name, &path, None) + extra
+        })
+        .collect()
+}
+
+fn lookup_request() -> Value {
+    json!({ "inputs": [{ "name": "i", "shape": [1], "datatype": "INT64", "data": [0] }] })
+}
+
+/// Ask model `name` for its first weight; the answer says which model served.
+async fn lookup(server: &Server, name: &str) -> f32 {
+    let (code, body) = server.infer(name, ACME, &lookup_request()).await;
+    assert_eq!(code, 200, "{name}: {body}");
+    f32s(&output(&body, "y")["data"])[0]
+}
+
+async fn evictions(server: &Server, model: &str) -> f64 {
+    metric(server, &format!("sluice_model_evictions_total{{backend=\"onnxruntime\",model=\"{model}\"}}")).await
+}
+
+#[tokio::test]
+async fn three_models_over_a_budget_for_two_take_turns_and_every_request_succeeds() {
+    for pinned in [false, true] {
+        let tenants = Tenants::new();
+        let models: Vec<(String, Vec<u8>, &str)> = (0..3)
+            .map(|i| {
+                let extra = if pinned && i == 0 { "resident = \"always\"\n" } else { "" };
+                (format!("m{i}"), onnx::weights_lookup(i as f32 + 1.0, LOOKUP_WEIGHTS), extra)
+            })
+            .collect();
+        let models: Vec<(&str, Vec<u8>, &str)> = models.iter().map(|(n, b, e)| (n.as_str(), b.clone(), *e)).collect();
+        tenants.write("acme.toml", &(tenant_header("acme", ACME, "") + &entries(&tenants, &models)));
+        if pinned {
+            // A pinned model never unloads, so an idle TTL beside it is a mistake, said at start.
+            let contradiction = Tenants::new();
+            let mut acme = tenant_header("acme", ACME, "") + &entries(&contradiction, &models[..1]);
+            acme += "idle_unload_s = 5\n";
+            contradiction.write("acme.toml", &acme);
+            let data = tempfile::tempdir().expect("tmp");
+            let log = Server::start_in(contradiction.path(), data.path(), &[]).err().expect("refused");
+            assert!(log.contains("resident = \"always\" never unloads; drop idle_unload_s"), "{log}");
+        }
+        let server = Server::start(tenants.path(), &["--model-memory", BUDGET_FOR_TWO]);
+        // The third model made room at start: two are resident.
+        resident_becomes(&server, 2.0).await;
+        for round in 0..4 {
+            for (i, model) in ["m0", "m1", "m2"].into_iter().enumerate() {
+                assert_eq!(lookup(&server, model).await, i as f32 + 1.0, "round {round}: {model} answered");
+            }
+        }
+        let budget = metric(&server, "sluice_device_memory_budget_bytes{device=\"cpu\"}").await;
+        assert!(metric(&server, "sluice_device_memory_used_bytes{device=\"cpu\"}").await <= budget);
+        resident_becomes(&server, 2.0).await;
+        let evicted = [evictions(&server, "m0").await, evictions(&server, "m1").await, evictions(&server, "m2").await];
+        if pinned {
+            // m0 stays; m1 and m2 take turns in the room left: one eviction at start, then
+            // two a round.
+            assert_eq!(evicted, [0.0, 5.0, 4.0], "evictions of m0, m1, m2");
+        } else {
+            // Round robin over three in room for two: every request evicts the least
+            // recently used (m0 at start, then each in turn).
+            assert_eq!(evicted, [5.0, 4.0, 4.0], "evictions of m0, m1, m2");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_batch_in_flight_survives_an_eviction_attempt() {
+    let tenants = Tenants::new();
+    let slow = onnx::slow_weights_lookup(1.0, LOOKUP_WEIGHTS, 512, 400);
+    let models = [
+        ("a", slow, "[models.a.warmup]\nbatch_sizes = []\n"),
+        ("b", onnx::weights_lookup(2.0, LOOKUP_WEIGHTS), ""),
+        ("c", onnx::weights_lookup(3.0, LOOKUP_WEIGHTS), ""),
+    ];
+    let quotas = "guest_deadline_ms = 120000";
+    tenants.write("acme.toml", &(tenant_header("acme", ACME, quotas) + &entries(&tenants, &models)));
+    let server = Server::start(tenants.path(), &["--model-memory", BUDGET_FOR_TWO]);
+    assert_eq!(evictions(&server, "a").await, 1.0, "c made room at start");
+
+    // Manifest models load in name order, so c evicted a at start. a, slow, loads on demand
+    // (evicting b) and computes for seconds.
+    let request = json!({ "inputs": [
+        { "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] },
+        { "name": "i", "shape": [1], "datatype": "INT64", "data": [0] },
+    ] });
+    let (base, started) = (server.base.clone(), Instant::now());
+    let in_flight = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(format!("{base}/v2/models/a/infer"))
+            .bearer_auth(ACME)
+            .json(&request)
+            .send()
+            .await
+            .expect("the slow request");
+        (response.status().as_u16(), response.json::<Value>().await.expect("json"))
+    });
+    while !plain(&server.log()).contains("model loaded model=a") {
+        assert!(started.elapsed() < Duration::from_secs(30), "a never loaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // c is used after a's batch began, so a is the least recently used when b needs room:
+    // busy, it stays, and c leaves instead.
+    assert_eq!(lookup(&server, "c").await, 3.0);
+    assert_eq!(lookup(&server, "b").await, 2.0);
+    assert!(!in_flight.is_finished(), "the slow batch ran while b made room ({:?})", started.elapsed());
+    let (code, body) = in_flight.await.expect("the slow request's task");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(f32s(&output(&body, "y")["data"]), [1.0]);
+    assert_eq!(evictions(&server, "a").await, 1.0, "never evicted while its batch ran");
+    assert_eq!(evictions(&server, "c").await, 1.0);
 }

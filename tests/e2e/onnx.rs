@@ -274,3 +274,40 @@ pub fn passes_through() -> Vec<u8> {
         output: vec![value("y", FLOAT, &[Some(4)])],
     })
 }
+
+/// `y` = `w[i]` (FP32 [1]) for `i` (INT64 [1]), where `w` is `len` weights all equal to `fill`:
+/// a model whose weights stay in memory (every answer reads them), and whose answer says
+/// which of several such models served it.
+pub fn weights_lookup(fill: f32, len: usize) -> Vec<u8> {
+    model(GraphProto {
+        node: vec![lookup_node()],
+        name: "lookup".into(),
+        initializer: vec![lookup_weights(fill, len)],
+        input: vec![value("i", INT64, &[Some(1)])],
+        output: vec![value("y", FLOAT, &[Some(1)])],
+    })
+}
+
+/// [`weights_lookup`] that also computes for a long time, as [`slow_compute`] does: inputs
+/// `x` (FP32 [1, 1]) and `i`, outputs `sum` and `y`.
+pub fn slow_weights_lookup(fill: f32, len: usize, size: i64, steps: usize) -> Vec<u8> {
+    let slow =
+        ModelProto::decode(slow_compute(size, steps).as_slice()).expect("the slow model").graph.expect("a graph");
+    let mut node = slow.node;
+    node.push(lookup_node());
+    model(GraphProto {
+        node,
+        name: "slow-lookup".into(),
+        initializer: [slow.initializer, vec![lookup_weights(fill, len)]].concat(),
+        input: [slow.input, vec![value("i", INT64, &[Some(1)])]].concat(),
+        output: [slow.output, vec![value("y", FLOAT, &[Some(1)])]].concat(),
+    })
+}
+
+fn lookup_node() -> NodeProto {
+    node("Gather", &["w", "i"], &["y"], vec![int_attribute("axis", 0)])
+}
+
+fn lookup_weights(fill: f32, len: usize) -> TensorProto {
+    tensor("w", FLOAT, &[len as i64], fill.to_le_bytes().repeat(len))
+}

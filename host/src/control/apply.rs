@@ -224,8 +224,12 @@ async fn load_model(
         origin: ModelOrigin::Upload,
         idle_unload: None,
         warmup: Warmup::default().batch_sizes,
+        // Only the operator pins: an upload that could never leave memory would let one
+        // tenant hold the budget every other one loads into.
+        pinned: false,
     };
     state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await.map_err(|e| match e {
+        ModelLoadError::NoRoom { ref no_room, .. } if no_room.never_fits() => ControlError::TooLarge(e.to_string()),
         ModelLoadError::NoRoom { .. } => ControlError::Unavailable(e.to_string()),
         e => ControlError::Invalid(format!("not a usable model: {e}")),
     })

@@ -15,6 +15,9 @@ pub enum ControlError {
     /// The server cannot take it now (the model memory budget is full).
     #[error("{0}")]
     Unavailable(String),
+    /// The upload can never be served here (a model larger than the whole memory budget).
+    #[error("{0}")]
+    TooLarge(String),
     /// The tenant is at one of its storage quotas.
     #[error("{0}")]
     StorageQuota(String),

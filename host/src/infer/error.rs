@@ -170,6 +170,7 @@ impl From<ComputeError> for ApiError {
             ComputeError::LoadFailed { .. } => {
                 return Self::new(ErrorKind::Unavailable, error.to_string()).with_retry_after(LOAD_RETRY);
             }
+            ComputeError::NoRoom { .. } => ErrorKind::Unavailable,
             ComputeError::CircuitOpen { retry_ms, .. } => {
                 let wait = std::time::Duration::from_millis(*retry_ms);
                 return Self::new(ErrorKind::Overloaded, error.to_string()).with_retry_after(wait);
@@ -186,6 +187,7 @@ impl From<RepositoryError> for ApiError {
             RepositoryError::LoadFailed { .. } => {
                 ApiError::new(ErrorKind::Unavailable, error.to_string()).with_retry_after(LOAD_RETRY)
             }
+            RepositoryError::NoRoom { .. } => ApiError::new(ErrorKind::Unavailable, error.to_string()),
         }
     }
 }
@@ -216,6 +218,7 @@ impl From<ControlError> for ApiError {
             ControlError::Conflict(_) => ErrorKind::Conflict,
             ControlError::StorageQuota(_) => ErrorKind::StorageQuota,
             ControlError::Unavailable(_) => ErrorKind::Unavailable,
+            ControlError::TooLarge(_) => ErrorKind::PayloadTooLarge,
             ControlError::Internal(_) => ErrorKind::Internal,
         };
         Self::new(kind, error.to_string())

@@ -1,39 +1,94 @@
 //! Where models run and the memory each place gives them: for now the host (`cpu`), with a
 //! budget for resident models' memory (`--model-memory cpu=SIZE`, by default half the
 //! machine's). A load reserves its footprint before it starts and holds it while the model
-//! is resident, so models never take more of the machine than the operator allowed.
+//! is resident, so models never take more of the machine than the operator allowed. When a
+//! load finds no room, the least recently used idle model leaves memory to make it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Instant;
 
 use crate::telemetry::metrics::metrics;
 
 /// A place models run, with the memory budget of their resident copies.
-#[derive(Debug)]
 pub struct Device {
     name: &'static str,
     budget: u64,
     used: AtomicU64,
+    /// Resident models that may leave memory to make room for another (not pinned ones).
+    evictable: Mutex<Vec<Weak<dyn Evictable>>>,
+    /// One load making room at a time, so two never evict for the same free bytes.
+    making_room: Mutex<()>,
 }
 
-/// A load that does not fit in what is left of the budget.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error(
-    "the {device} model memory budget is full: the model needs {needed_mib} MiB and {free_mib} MiB of the \
-     {budget_mib} MiB budget are free"
-)]
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("name", &self.name).field("budget", &self.budget).finish_non_exhaustive()
+    }
+}
+
+/// A model the device may ask to leave memory so that another fits.
+pub trait Evictable: Send + Sync {
+    /// When it last served, while it holds memory of the budget; `None` while it holds none.
+    fn last_used(&self) -> Option<Instant>;
+    /// Leave memory now unless a batch runs on it or jobs wait for it; whether it left (its
+    /// memory is back in the budget by then). Blocks: call it from a blocking thread.
+    fn evict(&self) -> bool;
+}
+
+/// A load that does not fit in what is left of the budget, or in the whole of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NoRoom {
     pub device: &'static str,
-    pub needed_mib: u64,
-    pub free_mib: u64,
-    pub budget_mib: u64,
+    pub needed: u64,
+    pub free: u64,
+    pub budget: u64,
+}
+
+impl NoRoom {
+    /// The model needs more than the whole budget: no eviction makes it fit.
+    pub fn never_fits(&self) -> bool {
+        self.needed > self.budget
+    }
+}
+
+impl std::fmt::Display for NoRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (device, needed, budget) = (self.device, mib(self.needed), mib(self.budget));
+        if self.never_fits() {
+            write!(f, "the model needs {needed} MiB, more than the whole {budget} MiB {device} model memory budget")
+        } else {
+            let free = mib(self.free);
+            write!(
+                f,
+                "the {device} model memory budget is full: the model needs {needed} MiB and {free} MiB of the \
+                 {budget} MiB budget are free (every other resident model is busy or pinned)"
+            )
+        }
+    }
+}
+
+impl std::error::Error for NoRoom {}
+
+/// Bytes in MiB for a message: whole, or to one decimal.
+fn mib(bytes: u64) -> String {
+    match bytes % (1 << 20) {
+        0 => (bytes >> 20).to_string(),
+        _ => format!("{:.1}", bytes as f64 / f64::from(1 << 20)),
+    }
 }
 
 impl Device {
     /// The host, with `budget` bytes for resident models.
     pub fn cpu(budget: u64) -> Arc<Self> {
         metrics().device_memory("cpu", Some(budget), 0);
-        Arc::new(Self { name: "cpu", budget, used: AtomicU64::new(0) })
+        Arc::new(Self {
+            name: "cpu",
+            budget,
+            used: AtomicU64::new(0),
+            evictable: Mutex::new(Vec::new()),
+            making_room: Mutex::new(()),
+        })
     }
 
     /// Half the machine's memory (8 GiB where /proc/meminfo cannot be read).
@@ -71,14 +126,47 @@ impl Device {
         }
     }
 
-    fn no_room(&self, needed: u64, used: u64) -> NoRoom {
-        let mib = |bytes: u64| bytes.div_ceil(1 << 20);
-        NoRoom {
-            device: self.name,
-            needed_mib: mib(needed),
-            free_mib: self.budget.saturating_sub(used) >> 20,
-            budget_mib: self.budget >> 20,
+    /// [`Device::reserve`], making room first if needed: the least recently used evictable
+    /// model leaves memory, then the next, until the load fits or every one left is busy.
+    /// Blocks while models answer: call it from a blocking thread.
+    pub fn reserve_evicting(self: &Arc<Self>, bytes: u64) -> Result<Reservation, NoRoom> {
+        match self.reserve(bytes) {
+            Err(no_room) if !no_room.never_fits() => {}
+            fitted => return fitted,
         }
+        let _one_at_a_time = self.making_room.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let no_room = match self.reserve(bytes) {
+                Ok(reservation) => return Ok(reservation),
+                Err(no_room) => no_room,
+            };
+            let mut candidates: Vec<(Instant, Arc<dyn Evictable>)> = {
+                let mut evictable = self.evictable.lock().unwrap_or_else(PoisonError::into_inner);
+                evictable.retain(|model| model.strong_count() > 0);
+                evictable.iter().filter_map(Weak::upgrade).filter_map(|m| Some((m.last_used()?, m))).collect()
+            };
+            candidates.sort_by_key(|(last_used, _)| *last_used);
+            if !candidates.iter().any(|(_, model)| model.evict()) {
+                return Err(no_room);
+            }
+        }
+    }
+
+    /// Refuse a footprint larger than the whole budget (it could never be loaded again).
+    pub fn fits_at_all(&self, bytes: u64) -> Result<(), NoRoom> {
+        let no_room = self.no_room(bytes, self.used());
+        if no_room.never_fits() { Err(no_room) } else { Ok(()) }
+    }
+
+    /// Let a resident model be asked to leave memory for others (for as long as it lives).
+    pub fn register(&self, model: Weak<dyn Evictable>) {
+        let mut evictable = self.evictable.lock().unwrap_or_else(PoisonError::into_inner);
+        evictable.retain(|model| model.strong_count() > 0);
+        evictable.push(model);
+    }
+
+    fn no_room(&self, needed: u64, used: u64) -> NoRoom {
+        NoRoom { device: self.name, needed, free: self.budget.saturating_sub(used), budget: self.budget }
     }
 
     fn publish(&self) {
@@ -118,12 +206,31 @@ impl Drop for Reservation {
     }
 }
 
-/// The process's resident memory now (0 where /proc cannot be read).
+/// The process's anonymous resident memory now, after handing the allocator's free memory
+/// back to the system: what live allocations hold, without the pages of libraries an engine
+/// touches for the first time nor buffers a load freed (0 where /proc cannot be read).
 pub fn resident_bytes() -> u64 {
+    trim_heap();
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
-    let line = status.lines().find(|line| line.starts_with("VmRSS:")).unwrap_or_default();
-    line.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()).unwrap_or(0) * 1024
+    let kib = |field: &str| {
+        let line = status.lines().find(|line| line.starts_with(field))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+    };
+    kib("RssAnon:").or_else(|| kib("VmRSS:")).unwrap_or(0) * 1024
 }
+
+/// Give glibc's free heap memory back to the system, so what is resident is what is live.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // malloc_trim(3): a plain libc call with no pointers
+fn trim_heap() {
+    // SAFETY: malloc_trim takes a size and touches only the allocator's free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_heap() {}
 
 #[cfg(test)]
 mod tests {
@@ -134,13 +241,58 @@ mod tests {
         let device = Device::cpu(10 << 20);
         let first = device.reserve(6 << 20).expect("fits");
         let refused = device.reserve(6 << 20).expect_err("does not fit");
-        assert_eq!((refused.needed_mib, refused.free_mib, refused.budget_mib), (6, 4, 10));
+        assert_eq!((refused.needed, refused.free, refused.budget), (6 << 20, 4 << 20, 10 << 20));
         assert!(refused.to_string().contains("needs 6 MiB and 4 MiB of the 10 MiB budget are free"), "{refused}");
+        let never = device.reserve(11 << 20).expect_err("larger than the budget");
+        assert!(never.never_fits() && !refused.never_fits());
+        assert!(never.to_string().contains("needs 11 MiB, more than the whole 10 MiB cpu model memory budget"));
         let mut second = device.reserve(4 << 20).expect("the rest fits");
         second.resize(5 << 20);
         assert_eq!(device.used(), 11 << 20, "a measured footprint may pass the budget");
         drop(first);
         drop(second);
         assert_eq!(device.used(), 0);
+    }
+
+    /// A resident model as the device sees it: its reservation, when it last served, and
+    /// whether a batch runs on it.
+    struct Model {
+        memory: Mutex<Option<Reservation>>,
+        last_used: Instant,
+        busy: bool,
+    }
+
+    impl Evictable for Model {
+        fn last_used(&self) -> Option<Instant> {
+            self.memory.lock().expect("unpoisoned").as_ref().map(|_| self.last_used)
+        }
+
+        fn evict(&self) -> bool {
+            !self.busy && self.memory.lock().expect("unpoisoned").take().is_some()
+        }
+    }
+
+    #[test]
+    fn a_load_without_room_evicts_the_least_recently_used_idle_model() {
+        let device = Device::cpu(30 << 20);
+        let start = Instant::now();
+        let resident = |age_s: u64, busy| {
+            let memory = Mutex::new(Some(device.reserve(10 << 20).expect("fits")));
+            let model = Arc::new(Model { memory, last_used: start - std::time::Duration::from_secs(age_s), busy });
+            device.register(Arc::downgrade(&model) as Weak<dyn Evictable>);
+            model
+        };
+        // The oldest is busy: the next oldest leaves, the newest stays.
+        let (busy_oldest, older, newest) = (resident(30, true), resident(20, false), resident(10, false));
+        let reservation = device.reserve_evicting(10 << 20).expect("room made");
+        assert!(older.last_used().is_none(), "the least recently used idle model left");
+        assert!(busy_oldest.last_used().is_some() && newest.last_used().is_some());
+        // Two more needed: only one idle model is left to give them, so nothing more leaves.
+        let refused = device.reserve_evicting(20 << 20).expect_err("every other model is busy");
+        assert!(refused.to_string().contains("every other resident model is busy or pinned"), "{refused}");
+        assert!(busy_oldest.last_used().is_some(), "a busy model never leaves");
+        let never = device.reserve_evicting(31 << 20).expect_err("more than the budget");
+        assert!(never.never_fits());
+        drop(reservation);
     }
 }

@@ -424,6 +424,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                         | ComputeError::TooLate { .. }
                         | ComputeError::CircuitOpen { .. }
                         | ComputeError::LoadFailed { .. }
+                        | ComputeError::NoRoom { .. }
                 ) {
                     self.ctx.queue_failure = Some(err.clone());
                 }
@@ -436,6 +437,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     | ComputeError::Backend { .. }
                     | ComputeError::Stopped { .. }
                     | ComputeError::LoadFailed { .. }
+                    | ComputeError::NoRoom { .. }
                     | ComputeError::CircuitOpen { .. } => errors::ErrorCode::RuntimeError,
                 };
                 let message = match err {

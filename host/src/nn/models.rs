@@ -18,7 +18,8 @@ use super::device::{Device, NoRoom, resident_bytes};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{
-    ComputeError, LoadReason, Loaded, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency, Share,
+    ComputeError, LoadError, LoadReason, Loaded, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency,
+    Share,
 };
 use crate::registry::ids::ModelName;
 use crate::registry::manifest::{BreakerSettings, Drift, Padding};
@@ -306,25 +307,28 @@ impl ModelStore {
             let started = Instant::now();
             let (bytes, file, loader) = (spec.bytes.clone(), model_file.clone(), backend.clone());
             let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
-            // Room for at least the weights of each instance before anything is allocated.
+            // Room for at least the weights of each instance before anything is allocated,
+            // made by evicting idle models if need be (which waits on them: a blocking thread).
             let estimate = spec.bytes.len() as u64 * instances as u64;
-            let mut memory = defaults
-                .device
-                .reserve(estimate)
-                .map_err(|no_room| ModelLoadError::NoRoom { model: spec.name.to_string(), no_room })?;
+            let device = defaults.device.clone();
+            let no_room = |no_room| ModelLoadError::NoRoom { model: spec.name.to_string(), no_room };
             let load_all = move || {
+                let memory = device.reserve_evicting(estimate)?;
                 let source = match &file {
                     Some(file) => Source::File(file),
                     None => Source::Bytes(&bytes),
                 };
-                measured(|| load_instances(&*loader, (instances, &warmup), source))
+                Ok((memory, measured(|| load_instances(&*loader, (instances, &warmup), source))))
             };
-            let graphs: Vec<Arc<dyn Graph>> = match tokio::task::spawn_blocking(load_all).await {
-                Ok((Ok(graphs), grown)) => {
+            let (memory, graphs) = match tokio::task::spawn_blocking(load_all).await {
+                Ok(Err(refused)) => return Err(no_room(refused)),
+                Ok(Ok((mut memory, (Ok(graphs), grown)))) => {
                     memory.resize(grown.max(estimate));
-                    graphs
+                    // What it took can never fit again after it leaves memory: refuse it now.
+                    defaults.device.fits_at_all(memory.bytes()).map_err(no_room)?;
+                    (memory, graphs)
                 }
-                Ok((Err(err), _)) => {
+                Ok(Ok((_, (Err(err), _)))) => {
                     tracing::warn!(model = %spec.name, backend = %backend.kind(), error = %err, "backend cannot load the model; trying the next one");
                     reasons.push(err.to_string());
                     continue;
@@ -355,7 +359,8 @@ impl ModelStore {
             let footprint = Arc::new(AtomicU64::new(memory.bytes()));
             let residence = Residence {
                 loader: Some(reloader((backend.clone(), defaults.device.clone(), footprint), spec, model_file.clone())),
-                idle_unload: spec.idle_unload.or(defaults.idle_unload).filter(|idle| !idle.is_zero()),
+                idle_unload: spec.idle_unload.or(defaults.idle_unload).filter(|idle| !idle.is_zero() && !spec.pinned),
+                evictable_from: (!spec.pinned).then(|| defaults.device.clone()),
             };
             let model = Arc::new(
                 ModelCopy::start(
@@ -454,18 +459,23 @@ fn reloader(
     let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
     Arc::new(move || {
         // Room for what it took last time, before anything is read or allocated.
-        let mut memory = device.reserve(footprint.load(Ordering::Relaxed)).map_err(|no_room| no_room.to_string())?;
+        let mut memory = device.reserve_evicting(footprint.load(Ordering::Relaxed)).map_err(|no_room| match no_room
+            .never_fits()
+        {
+            true => LoadError::Failed(no_room.to_string()),
+            false => LoadError::NoRoom(no_room.to_string()),
+        })?;
         let bytes;
         let source = match &external_data {
             Some(file) => Source::File(file),
             None => {
                 bytes = std::fs::read(&path).map_err(|err| {
                     tracing::warn!(model = %model, error = %err, "the weights of a model that left memory cannot be read");
-                    "its weights can no longer be read".to_string()
+                    LoadError::Failed("its weights can no longer be read".to_string())
                 })?;
                 if hex::encode(sha2::Sha256::digest(&bytes)) != sha256 {
                     tracing::error!(model = %model, "the weights on disk differ from the ones verified; not loading them");
-                    return Err("its weights changed on disk since they were verified".to_string());
+                    return Err(LoadError::Failed("its weights changed on disk since they were verified".to_string()));
                 }
                 Source::Bytes(&bytes)
             }
@@ -473,7 +483,7 @@ fn reloader(
         let (graphs, grown) = measured(|| load_instances(&*backend, (instances, &warmup), source));
         let graphs = graphs.map_err(|err| {
             tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
-            format!("{} could not load its weights", backend.kind())
+            LoadError::Failed(format!("{} could not load its weights", backend.kind()))
         })?;
         memory.resize(grown.max(memory.bytes()));
         footprint.store(memory.bytes(), Ordering::Relaxed);
@@ -561,6 +571,8 @@ pub enum RepositoryError {
     NotFound(String),
     #[error("model '{model}' could not be loaded: {reason}")]
     LoadFailed { model: String, reason: String },
+    #[error("model '{model}' could not be loaded now: {reason}")]
+    NoRoom { model: String, reason: String },
 }
 
 impl TenantModels {
@@ -661,7 +673,10 @@ impl TenantModels {
             binding.model.clone()
         })?;
         let _one_at_a_time = self.loads.lock().await;
-        model.queue.load().await.map_err(|reason| RepositoryError::LoadFailed { model: name.to_string(), reason })
+        model.queue.load().await.map_err(|error| match error {
+            LoadError::NoRoom(reason) => RepositoryError::NoRoom { model: name.to_string(), reason },
+            LoadError::Failed(reason) => RepositoryError::LoadFailed { model: name.to_string(), reason },
+        })
     }
 
     /// Take a model out (a deletion, or an upload whose state could not be saved).

@@ -157,6 +157,20 @@ pub struct ModelManifest {
     pub idle_unload_s: Option<u64>,
     #[serde(default)]
     pub warmup: Warmup,
+    /// `"always"`: pinned, never evicted to make room nor unloaded when idle (a tenant's
+    /// explicit unload still applies). Default `"auto"`.
+    #[serde(default)]
+    pub resident: Resident,
+}
+
+/// Whether a model may leave memory on its own.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Resident {
+    /// Leaves when idle past its `idle_unload_s`, or to make room for another model.
+    #[default]
+    Auto,
+    Always,
 }
 
 /// `[models.X.warmup]`: each loaded instance runs once per batch size on zeros shaped by its

@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use ids::{AppName, ModelName, TenantId, VersionName};
 use manifest::{
-    Analysis, AppManifest, Batching, BreakerSettings, Drift, ModelManifest, PlatformManifest, Quotas, SCHEMA_VERSION,
-    SloManifest, TenantManifest, TensorMetadata,
+    Analysis, AppManifest, Batching, BreakerSettings, Drift, ModelManifest, PlatformManifest, Quotas, Resident,
+    SCHEMA_VERSION, SloManifest, TenantManifest, TensorMetadata,
 };
 
 use crate::registry::manifest::BackendKind;
@@ -54,6 +54,8 @@ pub struct ModelSpec {
     pub idle_unload: Option<std::time::Duration>,
     /// Batch sizes each loaded instance runs once on zeros before it serves.
     pub warmup: Vec<usize>,
+    /// Never evicted nor unloaded for being idle (the operator's `resident = "always"`).
+    pub pinned: bool,
 }
 
 /// Who supplied a model's weights, which decides whether they may name other files.
@@ -251,6 +253,13 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
             ),
         });
     }
+    let pinned = model.resident == Resident::Always;
+    if pinned && model.idle_unload_s.is_some_and(|idle| idle > 0) {
+        return Err(RegistryError::Invalid {
+            path: manifest.to_path_buf(),
+            message: format!("model '{name}': resident = \"always\" never unloads; drop idle_unload_s"),
+        });
+    }
     if !model.drift.is_valid() {
         return Err(RegistryError::Invalid {
             path: manifest.to_path_buf(),
@@ -272,6 +281,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         origin: ModelOrigin::Manifest,
         idle_unload: model.idle_unload_s.map(std::time::Duration::from_secs),
         warmup: model.warmup.batch_sizes,
+        pinned,
     })
 }
 

@@ -32,6 +32,7 @@ pub mod names {
     pub const MODEL_LOAD_DURATION: &str = "sluice_model_load_seconds";
     pub const RESIDENT_MODELS: &str = "sluice_resident_models";
     pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
+    pub const MODEL_EVICTIONS: &str = "sluice_model_evictions_total";
     pub const DEVICE_MEMORY_BUDGET: &str = "sluice_device_memory_budget_bytes";
     pub const DEVICE_MEMORY_USED: &str = "sluice_device_memory_used_bytes";
     pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
@@ -95,6 +96,8 @@ pub struct ModelSeries {
     pub queue_depth: IntGauge,
     pub batch_rows: Histogram,
     pub compute: Histogram,
+    /// Times the model left memory to make room for another.
+    pub evictions: IntCounter,
 }
 
 /// How mirrored requests of one shadow version ended.
@@ -131,6 +134,7 @@ pub struct Metrics {
     model_load: HistogramVec,
     resident_models: IntGauge,
     model_memory: IntGaugeVec,
+    model_evictions: IntCounterVec,
     device_memory_budget: IntGaugeVec,
     device_memory_used: IntGaugeVec,
     shadow_comparisons: IntCounterVec,
@@ -279,6 +283,12 @@ impl Metrics {
                 "Memory of resident model copies, measured at load (at least their weights).",
                 &["model", "backend"],
             ),
+            model_evictions: counter(
+                &registry,
+                MODEL_EVICTIONS,
+                "Times a model left memory to make room in its device's budget for another.",
+                &["model", "backend"],
+            ),
             device_memory_budget: int_gauge(
                 &registry,
                 DEVICE_MEMORY_BUDGET,
@@ -408,6 +418,7 @@ impl Metrics {
             queue_depth: self.queue_depth.with_label_values(&values),
             batch_rows: self.batch_rows.with_label_values(&values),
             compute: self.compute.with_label_values(&values),
+            evictions: self.model_evictions.with_label_values(&values),
         }
     }
 

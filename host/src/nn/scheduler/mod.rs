@@ -6,8 +6,9 @@
 //! [`admission`] refuses at once a job that cannot meet its deadline.
 //!
 //! The actor also owns the model's residency: a model with a [`Loader`] may leave memory
-//! (asked to, or idle past its `idle_unload`) once nothing runs or waits on it, and the next
-//! job loads it again while it and those after it wait in the queue, within their deadlines.
+//! (asked to, idle past its `idle_unload`, or evicted by its device to make room for
+//! another) once nothing runs or waits on it, and the next job loads it again while it and
+//! those after it wait in the queue, within their deadlines.
 //!
 //! In: checked input tensors with a deadline. Out: that job's output tensors, or a
 //! [`ComputeError`] (overload, deadline, backend failure).
@@ -17,6 +18,7 @@ pub mod padding;
 pub mod queue;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -24,7 +26,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::backend::{BackendError, Graph, Stop};
-use super::device::Reservation;
+use super::device::{Device, Evictable, Reservation};
 use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
 use crate::telemetry::stats::ModelStats;
 use crate::tensor::Tensor;
@@ -65,6 +67,8 @@ pub enum ComputeError {
     Stopped { model: String },
     #[error("model '{model}' could not be loaded: {reason}")]
     LoadFailed { model: String, reason: String },
+    #[error("model '{model}' could not be loaded before the request's deadline: {reason}")]
+    NoRoom { model: String, reason: String },
     #[error(
         "model '{model}' is failing for this tenant: its circuit opened after {failures} consecutive failures or \
          timeouts; the next call goes through in {retry_ms} ms"
@@ -81,7 +85,19 @@ struct Job {
 
 /// Loads a model's execution instances (one loaded copy of the graph each) on a blocking
 /// thread; an error says why without naming server paths.
-pub type Loader = Arc<dyn Fn() -> Result<Loaded, String> + Send + Sync>;
+pub type Loader = Arc<dyn Fn() -> Result<Loaded, LoadError> + Send + Sync>;
+
+/// Why a load did not make the model resident.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// Its device's budget has no room now (every other resident model is busy or pinned):
+    /// jobs keep waiting, within their deadlines, and the load is tried again.
+    #[error("{0}")]
+    NoRoom(String),
+    /// The load failed (or the model can never fit): jobs are refused for [`LOAD_RETRY`].
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// A model's loaded execution instances and the memory they hold of their device's budget
 /// (`None`: outside any budget, as a guest's raw load).
@@ -106,6 +122,9 @@ pub enum Residency {
 /// How long after a failed load jobs are refused at once instead of loading again (a load
 /// costs far more CPU than a refusal).
 pub const LOAD_RETRY: Duration = Duration::from_secs(5);
+
+/// How soon a load that found no room in the budget is tried again while jobs wait.
+const ROOM_RETRY: Duration = Duration::from_millis(10);
 
 /// Why a model was loaded, as `sluice_model_load_seconds` labels it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,14 +153,61 @@ pub struct Residence {
     pub loader: Option<Loader>,
     /// Leave memory after this long without a job.
     pub idle_unload: Option<Duration>,
+    /// The device whose budget may ask it to leave memory for another model while it is
+    /// idle; `None`: never (it is pinned, or cannot be loaded again).
+    pub evictable_from: Option<Arc<Device>>,
 }
 
-/// Asked of the actor by [`ModelQueue::load`] and [`ModelQueue::unload`].
+/// Asked of the actor by [`ModelQueue::load`], [`ModelQueue::unload`] and its device.
 enum Control {
     /// Load unless resident; answered once ready or failed.
-    Load(oneshot::Sender<Result<(), String>>),
+    Load(oneshot::Sender<Result<(), LoadError>>),
     /// Leave memory once nothing runs or waits.
     Unload,
+    /// Leave memory now if nothing runs or waits; answered with whether it left.
+    Evict(oneshot::Sender<bool>),
+}
+
+/// When a model last served, shared by its actor and its device.
+#[derive(Debug)]
+struct LastUse {
+    /// Microseconds since `epoch`.
+    micros: AtomicU64,
+    epoch: std::time::Instant,
+}
+
+impl LastUse {
+    fn new() -> Self {
+        Self { micros: AtomicU64::new(0), epoch: std::time::Instant::now() }
+    }
+
+    fn touch(&self, now: std::time::Instant) {
+        let micros = u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX);
+        self.micros.store(micros, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> std::time::Instant {
+        self.epoch + Duration::from_micros(self.micros.load(Ordering::Relaxed))
+    }
+}
+
+/// How a device asks a model's actor to leave memory.
+struct EvictHandle {
+    controls: mpsc::Sender<Control>,
+    residency: watch::Receiver<Residency>,
+    last_use: Arc<LastUse>,
+}
+
+impl Evictable for EvictHandle {
+    fn last_used(&self) -> Option<std::time::Instant> {
+        let holds = matches!(*self.residency.borrow(), Residency::Ready | Residency::Unloading);
+        holds.then(|| self.last_use.get())
+    }
+
+    fn evict(&self) -> bool {
+        let (reply, answer) = oneshot::channel();
+        self.controls.blocking_send(Control::Evict(reply)).is_ok() && answer.blocking_recv().unwrap_or(false)
+    }
 }
 
 /// Settings of one model's queue.
@@ -170,6 +236,8 @@ pub struct ModelQueue {
     padding: Option<Arc<PaddingRule>>,
     residency: watch::Receiver<Residency>,
     controls: mpsc::Sender<Control>,
+    /// Registered with its device (which holds it weakly) while any handle lives.
+    _evictable: Option<Arc<EvictHandle>>,
 }
 
 impl ModelQueue {
@@ -206,7 +274,18 @@ impl ModelQueue {
             series: metrics().model_series(ModelLabels { model: &model, backend }),
             backend: backend.into(),
         };
-        let resident = Resident::new(loaded, residence, residency_sender, (&execution.model, &execution.backend));
+        let last_use = Arc::new(LastUse::new());
+        let evictable = residence.evictable_from.as_ref().filter(|_| residence.loader.is_some()).map(|device| {
+            let handle = Arc::new(EvictHandle {
+                controls: controls.clone(),
+                residency: residency.clone(),
+                last_use: last_use.clone(),
+            });
+            device.register(Arc::downgrade(&handle) as std::sync::Weak<dyn Evictable>);
+            handle
+        });
+        let resident =
+            Resident::new(loaded, residence, residency_sender, last_use, (&execution.model, &execution.backend));
         tokio::spawn(run_queue(execution, resident, policy, receiver, control_receiver));
         Self {
             model,
@@ -218,6 +297,7 @@ impl ModelQueue {
             padding,
             residency,
             controls,
+            _evictable: evictable,
         }
     }
 
@@ -233,9 +313,9 @@ impl ModelQueue {
 
     /// Make the model resident unless it is; returns once it is ready, or why it could not be
     /// loaded.
-    pub async fn load(&self) -> Result<(), String> {
+    pub async fn load(&self) -> Result<(), LoadError> {
         let (reply, answer) = oneshot::channel();
-        let stopped = || format!("model '{}' is shutting down", self.model);
+        let stopped = || LoadError::Failed(format!("model '{}' is shutting down", self.model));
         self.controls.send(Control::Load(reply)).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
@@ -327,20 +407,33 @@ struct Resident {
     residence: Residence,
     status: watch::Sender<Residency>,
     /// The load under way, with why and when it began.
-    loading: tokio::task::JoinSet<Result<Loaded, String>>,
+    loading: tokio::task::JoinSet<Result<Loaded, LoadError>>,
     load_started: Option<(LoadReason, std::time::Instant)>,
     /// Answered when the load under way ends.
-    load_waiters: Vec<oneshot::Sender<Result<(), String>>>,
+    load_waiters: Vec<oneshot::Sender<Result<(), LoadError>>>,
+    /// After a load found no room in the budget: when waiting jobs try again, and why.
+    room_retry: Option<std::time::Instant>,
+    no_room: Option<String>,
     /// Leave memory once nothing runs or waits.
     unload_wanted: bool,
     /// After a failed load: why, and until when jobs are refused at once.
     failed: Option<(String, std::time::Instant)>,
     /// When a job last arrived or a batch last ended (for `idle_unload`).
     last_active: std::time::Instant,
+    /// The same, for the device choosing which model leaves to make room.
+    last_use: Arc<LastUse>,
 }
 
 impl Resident {
-    fn new(loaded: Loaded, residence: Residence, status: watch::Sender<Residency>, labels: (&str, &str)) -> Self {
+    fn new(
+        loaded: Loaded,
+        residence: Residence,
+        status: watch::Sender<Residency>,
+        last_use: Arc<LastUse>,
+        labels: (&str, &str),
+    ) -> Self {
+        let now = std::time::Instant::now();
+        last_use.touch(now);
         Self {
             gauge: (!loaded.graphs.is_empty()).then(|| ResidentGauge::new(labels, loaded.memory)),
             idle: loaded.graphs,
@@ -349,10 +442,19 @@ impl Resident {
             loading: tokio::task::JoinSet::new(),
             load_started: None,
             load_waiters: Vec::new(),
+            room_retry: None,
+            no_room: None,
             unload_wanted: false,
             failed: None,
-            last_active: std::time::Instant::now(),
+            last_active: now,
+            last_use,
         }
+    }
+
+    /// A job arrived or a batch ended.
+    fn touch(&mut self) {
+        self.last_active = std::time::Instant::now();
+        self.last_use.touch(self.last_active);
     }
 
     fn is_loaded(&self) -> bool {
@@ -371,8 +473,8 @@ impl Resident {
         true
     }
 
-    /// A load ended: ready, or failed for a while.
-    fn end_load(&mut self, execution: &Execution, result: Result<Loaded, String>) {
+    /// A load ended: ready, waiting for room, or failed for a while.
+    fn end_load(&mut self, execution: &Execution, result: Result<Loaded, LoadError>) {
         let (reason, started) = self.load_started.take().unwrap_or((LoadReason::Demand, std::time::Instant::now()));
         let outcome = match result {
             Ok(Loaded { graphs, memory }) if !graphs.is_empty() => {
@@ -381,16 +483,27 @@ impl Resident {
                 self.idle = graphs;
                 self.gauge = Some(ResidentGauge::new((&execution.model, &execution.backend), memory));
                 self.failed = None;
+                (self.room_retry, self.no_room) = (None, None);
+                self.touch();
                 self.status.send_replace(Residency::Ready);
                 Ok(())
             }
-            Ok(_) => Err("the backend made no execution instance".to_string()),
-            Err(reason) => Err(reason),
+            Ok(_) => Err(LoadError::Failed("the backend made no execution instance".to_string())),
+            Err(error) => Err(error),
         };
-        if let Err(reason) = &outcome {
-            tracing::warn!(model = %execution.model, error = %reason, "model could not be loaded");
-            self.failed = Some((reason.clone(), std::time::Instant::now() + LOAD_RETRY));
-            self.status.send_replace(Residency::Failed(reason.clone()));
+        match &outcome {
+            Ok(()) => {}
+            Err(LoadError::NoRoom(reason)) => {
+                tracing::debug!(model = %execution.model, reason = %reason, "no room to load the model yet");
+                self.room_retry = Some(std::time::Instant::now() + ROOM_RETRY);
+                self.no_room = Some(reason.clone());
+                self.status.send_replace(Residency::Unloaded);
+            }
+            Err(LoadError::Failed(reason)) => {
+                tracing::warn!(model = %execution.model, error = %reason, "model could not be loaded");
+                self.failed = Some((reason.clone(), std::time::Instant::now() + LOAD_RETRY));
+                self.status.send_replace(Residency::Failed(reason.clone()));
+            }
         }
         for waiter in self.load_waiters.drain(..) {
             let _ = waiter.send(outcome.clone());
@@ -406,6 +519,16 @@ impl Resident {
     fn idle_until(&self, busy: bool) -> Option<std::time::Instant> {
         let idle_unload = self.residence.idle_unload.filter(|_| self.is_loaded() && !busy)?;
         self.residence.loader.as_ref().map(|_| self.last_active + idle_unload)
+    }
+
+    /// Leave memory for another model if nothing runs or waits on it; whether it left.
+    fn evict(&mut self, execution: &Execution, busy: bool) -> bool {
+        let evictable = !busy && self.is_loaded() && self.loading.is_empty() && self.residence.loader.is_some();
+        if evictable {
+            self.unload(&execution.model, "evicted to make room for another model");
+            execution.series.evictions.inc();
+        }
+        evictable
     }
 
     /// Drop the instances (nothing runs or waits on them).
@@ -458,10 +581,11 @@ async fn run_queue(
     loop {
         let due = state.next_due().filter(|_| !resident.idle.is_empty());
         let idle_until = resident.idle_until(!running.is_empty() || !state.is_empty());
+        let room_retry = resident.room_retry.filter(|_| !state.is_empty());
         tokio::select! {
             job = receiver.recv(), if !closed => match job {
                 Some(job) => {
-                    resident.last_active = std::time::Instant::now();
+                    resident.touch();
                     state.push(job);
                 }
                 None => closed = true,
@@ -474,32 +598,42 @@ async fn run_queue(
                         resident.status.send_replace(Residency::Ready);
                         let _ = reply.send(Ok(()));
                     } else if let Some(reason) = resident.refusal(std::time::Instant::now()) {
-                        let _ = reply.send(Err(reason.to_string()));
+                        let _ = reply.send(Err(LoadError::Failed(reason.to_string())));
                     } else if resident.begin_load(LoadReason::Request) {
                         resident.load_waiters.push(reply);
                     } else {
-                        let _ = reply.send(Err("it cannot be loaded again".to_string()));
+                        let _ = reply.send(Err(LoadError::Failed("it cannot be loaded again".to_string())));
                     }
                 }
                 Some(Control::Unload) => {
                     resident.unload_wanted = resident.residence.loader.is_some()
                         && (resident.is_loaded() || !resident.loading.is_empty());
                 }
+                Some(Control::Evict(reply)) => {
+                    // Jobs already sent count as waiting: they would find it gone.
+                    while let Ok(job) = receiver.try_recv() {
+                        resident.touch();
+                        state.push(job);
+                    }
+                    let _ = reply.send(resident.evict(&execution, !running.is_empty() || !state.is_empty()));
+                }
                 None => controls_closed = true,
             },
             () = sleep_until_due(due), if due.is_some() => {}
+            () = sleep_until_due(room_retry), if room_retry.is_some() => resident.room_retry = None,
             () = sleep_until_due(idle_until), if idle_until.is_some() => {
                 resident.unload(&execution.model, "idle");
             }
             Some(done) = running.join_next(), if !running.is_empty() => {
-                resident.last_active = std::time::Instant::now();
+                resident.touch();
                 match done {
                     Ok(graph) => resident.idle.push(graph),
                     Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
                 }
             }
             Some(loaded) = resident.loading.join_next(), if !resident.loading.is_empty() => {
-                let loaded = loaded.unwrap_or_else(|join| Err(format!("the loader thread failed: {join}")));
+                let loaded =
+                    loaded.unwrap_or_else(|join| Err(LoadError::Failed(format!("the loader thread failed: {join}"))));
                 resident.end_load(&execution, loaded);
             }
         }
@@ -513,9 +647,14 @@ async fn run_queue(
         }
         for job in dropped.expired {
             execution.backlog.remove(&job.share.tenant, job.rows);
-            let _ = job.payload.reply.send(Err(ComputeError::DeadlineExceeded { model: execution.model.to_string() }));
+            let model = execution.model.to_string();
+            let error = match resident.no_room.clone().filter(|_| !resident.is_loaded()) {
+                Some(reason) => ComputeError::NoRoom { model, reason },
+                None => ComputeError::DeadlineExceeded { model },
+            };
+            let _ = job.payload.reply.send(Err(error));
         }
-        if !state.is_empty() && !resident.is_loaded() {
+        if !state.is_empty() && !resident.is_loaded() && resident.room_retry.is_none() {
             // Jobs wait for the model: load it, unless a load failed moments ago.
             let refusal = resident.refusal(now).map(str::to_string);
             let refusal = match refusal {
@@ -717,26 +856,34 @@ mod tests {
         let counted = loads.clone();
         let loader: Loader = Arc::new(move || {
             if counted.fetch_add(1, Ordering::SeqCst) < failures {
-                return Err("the weights are broken".to_string());
+                return Err(LoadError::Failed("the weights are broken".to_string()));
             }
-            let graph = Tract::new(&BackendSettings::default()).load(&bytes).map_err(|e| e.to_string())?;
+            let graph =
+                Tract::new(&BackendSettings::default()).load(&bytes).map_err(|e| LoadError::Failed(e.to_string()))?;
             Ok(Loaded { graphs: vec![Arc::<dyn Graph>::from(graph)], memory: None })
         });
         (loader, loads)
     }
 
-    fn queue(loader: Loader, idle_unload: Option<Duration>) -> ModelQueue {
-        let settings = QueueSettings {
+    fn settings() -> QueueSettings {
+        QueueSettings {
             max_batch_rows: 32,
             preferred_batch_rows: Vec::new(),
             max_delay: Duration::ZERO,
             capacity: 128,
             instances: 1,
             padding: None,
-        };
-        let residence = Residence { loader: Some(loader), idle_unload };
+        }
+    }
+
+    fn queue(loader: Loader, idle_unload: Option<Duration>) -> ModelQueue {
+        let residence = Residence { loader: Some(loader), idle_unload, evictable_from: None };
+        queue_with("digits", residence, settings())
+    }
+
+    fn queue_with(model: &str, residence: Residence, settings: QueueSettings) -> ModelQueue {
         let unloaded = Loaded { graphs: Vec::new(), memory: None };
-        ModelQueue::start("digits", "tract", (unloaded, residence), true, settings, Arc::default())
+        ModelQueue::start(model, "tract", (unloaded, residence), true, settings, Arc::default())
     }
 
     fn row() -> NamedTensors {
@@ -795,6 +942,39 @@ mod tests {
         residency_becomes(&queue, Residency::Unloaded).await;
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_without_room_evicts_the_least_recently_used_idle_model() {
+        // Room for two of three digits copies of 10 MiB each.
+        let device = Device::cpu(25 << 20);
+        let queues: Vec<ModelQueue> = ["a", "b", "c"]
+            .into_iter()
+            .map(|name| {
+                let (load, _) = digits_loader(0);
+                let budget = device.clone();
+                let loader: Loader = Arc::new(move || {
+                    let memory = budget.reserve_evicting(10 << 20).map_err(|e| LoadError::NoRoom(e.to_string()))?;
+                    Ok(Loaded { memory: Some(memory), ..load()? })
+                });
+                let residence =
+                    Residence { loader: Some(loader), idle_unload: None, evictable_from: Some(device.clone()) };
+                queue_with(name, residence, settings())
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for round in 0..3 {
+            for (index, queue) in queues.iter().enumerate() {
+                assert!(queue.compute(row(), deadline, share()).await.is_ok(), "round {round}, model {index}");
+                assert_eq!(queue.residency(), Residency::Ready);
+                // The one used before last left to make room.
+                let evicted = &queues[(index + 1) % 3];
+                if round > 0 || index == 2 {
+                    residency_becomes(evicted, Residency::Unloaded).await;
+                }
+                assert!(device.used() <= 20 << 20, "{} bytes held", device.used());
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_failed_load_is_answered_and_not_retried_at_once() {
         let (loader, loads) = digits_loader(1);
@@ -809,7 +989,7 @@ mod tests {
         // Within the retry pause: refused at once, without another load's CPU.
         let again = queue.compute(row(), deadline, share()).await;
         assert!(matches!(again, Err(ComputeError::LoadFailed { .. })), "{again:?}");
-        assert!(queue.load().await.is_err());
+        assert!(matches!(queue.load().await, Err(LoadError::Failed(_))));
         assert_eq!(loads.load(Ordering::SeqCst), 1);
     }
 }
