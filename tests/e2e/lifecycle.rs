@@ -185,14 +185,19 @@ async fn an_idle_model_leaves_memory_and_a_burst_of_requests_loads_it_once() {
     let loads = "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"demand\"}";
     assert_eq!(metric(&server, loads).await, 1.0, "one load for the burst");
     assert_eq!(metric(&server, "sluice_queue_depth{").await, 0.0, "nothing left waiting");
-    // The reload was warmed up before it served, as the load at start was.
-    let log = plain(&server.log());
-    let warmed: Vec<usize> = log.match_indices("model warmed up").map(|(at, _)| at).collect();
-    let reloaded = log.find("reason=demand").or_else(|| log.find("reason=\"demand\"")).expect("the demand load's line");
-    assert_eq!(warmed.len(), 2, "at start and on demand:\n{log}");
-    assert!(warmed[1] < reloaded, "warmed up before it was reported loaded:\n{log}");
-    // And idle again, it leaves again.
+    // The requests waiting for the load on demand were its first run: no warm-up on zeros
+    // made them wait longer.
+    let warmed = |log: &str| log.match_indices("model warmed up").map(|(at, _)| at).collect::<Vec<_>>();
+    assert_eq!(warmed(&plain(&server.log())).len(), 1, "at start only:\n{}", server.log());
+    // And idle again, it leaves again; a load asked for, with nobody waiting, warms it up
+    // before it answers.
     resident_becomes(&server, 0.0).await;
+    let (code, body) = server.post_raw("/v2/repository/models/digits-mlp/load", Some(ACME), Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    let log = plain(&server.log());
+    let loaded = log.find("reason=\"request\"").expect("the requested load's line");
+    assert_eq!(warmed(&log).len(), 2, "at start and on request:\n{log}");
+    assert!(warmed(&log)[1] < loaded, "warmed up before it was reported loaded:\n{log}");
 }
 
 #[tokio::test]
@@ -436,4 +441,34 @@ async fn a_batch_in_flight_survives_an_eviction_attempt() {
     assert_eq!(f32s(&output(&body, "y")["data"]), [1.0]);
     assert_eq!(evictions(&server, "a").await, 1.0, "never evicted while its batch ran");
     assert_eq!(evictions(&server, "c").await, 1.0);
+}
+
+#[tokio::test]
+async fn reloads_take_the_optimised_form_unless_it_changed_on_disk() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &(tenant_header("acme", ACME, "") + &model_entry("digits-mlp", &digits_model(), None)));
+    let data = tempfile::tempdir().expect("tmp");
+    let server = Server::start_in(tenants.path(), data.path(), &["--idle-unload-s", "1"]).expect("starts");
+    let optimized: Vec<_> = std::fs::read_dir(data.path().join("optimized"))
+        .expect("the optimised models")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    let expected = format!("onnxruntime-{}.onnx", sha256_file(&digits_model()));
+    assert_eq!(optimized.len(), 1, "{optimized:?}");
+    assert!(optimized[0].ends_with(&expected), "{optimized:?}");
+
+    let (pixels, label) = heldout_digits()[0].clone();
+    let x: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+    let body = json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": x }] });
+    for tampered in [false, true] {
+        if tampered {
+            std::fs::write(&optimized[0], b"not the model that was optimised").expect("overwriting it");
+        }
+        resident_becomes(&server, 0.0).await;
+        let (code, answer) = server.infer("digits-mlp", ACME, &body).await;
+        assert_eq!(code, 200, "{answer}");
+        assert_eq!(i64s(&output(&answer, "label")["data"]), [label], "the same answer either way");
+    }
+    let log = plain(&server.log());
+    assert_eq!(log.matches("optimised model changed on disk since it was written").count(), 1, "{log}");
 }

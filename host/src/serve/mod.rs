@@ -211,8 +211,18 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let admin_token = config.admin_token.as_deref();
     let budget = config.model_memory.unwrap_or_else(Device::default_cpu_budget);
     tracing::info!(device = "cpu", budget_mib = budget >> 20, "model memory budget");
-    let defaults =
-        ModelDefaults { backend: config.default_backend, idle_unload: config.idle_unload, device: Device::cpu(budget) };
+    // Engines' optimised forms of models: specific to this machine, rewritten at each start.
+    let optimized_dir = config.data_dir.join("optimized");
+    let optimized_dir = std::fs::create_dir_all(&optimized_dir)
+        .inspect_err(|err| tracing::warn!(error = %err, "no directory for optimised models; reloads optimise again"))
+        .ok()
+        .map(|()| optimized_dir);
+    let defaults = ModelDefaults {
+        backend: config.default_backend,
+        idle_unload: config.idle_unload,
+        device: Device::cpu(budget),
+        optimized_dir,
+    };
     let mut state = ServingState::build(registry, runtime, backends, defaults, turns, store, admin_token).await?;
     state.body_timeouts = config.body_timeouts;
     crate::control::apply::restore_control(&state).await.context("restoring the saved control state")?;

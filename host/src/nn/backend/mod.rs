@@ -149,6 +149,24 @@ pub trait Backend: Send + Sync {
     fn load_file(&self, _model_file: &Path) -> Result<Box<dyn Graph>, BackendError> {
         Err(BackendError::Load { backend: self.kind(), reason: "models with external data are not supported".into() })
     }
+
+    /// Whether the engine can write an optimised form of a model ([`Backend::save_optimized`])
+    /// that loads faster than the model.
+    fn writes_optimized(&self) -> bool {
+        false
+    }
+
+    /// Optimise a model as [`Backend::load`] would and write the result to `optimized`
+    /// (self-contained, like the bytes), so later loads skip optimising it again; whether a
+    /// file was written (never, by default). Fails where loading the bytes would.
+    fn save_optimized(&self, _onnx: &[u8], _optimized: &Path) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
+    /// Load what [`Backend::save_optimized`] wrote, without optimising it again.
+    fn load_optimized(&self, optimized: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
+        self.load(optimized)
+    }
 }
 
 /// Settings for building the backends.

@@ -58,23 +58,52 @@ impl Backend for OnnxRuntime {
     }
 
     fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
-        let session = self.builder()?.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
+        let session = self.builder(OPTIMIZED)?.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
         graph(session)
     }
 
     fn load_file(&self, model_file: &Path) -> Result<Box<dyn Graph>, BackendError> {
         // From a file, ONNX Runtime reads external data relative to the file's directory.
-        let session = self.builder()?.commit_from_file(model_file).map_err(|e| load_error(e.to_string()))?;
+        let session = self.builder(OPTIMIZED)?.commit_from_file(model_file).map_err(|e| load_error(e.to_string()))?;
+        graph(session)
+    }
+
+    fn writes_optimized(&self) -> bool {
+        true
+    }
+
+    fn save_optimized(&self, onnx: &[u8], optimized: &Path) -> Result<bool, BackendError> {
+        // Initializers are written inline (no external-data file name is set), so the file
+        // names no other file, as the bytes did not.
+        let session = self
+            .builder(OPTIMIZED)?
+            .with_optimized_model_path(optimized)
+            .map_err(|e| load_error(e.to_string()))?
+            .commit_from_memory(onnx)
+            .map_err(|e| load_error(e.to_string()))?;
+        graph(session)?;
+        Ok(optimized.is_file())
+    }
+
+    fn load_optimized(&self, optimized: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
+        let session = self
+            .builder(GraphOptimizationLevel::Disable)?
+            .commit_from_memory(optimized)
+            .map_err(|e| load_error(e.to_string()))?;
         graph(session)
     }
 }
+
+/// Every graph optimisation, layout changes for this machine's CPU included (so an
+/// optimised model written here is only loaded here).
+const OPTIMIZED: GraphOptimizationLevel = GraphOptimizationLevel::Level3;
 
 fn load_error(reason: String) -> BackendError {
     BackendError::Load { backend: KIND, reason }
 }
 
 impl OnnxRuntime {
-    fn builder(&self) -> Result<ort::session::builder::SessionBuilder, BackendError> {
+    fn builder(&self, level: GraphOptimizationLevel) -> Result<ort::session::builder::SessionBuilder, BackendError> {
         let environment = ENVIRONMENT
             .get()
             .and_then(|e| e.as_ref().ok())
@@ -87,7 +116,7 @@ impl OnnxRuntime {
         let cpu = ort::ep::CPU::default().with_arena_allocator(false).build();
         let mut builder = Session::builder(environment)
             .and_then(|b| b.with_execution_providers([cpu]).map_err(Into::into))
-            .and_then(|b| b.with_optimization_level(GraphOptimizationLevel::Level3).map_err(Into::into))
+            .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
             .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
             .and_then(|b| b.with_inter_op_spinning(false).map_err(Into::into))
             .map_err(|e| load_error(e.to_string()))?;

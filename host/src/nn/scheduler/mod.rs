@@ -84,8 +84,8 @@ struct Job {
 }
 
 /// Loads a model's execution instances (one loaded copy of the graph each) on a blocking
-/// thread; an error says why without naming server paths.
-pub type Loader = Arc<dyn Fn() -> Result<Loaded, LoadError> + Send + Sync>;
+/// thread, for the reason given; an error says why without naming server paths.
+pub type Loader = Arc<dyn Fn(LoadReason) -> Result<Loaded, LoadError> + Send + Sync>;
 
 /// Why a load did not make the model resident.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -467,7 +467,7 @@ impl Resident {
             return true;
         }
         let Some(loader) = self.residence.loader.clone() else { return false };
-        self.loading.spawn_blocking(move || loader());
+        self.loading.spawn_blocking(move || loader(reason));
         self.load_started = Some((reason, std::time::Instant::now()));
         self.status.send_replace(Residency::Loading);
         true
@@ -854,7 +854,7 @@ mod tests {
         let bytes = std::fs::read(path).expect("the digits model");
         let loads = Arc::new(AtomicUsize::new(0));
         let counted = loads.clone();
-        let loader: Loader = Arc::new(move || {
+        let loader: Loader = Arc::new(move |_| {
             if counted.fetch_add(1, Ordering::SeqCst) < failures {
                 return Err(LoadError::Failed("the weights are broken".to_string()));
             }
@@ -951,9 +951,9 @@ mod tests {
             .map(|name| {
                 let (load, _) = digits_loader(0);
                 let budget = device.clone();
-                let loader: Loader = Arc::new(move || {
+                let loader: Loader = Arc::new(move |reason| {
                     let memory = budget.reserve_evicting(10 << 20).map_err(|e| LoadError::NoRoom(e.to_string()))?;
-                    Ok(Loaded { memory: Some(memory), ..load()? })
+                    Ok(Loaded { memory: Some(memory), ..load(reason)? })
                 });
                 let residence =
                     Residence { loader: Some(loader), idle_unload: None, evictable_from: Some(device.clone()) };
