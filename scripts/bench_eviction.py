@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,9 +124,9 @@ def run(workload, bodies, seconds):
                 call(f"/v2/models/{model}/infer", bodies[model])
                 with lock:
                     latencies.append((time.perf_counter() - started) * 1000)
-            except Exception as error:  # an HTTP error is a failed request, counted
+            except urllib.error.HTTPError as error:  # a failed request, counted with its answer
                 with lock:
-                    failures.append(str(error))
+                    failures.append(f"{error.code} {error.read().decode(errors='replace')}")
 
     clients = [(seed, False) for seed in range(4)] if workload == "skewed" else [(0, True)]
     threads = [threading.Thread(target=client, args=args) for args in clients]

@@ -206,31 +206,33 @@ impl Drop for Reservation {
     }
 }
 
-/// The process's anonymous resident memory now, after handing the allocator's free memory
-/// back to the system: what live allocations hold, without the pages of libraries an engine
-/// touches for the first time nor buffers a load freed (0 where /proc cannot be read).
+/// Memory the process's allocations hold now: glibc's count of bytes in use (every arena,
+/// and blocks it mapped on its own), so a load's footprint is what it allocated and kept,
+/// to the byte, whatever pages the allocator keeps; elsewhere the anonymous resident memory
+/// (0 where /proc cannot be read).
 pub fn resident_bytes() -> u64 {
-    trim_heap();
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
-    let kib = |field: &str| {
-        let line = status.lines().find(|line| line.starts_with(field))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok()
-    };
-    kib("RssAnon:").or_else(|| kib("VmRSS:")).unwrap_or(0) * 1024
-}
-
-/// Give glibc's free heap memory back to the system, so what is resident is what is live.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)] // malloc_trim(3): a plain libc call with no pointers
-fn trim_heap() {
-    // SAFETY: malloc_trim takes a size and touches only the allocator's free lists.
-    unsafe {
-        libc::malloc_trim(0);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        allocated_bytes()
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
+        let kib = |field: &str| {
+            let line = status.lines().find(|line| line.starts_with(field))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        };
+        kib("RssAnon:").or_else(|| kib("VmRSS:")).unwrap_or(0) * 1024
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() {}
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // mallinfo2(3): returns a struct by value, takes no pointers
+fn allocated_bytes() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's own statistics.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
+}
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 //! namespace ([`TenantModels`]), where each may unload and load its own names.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -379,7 +379,7 @@ impl ModelStore {
                 instances,
                 padding,
             };
-            let footprint = Arc::new(AtomicU64::new(memory.bytes()));
+            let footprint = memory.bytes();
             let residence = Residence {
                 loader: Some(reloader(
                     (backend.clone(), defaults.device.clone(), footprint),
@@ -414,6 +414,21 @@ impl ModelStore {
             return Ok(model);
         }
         Err(ModelLoadError::Failed { model: spec.name.to_string(), reasons: reasons.join("; ") })
+    }
+}
+
+/// A small real model (the digits example's smaller MLP) that [`prime`] loads and runs once.
+const PRIMER: &[u8] = include_bytes!("../../../examples/digits/model/digits_small.onnx");
+
+/// Load and run a small model once on each backend before any model is measured, so an
+/// engine's one-time allocations (its kernel registry, its first thread pool: ~4 MiB for ONNX
+/// Runtime) are not counted in the footprint of whichever model loads first.
+pub fn prime(backends: &Backends) {
+    for backend in &backends.available {
+        let primed = backend.load(PRIMER).map_err(|err| err.to_string()).and_then(|graph| run_on_zeros(&*graph, 1));
+        if let Err(err) = primed {
+            tracing::warn!(backend = %backend.kind(), error = %err, "the backend could not be primed");
+        }
     }
 }
 
@@ -483,22 +498,10 @@ fn save_optimized(
 /// request finds the engine's plans built and buffers allocated. A model that refuses zeros
 /// is logged and served anyway: warm-up is an optimisation, not a check.
 fn warm_up(graph: &dyn Graph, batch_sizes: &[usize]) {
-    let signature = graph.signature();
-    let sizes = if signature.batchable() { batch_sizes } else { &batch_sizes[..batch_sizes.len().min(1)] };
+    let sizes = if graph.signature().batchable() { batch_sizes } else { &batch_sizes[..batch_sizes.len().min(1)] };
     let started = Instant::now();
     for &rows in sizes {
-        let zeros = |spec: &TensorSpec| {
-            let dims: Vec<usize> = spec
-                .dims
-                .iter()
-                .enumerate()
-                .map(|(axis, dim)| dim.unwrap_or(if axis == 0 { rows } else { 1 }))
-                .collect();
-            let bytes = dims.iter().product::<usize>() * spec.ty.size();
-            Tensor::new(spec.ty, dims, vec![0; bytes]).ok().map(|tensor| (spec.name.clone(), tensor))
-        };
-        let Some(inputs) = signature.inputs.iter().map(zeros).collect::<Option<NamedTensors>>() else { return };
-        if let Err(err) = graph.run(inputs, &Stop::default()) {
+        if let Err(err) = run_on_zeros(graph, rows) {
             tracing::warn!(rows, error = %err, "warm-up on zeros failed; the model serves without it");
             return;
         }
@@ -508,12 +511,26 @@ fn warm_up(graph: &dyn Graph, batch_sizes: &[usize]) {
     }
 }
 
+/// Run a graph once on `rows` rows of zeros shaped by its signature.
+fn run_on_zeros(graph: &dyn Graph, rows: usize) -> Result<(), String> {
+    let zeros = |spec: &TensorSpec| {
+        let dims: Vec<usize> =
+            spec.dims.iter().enumerate().map(|(axis, dim)| dim.unwrap_or(if axis == 0 { rows } else { 1 })).collect();
+        let bytes = dims.iter().product::<usize>() * spec.ty.size();
+        Tensor::new(spec.ty, dims, vec![0; bytes]).map(|tensor| (spec.name.clone(), tensor)).map_err(|e| e.to_string())
+    };
+    let inputs = graph.signature().inputs.iter().map(zeros).collect::<Result<NamedTensors, _>>()?;
+    graph.run(inputs, &Stop::default()).map(drop).map_err(|err| err.to_string())
+}
+
 /// How a model that left memory is loaded again: from its file (the manifest's, or the
 /// upload's blob), checked against the digest it was verified with, so the memory of the
-/// bytes is not held while it is out. The tenant sees why it failed without paths; the log
-/// has the detail.
+/// bytes is not held while it is out. It holds the `footprint` its first load measured: a
+/// reload runs beside other models' batches, whose allocations a measurement would count
+/// (and ratchet up, until the model no longer fits). The tenant sees why it failed without
+/// paths; the log has the detail.
 fn reloader(
-    (backend, device, footprint): (Arc<dyn Backend>, Arc<Device>, Arc<AtomicU64>),
+    (backend, device, footprint): (Arc<dyn Backend>, Arc<Device>, u64),
     spec: &ModelSpec,
     (external_data, optimized): (Option<std::path::PathBuf>, Option<Optimized>),
 ) -> Loader {
@@ -523,10 +540,8 @@ fn reloader(
         // Requests waiting for a load on demand are its first run: warming it up on zeros
         // first would only make them wait longer.
         let warmup = if reason == LoadReason::Demand { &[][..] } else { &warmup[..] };
-        // Room for what it took last time, before anything is read or allocated.
-        let mut memory = device.reserve_evicting(footprint.load(Ordering::Relaxed)).map_err(|no_room| match no_room
-            .never_fits()
-        {
+        // Room for what it took the first time, before anything is read or allocated.
+        let memory = device.reserve_evicting(footprint).map_err(|no_room| match no_room.never_fits() {
             true => LoadError::Failed(no_room.to_string()),
             false => LoadError::NoRoom(no_room.to_string()),
         })?;
@@ -547,13 +562,10 @@ fn reloader(
                 Source::Bytes(&bytes)
             }
         };
-        let (graphs, grown) = measured(|| load_instances(&*backend, (instances, warmup), source));
-        let graphs = graphs.map_err(|err| {
+        let graphs = load_instances(&*backend, (instances, warmup), source).map_err(|err| {
             tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
             LoadError::Failed(format!("{} could not load its weights", backend.kind()))
         })?;
-        memory.resize(grown.max(memory.bytes()));
-        footprint.store(memory.bytes(), Ordering::Relaxed);
         Ok(Loaded { graphs, memory: Some(memory) })
     })
 }
