@@ -325,14 +325,12 @@ impl ModelStore {
                 let memory = device.reserve_evicting(estimate)?;
                 let loaded = (|| {
                     let optimized = match &target {
-                        Some(target) if file.is_none() && loader.writes_optimized() => {
-                            save_optimized(&*loader, &bytes, target)?
-                        }
+                        Some(target) if loader.writes_optimized() => save_optimized(&*loader, &bytes, target)?,
                         _ => None,
                     };
-                    // Measured apart from the optimising load, whose session held more than
-                    // one loaded from the result (ONNX Runtime keeps what it serialised), and
-                    // from the bytes read back: as every reload is.
+                    // Measured apart from the optimising load (its session held more than one
+                    // loaded from the result: ONNX Runtime keeps what it serialised) and from
+                    // the bytes read back, so the footprint is what each reload will hold.
                     let source = match (&file, &optimized) {
                         (Some(file), _) => Source::File(file),
                         (None, Some((_, optimized))) => Source::Optimized(optimized),
