@@ -21,6 +21,8 @@ import tempfile
 import time
 import urllib.request
 
+import oip_zeros
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "acme-demo-key"
 MODELS = ["digits-mlp", "digits-mlp-small", "magika-v3"]
@@ -34,16 +36,7 @@ def call(path, body=None):
 
 
 def zeros_request(model):
-    metadata = call(f"/v2/models/{model}")
-    inputs = []
-    for spec in metadata["inputs"]:
-        shape = [1 if d < 0 else d for d in spec["shape"]]
-        count = 1
-        for d in shape:
-            count *= d
-        value = False if spec["datatype"] == "BOOL" else 0
-        inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": [value] * count})
-    return json.dumps({"inputs": inputs}).encode()
+    return oip_zeros.zeros_request(call(f"/v2/models/{model}"))
 
 
 def timed(model, body):

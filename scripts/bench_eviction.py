@@ -34,6 +34,8 @@ import time
 import urllib.error
 import urllib.request
 
+import oip_zeros
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEY = "eviction-bench-key"
 MODELS = ["m0", "m1", "m2"]
@@ -56,15 +58,7 @@ def metric_sum(text, prefix):
 
 
 def zeros_request(model):
-    metadata = call(f"/v2/models/{model}")
-    inputs = []
-    for spec in metadata["inputs"]:
-        shape = [1 if d < 0 else d for d in spec["shape"]]
-        count = 1
-        for d in shape:
-            count *= d
-        inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": [0] * count})
-    return json.dumps({"inputs": inputs}).encode()
+    return oip_zeros.zeros_request(call(f"/v2/models/{model}"))
 
 
 def write_tenant(directory):

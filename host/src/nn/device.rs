@@ -100,14 +100,6 @@ impl Device {
         total_kib.map_or(8 << 30, |kib| kib * 1024 / 2)
     }
 
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
-    pub fn budget(&self) -> u64 {
-        self.budget
-    }
-
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }
@@ -130,10 +122,7 @@ impl Device {
     /// model leaves memory, then the next, until the load fits or every one left is busy.
     /// Blocks while models answer: call it from a blocking thread.
     pub fn reserve_evicting(self: &Arc<Self>, bytes: u64) -> Result<Reservation, NoRoom> {
-        match self.reserve(bytes) {
-            Err(no_room) if !no_room.never_fits() => {}
-            fitted => return fitted,
-        }
+        self.fits_at_all(bytes)?;
         let _one_at_a_time = self.making_room.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             let no_room = match self.reserve(bytes) {
@@ -141,8 +130,7 @@ impl Device {
                 Err(no_room) => no_room,
             };
             let mut candidates: Vec<(Instant, Arc<dyn Evictable>)> = {
-                let mut evictable = self.evictable.lock().unwrap_or_else(PoisonError::into_inner);
-                evictable.retain(|model| model.strong_count() > 0);
+                let evictable = self.evictable.lock().unwrap_or_else(PoisonError::into_inner);
                 evictable.iter().filter_map(Weak::upgrade).filter_map(|m| Some((m.last_used()?, m))).collect()
             };
             candidates.sort_by_key(|(last_used, _)| *last_used);
@@ -208,30 +196,24 @@ impl Drop for Reservation {
 
 /// Memory the process's allocations hold now: glibc's count of bytes in use (every arena,
 /// and blocks it mapped on its own), so a load's footprint is what it allocated and kept,
-/// to the byte, whatever pages the allocator keeps; elsewhere the anonymous resident memory
-/// (0 where /proc cannot be read).
-pub fn resident_bytes() -> u64 {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        allocated_bytes()
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
-        let kib = |field: &str| {
-            let line = status.lines().find(|line| line.starts_with(field))?;
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        };
-        kib("RssAnon:").or_else(|| kib("VmRSS:")).unwrap_or(0) * 1024
-    }
-}
-
+/// to the byte, whatever pages the allocator keeps.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)] // mallinfo2(3): returns a struct by value, takes no pointers
-fn allocated_bytes() -> u64 {
+pub fn allocated_bytes() -> u64 {
     // SAFETY: mallinfo2 only reads the allocator's own statistics.
     let info = unsafe { libc::mallinfo2() };
     (info.uordblks + info.hblkhd) as u64
+}
+
+/// Elsewhere, the anonymous resident memory (0 where /proc cannot be read).
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn allocated_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
+    let kib = |field: &str| {
+        let line = status.lines().find(|line| line.starts_with(field))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok()
+    };
+    kib("RssAnon:").or_else(|| kib("VmRSS:")).unwrap_or(0) * 1024
 }
 
 #[cfg(test)]

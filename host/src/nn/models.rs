@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::backend::{Backend, BackendError, BackendKind, Backends, Graph, Signature, Stop, TensorSpec};
 use super::breaker::{Breakers, Outcome};
-use super::device::{Device, NoRoom, resident_bytes};
+use super::device::{Device, NoRoom, allocated_bytes};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{
@@ -581,12 +581,12 @@ fn read_optimized(optimized: &Optimized, model: &ModelName) -> Option<Vec<u8>> {
     intact.then_some(bytes)
 }
 
-/// Run a load and say how much the process's resident memory grew meanwhile (its footprint;
-/// other work in the process may add to it, never take from it).
+/// Run a load and say how much the process's allocations grew meanwhile (its footprint;
+/// other threads' work in the process may add to it or take from it).
 fn measured<T>(load: impl FnOnce() -> T) -> (T, u64) {
-    let before = resident_bytes();
+    let before = allocated_bytes();
     let loaded = load();
-    (loaded, resident_bytes().saturating_sub(before))
+    (loaded, allocated_bytes().saturating_sub(before))
 }
 
 /// The manifest's padding rule, checked against the model: every padded input and cut output

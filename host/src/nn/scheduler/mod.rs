@@ -418,9 +418,8 @@ struct Resident {
     unload_wanted: bool,
     /// After a failed load: why, and until when jobs are refused at once.
     failed: Option<(String, std::time::Instant)>,
-    /// When a job last arrived or a batch last ended (for `idle_unload`).
-    last_active: std::time::Instant,
-    /// The same, for the device choosing which model leaves to make room.
+    /// When a job last arrived or a batch last ended: for `idle_unload`, and for the device
+    /// choosing which model leaves to make room.
     last_use: Arc<LastUse>,
 }
 
@@ -432,8 +431,7 @@ impl Resident {
         last_use: Arc<LastUse>,
         labels: (&str, &str),
     ) -> Self {
-        let now = std::time::Instant::now();
-        last_use.touch(now);
+        last_use.touch(std::time::Instant::now());
         Self {
             gauge: (!loaded.graphs.is_empty()).then(|| ResidentGauge::new(labels, loaded.memory)),
             idle: loaded.graphs,
@@ -446,15 +444,13 @@ impl Resident {
             no_room: None,
             unload_wanted: false,
             failed: None,
-            last_active: now,
             last_use,
         }
     }
 
     /// A job arrived or a batch ended.
-    fn touch(&mut self) {
-        self.last_active = std::time::Instant::now();
-        self.last_use.touch(self.last_active);
+    fn touch(&self) {
+        self.last_use.touch(std::time::Instant::now());
     }
 
     fn is_loaded(&self) -> bool {
@@ -518,7 +514,7 @@ impl Resident {
     /// When the model leaves memory for being idle, if it would.
     fn idle_until(&self, busy: bool) -> Option<std::time::Instant> {
         let idle_unload = self.residence.idle_unload.filter(|_| self.is_loaded() && !busy)?;
-        self.residence.loader.as_ref().map(|_| self.last_active + idle_unload)
+        self.residence.loader.as_ref().map(|_| self.last_use.get() + idle_unload)
     }
 
     /// Leave memory for another model if nothing runs or waits on it; whether it left.
