@@ -72,7 +72,7 @@ async fn sandbox_cost() -> anyhow::Result<()> {
     let path = Path::new(env!("SLUICE_GUEST_DIR")).join("hostile_guest.wasm");
     let wasm = std::fs::read(&path)?;
     let prepared = runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?;
-    let models = Arc::new(TenantModels::default());
+    let models = Arc::new(TenantModels::new(Default::default(), Default::default(), u64::MAX));
     let log_allowance = Arc::new(sluice::telemetry::rate::TokenBucket::new(1e9, 1e9));
     let mut samples = Vec::with_capacity(SANDBOX_CALLS);
     for i in 0..(SANDBOX_CALLS + 500) {

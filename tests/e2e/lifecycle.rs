@@ -472,3 +472,101 @@ async fn reloads_take_the_optimised_form_unless_it_changed_on_disk() {
     let log = plain(&server.log());
     assert_eq!(log.matches("optimised model changed on disk since it was written").count(), 1, "{log}");
 }
+
+#[tokio::test]
+async fn a_tenant_cycling_its_models_evicts_only_its_own_within_its_cap() {
+    // acme may hold one lookup model resident (16 MiB of a 20 MiB cap) and has three;
+    // globex has one; the device has room for two.
+    let tenants = Tenants::new();
+    let acme_models: Vec<(&str, Vec<u8>, &str)> =
+        (0..3).map(|i| (["m0", "m1", "m2"][i], onnx::weights_lookup(i as f32 + 1.0, LOOKUP_WEIGHTS), "")).collect();
+    let acme = tenant_header("acme", ACME, "max_resident_model_mib = 20") + &entries(&tenants, &acme_models);
+    tenants.write("acme.toml", &acme);
+    let victim = [("victim", onnx::weights_lookup(9.0, LOOKUP_WEIGHTS), "")];
+    tenants.write("globex.toml", &(tenant_header("globex", GLOBEX, "") + &entries(&tenants, &victim)));
+    let admin = "lifecycle-admin";
+    let server = Server::start(tenants.path(), &["--model-memory", BUDGET_FOR_TWO, "--admin-token", admin]);
+    resident_becomes(&server, 2.0).await;
+
+    // Every request of the cycling tenant succeeds; each makes room by evicting its own
+    // previous model, so globex's idle model stays resident throughout.
+    for round in 0..4 {
+        for (i, model) in ["m0", "m1", "m2"].into_iter().enumerate() {
+            assert_eq!(lookup(&server, model).await, i as f32 + 1.0, "round {round}: {model} answered");
+        }
+    }
+    let (code, answer) = server.infer("victim", GLOBEX, &lookup_request()).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(f32s(&output(&answer, "y")["data"]), [9.0]);
+    assert_eq!(evictions(&server, "victim").await, 0.0, "the other tenant's model never left");
+    assert_eq!(state_of(&index(&server, GLOBEX).await, "victim"), ("READY", ""));
+    // At start m1 and m2 each made room for themselves; then every request evicted the one before.
+    let evicted = [evictions(&server, "m0").await, evictions(&server, "m1").await, evictions(&server, "m2").await];
+    assert_eq!(evicted, [5.0, 5.0, 4.0], "evictions of m0, m1, m2");
+
+    // A load the tenant asks for is held to the cap the same way.
+    let (code, body) = server.post_raw("/v2/repository/models/m0/load", Some(ACME), Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    let acme_index = index(&server, ACME).await;
+    assert_eq!(state_of(&acme_index, "m0"), ("READY", ""));
+    assert_eq!(state_of(&acme_index, "m2"), ("READY", "not resident; the next request loads it"));
+    assert_eq!(evictions(&server, "victim").await, 0.0);
+
+    // Weights larger than the whole cap are refused at upload, before anything loads.
+    let big = onnx::weights_lookup(4.0, 6 << 20);
+    let (code, body) = server.send(reqwest::Method::PUT, "/control/v1/models/big", ACME, big).await;
+    assert_eq!(code, 413, "{body}");
+    let message = error_message(&body);
+    assert!(
+        message.contains("more than the tenant's whole 20 MiB of resident model memory (quota max_resident_model_mib)"),
+        "{message}"
+    );
+    // And no admin lowers the cap below what one of the tenant's models takes.
+    let quotas = json!({ "max_resident_model_mib": 8 }).to_string().into_bytes();
+    let (code, body) = server.send(reqwest::Method::PUT, "/admin/v1/tenants/acme/quotas", admin, quotas).await;
+    assert_eq!(code, 400, "{body}");
+    let message = error_message(&body);
+    assert!(message.contains("max_resident_model_mib = 8 is less than model 'm"), "{message}");
+    assert!(message.contains("takes resident (16.0 MiB)"), "{message}");
+    assert_eq!(evictions(&server, "victim").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_load_waits_for_the_tenants_busy_model_instead_of_evicting_it() {
+    // Room in acme's cap for one of its two models; the slow one computes for seconds.
+    let tenants = Tenants::new();
+    let models = [
+        ("a", onnx::slow_weights_lookup(1.0, LOOKUP_WEIGHTS, 512, 400), "[models.a.warmup]\nbatch_sizes = []\n"),
+        ("b", onnx::weights_lookup(2.0, LOOKUP_WEIGHTS), ""),
+    ];
+    let quotas = "guest_deadline_ms = 120000\nmax_resident_model_mib = 20";
+    tenants.write("acme.toml", &(tenant_header("acme", ACME, quotas) + &entries(&tenants, &models)));
+    let server = Server::start(tenants.path(), &[]);
+    let request = json!({ "inputs": [
+        { "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] },
+        { "name": "i", "shape": [1], "datatype": "INT64", "data": [0] },
+    ] });
+    let base = server.base.clone();
+    let in_flight = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(format!("{base}/v2/models/a/infer"))
+            .bearer_auth(ACME)
+            .json(&request)
+            .send()
+            .await
+            .expect("the slow request");
+        (response.status().as_u16(), response.json::<Value>().await.expect("json"), Instant::now())
+    });
+    let started = Instant::now();
+    while !plain(&server.log()).contains("model loaded model=a") {
+        assert!(started.elapsed() < Duration::from_secs(30), "a never loaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // b waits for a's batch to end, then a leaves for it: both answer.
+    assert_eq!(lookup(&server, "b").await, 2.0);
+    let b_answered = Instant::now();
+    let (code, body, a_answered) = in_flight.await.expect("the slow request's task");
+    assert_eq!(code, 200, "{body}");
+    assert!(a_answered <= b_answered, "b was loaded only once a's batch ended");
+    assert_eq!(evictions(&server, "a").await, 2.0, "at start for b, then for b again once idle");
+}

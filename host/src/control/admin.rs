@@ -89,6 +89,16 @@ pub fn create_tenant(state: &ServingState, id: TenantId, quotas: Quotas) -> Resu
 pub fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> Result<(), ControlError> {
     check_quotas(state, &quotas)?;
     let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
+    // A cap below what one of its models takes would leave that model unservable.
+    if let Some((model, footprint)) =
+        tenant.models.largest_footprint().filter(|(_, f)| *f > quotas.resident_model_bytes())
+    {
+        return Err(ControlError::Invalid(format!(
+            "max_resident_model_mib = {} is less than model '{model}' takes resident ({:.1} MiB)",
+            quotas.max_resident_model_mib,
+            footprint as f64 / f64::from(1 << 20)
+        )));
+    }
     tenant.set_quotas(quotas);
     tenant.admin_managed.store(true, Ordering::Relaxed);
     save_control(state, &tenant)

@@ -11,7 +11,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::ControlError;
-use crate::nn::models::{ModelCopy, ModelLoadError};
+use crate::nn::models::{CapFull, ModelCopy, ModelLoadError};
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
 use crate::registry::store::Uploaded;
@@ -125,7 +125,7 @@ pub async fn restore_control(state: &ServingState) -> anyhow::Result<()> {
                 continue;
             }
             let bytes = state.store.read_blob(sha256).with_context(|| format!("tenant '{id}', model '{name}'"))?;
-            let model = load_model(state, name, sha256, bytes).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let model = load_model(state, &tenant, name, sha256, bytes).await.map_err(|e| anyhow::anyhow!("{e}"))?;
             tenant.models.add(name.clone(), model);
         }
         for (name, saved_app) in saved.apps {
@@ -204,14 +204,21 @@ pub async fn add_app_version(
     Ok(app)
 }
 
-/// Load uploaded weights as model `name` on the best backend (building its plan is the
-/// check that they are a usable model).
+/// Load uploaded weights as the tenant's model `name` on the best backend (building its plan
+/// is the check that they are a usable model), within the tenant's cap of resident model
+/// memory.
 async fn load_model(
     state: &ServingState,
+    tenant: &TenantState,
     name: &ModelName,
     sha256: &str,
     bytes: Vec<u8>,
 ) -> Result<Arc<ModelCopy>, ControlError> {
+    let cap_full = |full: CapFull| match full.never_fits() {
+        true => ControlError::TooLarge(format!("model '{name}' cannot be served: {full}")),
+        false => ControlError::Unavailable(format!("model '{name}' cannot be loaded now: {full}")),
+    };
+    tenant.models.room_to_load(bytes.len() as u64).await.map_err(cap_full)?;
     let spec = ModelSpec {
         name: name.clone(),
         path: state.store.blob_path(sha256),
@@ -228,11 +235,14 @@ async fn load_model(
         // tenant hold the budget every other one loads into.
         pinned: false,
     };
-    state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await.map_err(|e| match e {
+    let loaded = state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await;
+    let model = loaded.map_err(|e| match e {
         ModelLoadError::NoRoom { ref no_room, .. } if no_room.never_fits() => ControlError::TooLarge(e.to_string()),
         ModelLoadError::NoRoom { .. } => ControlError::Unavailable(e.to_string()),
         e => ControlError::Invalid(format!("not a usable model: {e}")),
-    })
+    })?;
+    tenant.models.settle(&model).await.map_err(cap_full)?;
+    Ok(model)
 }
 
 /// Make uploaded weights the tenant's model `name`, then save.
@@ -248,7 +258,7 @@ pub async fn add_model(
         )));
     }
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
-    let model = load_model(state, &name, &uploaded.sha256, bytes).await?;
+    let model = load_model(state, tenant, &name, &uploaded.sha256, bytes).await?;
     let add = || {
         state.store.commit(&uploaded).map_err(|e| internal("storing the model", e))?;
         match tenant.models.add(name.clone(), model) {

@@ -163,7 +163,7 @@ impl From<ComputeError> for ApiError {
         let kind = match &error {
             ComputeError::InvalidInput(_) => ErrorKind::InvalidInput,
             ComputeError::Overloaded { .. } | ComputeError::WaitTooLong { .. } => ErrorKind::Overloaded,
-            ComputeError::OverShare { .. } => ErrorKind::QuotaExceeded,
+            ComputeError::OverShare { .. } | ComputeError::ResidentCap { .. } => ErrorKind::QuotaExceeded,
             ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. } => ErrorKind::DeadlineExceeded,
             ComputeError::Backend { .. } => ErrorKind::ModelFailure,
             ComputeError::Stopped { .. } => ErrorKind::Overloaded,
@@ -188,6 +188,7 @@ impl From<RepositoryError> for ApiError {
                 ApiError::new(ErrorKind::Unavailable, error.to_string()).with_retry_after(LOAD_RETRY)
             }
             RepositoryError::NoRoom { .. } => ApiError::new(ErrorKind::Unavailable, error.to_string()),
+            RepositoryError::ResidentCap { .. } => ApiError::new(ErrorKind::QuotaExceeded, error.to_string()),
         }
     }
 }

@@ -144,7 +144,11 @@ pub async fn set_drift_baseline(
     let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
-    within_deadline(budget, model.set_drift_baseline(inputs, budget.deadline(), share)).await
+    within_deadline(budget, async {
+        tenant.models.ensure_resident(&model, budget.deadline()).await?;
+        model.set_drift_baseline(inputs, budget.deadline(), share).await
+    })
+    .await
 }
 
 /// Wait for a model call until the request's deadline.
@@ -234,7 +238,7 @@ pub async fn infer(
 async fn run_model(
     run: &Run<'_>,
     name: &str,
-    model: &ModelCopy,
+    model: &Arc<ModelCopy>,
     request: ValidInferRequest,
     mut turn: Turn,
 ) -> Result<Answer, ApiError> {
@@ -243,7 +247,11 @@ async fn run_model(
     }
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
-    let outputs = within_deadline(run.budget, model.compute(inputs, run.budget.deadline(), run.share.clone())).await?;
+    let outputs = within_deadline(run.budget, async {
+        run.tenant.models.ensure_resident(model, run.budget.deadline()).await?;
+        model.compute(inputs, run.budget.deadline(), run.share.clone()).await
+    })
+    .await?;
     turn.resume().await;
     let outputs: Vec<ValidTensor> =
         outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect();

@@ -71,7 +71,7 @@ impl std::fmt::Display for NoRoom {
 impl std::error::Error for NoRoom {}
 
 /// Bytes in MiB for a message: whole, or to one decimal.
-fn mib(bytes: u64) -> String {
+pub(super) fn mib(bytes: u64) -> String {
     match bytes % (1 << 20) {
         0 => (bytes >> 20).to_string(),
         _ => format!("{:.1}", bytes as f64 / f64::from(1 << 20)),

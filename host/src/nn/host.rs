@@ -410,7 +410,10 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             }
         }
         self.ctx.turn.pause();
-        let computed = model.compute(named, self.ctx.deadline, self.ctx.share.clone()).await;
+        let computed = match self.ctx.models.ensure_resident(&model, self.ctx.deadline).await {
+            Ok(()) => model.compute(named, self.ctx.deadline, self.ctx.share.clone()).await,
+            Err(refused) => Err(refused),
+        };
         self.ctx.turn.resume().await;
         let outputs = match computed {
             Ok(outputs) => outputs,
@@ -425,6 +428,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                         | ComputeError::CircuitOpen { .. }
                         | ComputeError::LoadFailed { .. }
                         | ComputeError::NoRoom { .. }
+                        | ComputeError::ResidentCap { .. }
                 ) {
                     self.ctx.queue_failure = Some(err.clone());
                 }
@@ -438,6 +442,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     | ComputeError::Stopped { .. }
                     | ComputeError::LoadFailed { .. }
                     | ComputeError::NoRoom { .. }
+                    | ComputeError::ResidentCap { .. }
                     | ComputeError::CircuitOpen { .. } => errors::ErrorCode::RuntimeError,
                 };
                 let message = match err {

@@ -5,7 +5,7 @@
 //! namespace ([`TenantModels`]), where each may unload and load its own names.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::backend::{Backend, BackendError, BackendKind, Backends, Graph, Signature, Stop, TensorSpec};
 use super::breaker::{Breakers, Outcome};
-use super::device::{Device, NoRoom, allocated_bytes};
+use super::device::{Device, NoRoom, allocated_bytes, mib};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{
@@ -47,6 +47,8 @@ pub struct ModelCopy {
     breakers: Breakers,
     /// Tenant names bound to this copy that have not unloaded it; at 0 it leaves memory.
     wanted: AtomicUsize,
+    /// Bytes of its device's budget it holds while resident (what its first load took).
+    footprint: u64,
 }
 
 impl ModelCopy {
@@ -95,6 +97,7 @@ impl ModelCopy {
         settings: QueueSettings,
     ) -> Self {
         let stats = Arc::new(ModelStats::default());
+        let footprint = loaded.memory.as_ref().map_or(0, |memory| memory.bytes());
         let signature = loaded.graphs.first().map(|g| g.signature().clone()).unwrap_or_default();
         let batchable = signature.batchable();
         let queue = ModelQueue::start(
@@ -117,7 +120,18 @@ impl ModelCopy {
             drift_budget: SampleBudget::default(),
             breakers: Breakers::default(),
             wanted: AtomicUsize::new(0),
+            footprint,
         }
+    }
+
+    /// Bytes of its device's budget it holds while resident.
+    pub fn footprint(&self) -> u64 {
+        self.footprint
+    }
+
+    /// Whether it holds its memory now (ready, loading, or leaving once idle).
+    fn holds_memory(&self) -> bool {
+        matches!(self.residency(), Residency::Ready | Residency::Loading | Residency::Unloading)
     }
 
     /// Where its execution instances are.
@@ -624,13 +638,62 @@ fn padding_rule(padding: &Padding, signature: &Signature) -> Result<PaddingRule,
 /// then the platform's shared ones. Each own name may be unloaded by the tenant (its calls
 /// are then refused) and loaded again; the copy behind it leaves memory once no name of any
 /// tenant wants it.
-#[derive(Default)]
+///
+/// Its own copies hold at most its cap of resident model memory (quota
+/// `max_resident_model_mib`; a copy another tenant also serves counts in full for each):
+/// before one of them loads, the tenant's own least recently used idle copies leave to make
+/// room, never one another tenant or the platform serves. So a tenant cycling through its
+/// models pushes other tenants' models out of the device's budget by no more than its cap.
 pub struct TenantModels {
     own: RwLock<BTreeMap<ModelName, Binding>>,
     shared: Arc<BTreeMap<ModelName, Arc<ModelCopy>>>,
     /// One load asked for by the tenant at a time (each may cost a CPU for seconds).
     loads: tokio::sync::Mutex<()>,
+    /// Bytes of the device's budget its own resident copies may hold.
+    resident_cap: AtomicU64,
 }
+
+/// How soon a load waiting for the tenant's busy models to make room in its cap looks again.
+const CAP_RETRY: Duration = Duration::from_millis(10);
+
+/// One of a tenant's models does not fit in what its cap of resident model memory leaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapFull {
+    pub needed: u64,
+    /// What the tenant's other resident copies hold.
+    pub held: u64,
+    pub cap: u64,
+}
+
+impl CapFull {
+    /// The model needs more than the whole cap: no eviction makes it fit.
+    pub fn never_fits(&self) -> bool {
+        self.needed > self.cap
+    }
+}
+
+impl std::fmt::Display for CapFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (needed, cap) = (mib(self.needed), mib(self.cap));
+        if self.never_fits() {
+            write!(
+                f,
+                "the model needs {needed} MiB, more than the tenant's whole {cap} MiB of resident model memory \
+                 (quota max_resident_model_mib)"
+            )
+        } else {
+            let free = mib(self.cap.saturating_sub(self.held));
+            write!(
+                f,
+                "the tenant's resident model memory is full: the model needs {needed} MiB and {free} MiB of its \
+                 {cap} MiB (quota max_resident_model_mib) are free; its other resident models are busy, pinned or \
+                 served by another tenant too"
+            )
+        }
+    }
+}
+
+impl std::error::Error for CapFull {}
 
 /// One of a tenant's names for a model copy.
 struct Binding {
@@ -663,10 +726,17 @@ pub enum RepositoryError {
     LoadFailed { model: String, reason: String },
     #[error("model '{model}' could not be loaded now: {reason}")]
     NoRoom { model: String, reason: String },
+    #[error("model '{model}' could not be loaded: {full}")]
+    ResidentCap { model: String, full: CapFull },
 }
 
 impl TenantModels {
-    pub fn new(own: BTreeMap<ModelName, Arc<ModelCopy>>, shared: Arc<BTreeMap<ModelName, Arc<ModelCopy>>>) -> Self {
+    /// `resident_cap`: bytes its own resident copies may hold.
+    pub fn new(
+        own: BTreeMap<ModelName, Arc<ModelCopy>>,
+        shared: Arc<BTreeMap<ModelName, Arc<ModelCopy>>>,
+        resident_cap: u64,
+    ) -> Self {
         let own = own
             .into_iter()
             .map(|(name, model)| {
@@ -674,7 +744,17 @@ impl TenantModels {
                 (name, Binding { model, unloaded: false })
             })
             .collect();
-        Self { own: RwLock::new(own), shared, loads: tokio::sync::Mutex::new(()) }
+        Self {
+            own: RwLock::new(own),
+            shared,
+            loads: tokio::sync::Mutex::new(()),
+            resident_cap: AtomicU64::new(resident_cap),
+        }
+    }
+
+    /// Change the cap of its own resident copies' memory (it applies from the next load).
+    pub fn set_resident_cap(&self, bytes: u64) {
+        self.resident_cap.store(bytes, Ordering::Relaxed);
     }
 
     fn own_models(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ModelName, Binding>> {
@@ -763,10 +843,142 @@ impl TenantModels {
             binding.model.clone()
         })?;
         let _one_at_a_time = self.loads.lock().await;
-        model.queue.load().await.map_err(|error| match error {
+        if !model.holds_memory() {
+            let full = |full| RepositoryError::ResidentCap { model: name.to_string(), full };
+            self.make_room(model.footprint, Some(&model), None).await.map_err(full)?;
+        }
+        model.queue.load(LoadReason::Request).await.map_err(|error| match error {
             LoadError::NoRoom(reason) => RepositoryError::NoRoom { model: name.to_string(), reason },
             LoadError::Failed(reason) => RepositoryError::LoadFailed { model: name.to_string(), reason },
         })
+    }
+
+    /// Make one of the tenant's own copies resident for a call, within its cap (a shared
+    /// model, or a copy holding its memory already, at once). Loads for calls run one at a
+    /// time per tenant, like the ones it asks for, all within `deadline`. A load the device's
+    /// budget has no room for yet is left to the call's job, which waits for room.
+    pub async fn ensure_resident(
+        &self,
+        model: &Arc<ModelCopy>,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), ComputeError> {
+        if model.holds_memory() || !self.serves(model) {
+            return Ok(());
+        }
+        let name = || model.queue.model().to_string();
+        let loaded = tokio::time::timeout_at(deadline, async {
+            let _one_at_a_time = self.loads.lock().await;
+            if model.holds_memory() {
+                return Ok(());
+            }
+            self.make_room(model.footprint, Some(model), Some(deadline))
+                .await
+                .map_err(|full| ComputeError::ResidentCap { model: name(), reason: full.to_string() })?;
+            match model.queue.load(LoadReason::Demand).await {
+                Ok(()) | Err(LoadError::NoRoom(_)) => Ok(()),
+                Err(LoadError::Failed(reason)) => Err(ComputeError::LoadFailed { model: name(), reason }),
+            }
+        });
+        loaded.await.unwrap_or_else(|_| Err(ComputeError::DeadlineExceeded { model: name() }))
+    }
+
+    /// Before a model of `bytes` (an estimate: its weights per instance) loads for the tenant
+    /// (at start or upload): room for it within the cap, made without waiting.
+    pub async fn room_to_load(&self, bytes: u64) -> Result<(), CapFull> {
+        let _one_at_a_time = self.loads.lock().await;
+        self.make_room(bytes, None, None).await
+    }
+
+    /// After a model loaded for the tenant, before it is added: what it took must fit in the
+    /// cap; room is made for it, and where none can be made now it leaves memory itself
+    /// (unless another tenant serves it already) and loads on its first call.
+    pub async fn settle(&self, model: &Arc<ModelCopy>) -> Result<(), CapFull> {
+        let _one_at_a_time = self.loads.lock().await;
+        match self.make_room(model.footprint, Some(model), None).await {
+            Err(full) if full.never_fits() => Err(full),
+            Err(full) => {
+                if model.wanted.load(Ordering::Relaxed) == 0 && model.queue.evict().await {
+                    tracing::info!(model = %model.queue.model(), reason = %full, "the new model waits out of memory for its first call");
+                }
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// The tenant's own model that takes the most memory resident, with what it takes.
+    pub fn largest_footprint(&self) -> Option<(ModelName, u64)> {
+        let own = self.own_models();
+        own.iter().map(|(name, binding)| (name.clone(), binding.model.footprint)).max_by_key(|(_, bytes)| *bytes)
+    }
+
+    /// Whether one of the tenant's own names (not unloaded) serves this copy.
+    fn serves(&self, model: &Arc<ModelCopy>) -> bool {
+        self.own_models().values().any(|binding| !binding.unloaded && Arc::ptr_eq(&binding.model, model))
+    }
+
+    /// The copies its own names serve, each once, with how many of its names serve each.
+    fn served(&self) -> Vec<(Arc<ModelCopy>, usize)> {
+        let mut served: Vec<(Arc<ModelCopy>, usize)> = Vec::new();
+        for binding in self.own_models().values().filter(|binding| !binding.unloaded) {
+            match served.iter_mut().find(|(model, _)| Arc::ptr_eq(model, &binding.model)) {
+                Some((_, names)) => *names += 1,
+                None => served.push((binding.model.clone(), 1)),
+            }
+        }
+        served
+    }
+
+    /// Make room within the cap for `needed` more bytes besides what its copies other than
+    /// `except` hold: its own idle copies that nothing else serves leave, least recently used
+    /// first. While the rest are busy it looks again until `deadline` (`None`: it does not wait).
+    async fn make_room(
+        &self,
+        needed: u64,
+        except: Option<&Arc<ModelCopy>>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), CapFull> {
+        loop {
+            let cap = self.resident_cap.load(Ordering::Relaxed);
+            let others: Vec<(Arc<ModelCopy>, usize)> = self
+                .served()
+                .into_iter()
+                .filter(|(model, _)| except.is_none_or(|except| !Arc::ptr_eq(model, except)))
+                .filter(|(model, _)| model.holds_memory())
+                .collect();
+            let held = others.iter().map(|(model, _)| model.footprint).sum::<u64>();
+            let full = CapFull { needed, held, cap };
+            if full.never_fits() {
+                return Err(full);
+            }
+            if held.saturating_add(needed) <= cap {
+                return Ok(());
+            }
+            // Only the tenant's own: a copy another name serves (another tenant's, the
+            // platform's) would leave for them too.
+            let mut candidates: Vec<Arc<ModelCopy>> = others
+                .into_iter()
+                .filter(|(model, names)| model.wanted.load(Ordering::Relaxed) == *names && model.queue.is_evictable())
+                .map(|(model, _)| model)
+                .collect();
+            candidates.sort_by_key(|model| model.queue.last_used());
+            let mut evicted = false;
+            for model in candidates {
+                if model.queue.evict().await {
+                    tracing::info!(model = %model.queue.model(), "evicted to make room in its tenant's resident model memory");
+                    evicted = true;
+                    break;
+                }
+            }
+            if !evicted {
+                match deadline {
+                    Some(deadline) if tokio::time::Instant::now() + CAP_RETRY < deadline => {
+                        tokio::time::sleep(CAP_RETRY).await;
+                    }
+                    _ => return Err(full),
+                }
+            }
+        }
     }
 
     /// Take a model out (a deletion, or an upload whose state could not be saved).

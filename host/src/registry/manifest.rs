@@ -87,6 +87,10 @@ pub struct Quotas {
     pub max_model_bytes: u64,
     /// Bytes of uploaded models and components the tenant may keep stored.
     pub max_stored_bytes: u64,
+    /// Device memory the tenant's resident models may hold (each model's measured footprint,
+    /// in full for each tenant serving it); past it, the tenant's own least recently used
+    /// idle model leaves before another of its models loads.
+    pub max_resident_model_mib: u64,
     /// Models the tenant may have (its manifest's and its uploads).
     pub max_models: u32,
     /// Apps the tenant may have.
@@ -100,10 +104,21 @@ pub struct Quotas {
 }
 
 impl Quotas {
+    /// `max_resident_model_mib` in bytes.
+    pub fn resident_model_bytes(&self) -> u64 {
+        self.max_resident_model_mib.saturating_mul(1 << 20)
+    }
+
     /// Check what no quota source may set (a manifest or the admin API alike).
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_concurrent_requests == 0 || self.compute_weight == 0 || self.guest_deadline_ms == 0 {
-            return Err("max_concurrent_requests, compute_weight and guest_deadline_ms must be at least 1".to_string());
+        if self.max_concurrent_requests == 0
+            || self.compute_weight == 0
+            || self.guest_deadline_ms == 0
+            || self.max_resident_model_mib == 0
+        {
+            return Err("max_concurrent_requests, compute_weight, guest_deadline_ms and max_resident_model_mib must \
+                        be at least 1"
+                .to_string());
         }
         Ok(())
     }
@@ -125,6 +140,7 @@ impl Default for Quotas {
             max_component_bytes: 64 << 20,
             max_model_bytes: 256 << 20,
             max_stored_bytes: 1 << 30,
+            max_resident_model_mib: 1024,
             max_models: 32,
             max_apps: 32,
             max_versions_per_app: 32,

@@ -114,6 +114,7 @@ impl TenantState {
     pub fn set_quotas(&self, quotas: Quotas) {
         let policy = Arc::new(Policy::derive(&quotas, self.raw_backend.as_ref()));
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = policy;
+        self.models.set_resident_cap(quotas.resident_model_bytes());
         let mut spec = self.spec.write().unwrap_or_else(PoisonError::into_inner);
         let mut updated = Tenant::clone(&spec);
         updated.quotas = quotas;
@@ -230,7 +231,11 @@ impl ServingState {
     /// Add a tenant's serving state from its spec.
     pub fn insert_tenant(&self, spec: Tenant) -> Arc<TenantState> {
         let raw_backend = self.raw_backend();
-        let models = Arc::new(TenantModels::new(BTreeMap::new(), self.shared_models.clone()));
+        let models = Arc::new(TenantModels::new(
+            BTreeMap::new(),
+            self.shared_models.clone(),
+            spec.quotas.resident_model_bytes(),
+        ));
         let id = spec.id.clone();
         let tenant = Arc::new(TenantState::new(Arc::new(spec), models, BTreeMap::new(), raw_backend));
         self.tenants_write().entry(id).or_insert(tenant).clone()
@@ -269,14 +274,17 @@ impl ServingState {
 
         let mut tenants = HashMap::new();
         for tenant in registry.tenants() {
-            let mut own = BTreeMap::new();
+            // Loaded as uploads are, within the tenant's cap of resident model memory.
+            let models =
+                Arc::new(TenantModels::new(BTreeMap::new(), shared.clone(), tenant.quotas.resident_model_bytes()));
             for (name, spec) in &tenant.models {
-                let model = resident
-                    .load(spec, &backends, &model_defaults)
-                    .await
-                    .with_context(|| format!("tenant '{}', model {}", tenant.id, spec.path.display()))?;
+                let context = || format!("tenant '{}', model {}", tenant.id, spec.path.display());
+                let estimate = spec.bytes.len() as u64 * spec.batching.instances as u64;
+                models.room_to_load(estimate).await.with_context(context)?;
+                let model = resident.load(spec, &backends, &model_defaults).await.with_context(context)?;
+                models.settle(&model).await.with_context(context)?;
                 tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");
-                own.insert(name.clone(), model);
+                models.add(name.clone(), model);
             }
             let mut apps = BTreeMap::new();
             for (name, spec) in &tenant.apps {
@@ -292,7 +300,6 @@ impl ServingState {
             }
             let raw_backend =
                 model_defaults.backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred());
-            let models = Arc::new(TenantModels::new(own, shared.clone()));
             let state = TenantState::new(tenant.clone(), models, apps, raw_backend);
             tenants.insert(tenant.id.clone(), Arc::new(state));
         }

@@ -69,6 +69,9 @@ pub enum ComputeError {
     LoadFailed { model: String, reason: String },
     #[error("model '{model}' could not be loaded before the request's deadline: {reason}")]
     NoRoom { model: String, reason: String },
+    /// The tenant's own models fill its cap of resident model memory (and are busy).
+    #[error("model '{model}' could not be loaded: {reason}")]
+    ResidentCap { model: String, reason: String },
     #[error(
         "model '{model}' is failing for this tenant: its circuit opened after {failures} consecutive failures or \
          timeouts; the next call goes through in {retry_ms} ms"
@@ -160,8 +163,8 @@ pub struct Residence {
 
 /// Asked of the actor by [`ModelQueue::load`], [`ModelQueue::unload`] and its device.
 enum Control {
-    /// Load unless resident; answered once ready or failed.
-    Load(oneshot::Sender<Result<(), LoadError>>),
+    /// Load unless resident, for the reason given; answered once ready or failed.
+    Load(LoadReason, oneshot::Sender<Result<(), LoadError>>),
     /// Leave memory once nothing runs or waits.
     Unload,
     /// Leave memory now if nothing runs or waits; answered with whether it left.
@@ -236,8 +239,10 @@ pub struct ModelQueue {
     padding: Option<Arc<PaddingRule>>,
     residency: watch::Receiver<Residency>,
     controls: mpsc::Sender<Control>,
-    /// Registered with its device (which holds it weakly) while any handle lives.
-    _evictable: Option<Arc<EvictHandle>>,
+    last_use: Arc<LastUse>,
+    /// Registered with its device (which holds it weakly) while any handle lives; `None`:
+    /// the model is pinned or cannot be loaded again.
+    evictable: Option<Arc<EvictHandle>>,
 }
 
 impl ModelQueue {
@@ -284,6 +289,7 @@ impl ModelQueue {
             device.register(Arc::downgrade(&handle) as std::sync::Weak<dyn Evictable>);
             handle
         });
+        let resident_last_use = last_use.clone();
         let resident =
             Resident::new(loaded, residence, residency_sender, last_use, (&execution.model, &execution.backend));
         tokio::spawn(run_queue(execution, resident, policy, receiver, control_receiver));
@@ -297,7 +303,8 @@ impl ModelQueue {
             padding,
             residency,
             controls,
-            _evictable: evictable,
+            last_use: resident_last_use,
+            evictable,
         }
     }
 
@@ -313,11 +320,32 @@ impl ModelQueue {
 
     /// Make the model resident unless it is; returns once it is ready, or why it could not be
     /// loaded.
-    pub async fn load(&self) -> Result<(), LoadError> {
+    pub async fn load(&self, reason: LoadReason) -> Result<(), LoadError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || LoadError::Failed(format!("model '{}' is shutting down", self.model));
-        self.controls.send(Control::Load(reply)).await.map_err(|_| stopped())?;
+        self.controls.send(Control::Load(reason, reply)).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+
+    /// Whether the model may be asked to leave memory for another (not pinned, and able to
+    /// load again).
+    pub fn is_evictable(&self) -> bool {
+        self.evictable.is_some()
+    }
+
+    /// Leave memory now unless a batch runs or jobs wait on it (or it is pinned); whether it
+    /// left, its memory back in its device's budget.
+    pub async fn evict(&self) -> bool {
+        if !self.is_evictable() {
+            return false;
+        }
+        let (reply, answer) = oneshot::channel();
+        self.controls.send(Control::Evict(reply)).await.is_ok() && answer.await.unwrap_or(false)
+    }
+
+    /// When a job last arrived or a batch last ended.
+    pub fn last_used(&self) -> std::time::Instant {
+        self.last_use.get()
     }
 
     /// Let the model leave memory once no batch runs and no job waits on it (a later job
@@ -587,7 +615,7 @@ async fn run_queue(
                 None => closed = true,
             },
             control = controls.recv(), if !controls_closed => match control {
-                Some(Control::Load(reply)) => {
+                Some(Control::Load(reason, reply)) => {
                     resident.unload_wanted = false;
                     if resident.is_loaded() {
                         // An unload waiting for the model to go idle is called off.
@@ -595,7 +623,7 @@ async fn run_queue(
                         let _ = reply.send(Ok(()));
                     } else if let Some(reason) = resident.refusal(std::time::Instant::now()) {
                         let _ = reply.send(Err(LoadError::Failed(reason.to_string())));
-                    } else if resident.begin_load(LoadReason::Request) {
+                    } else if resident.begin_load(reason) {
                         resident.load_waiters.push(reply);
                     } else {
                         let _ = reply.send(Err(LoadError::Failed("it cannot be loaded again".to_string())));
@@ -917,7 +945,7 @@ mod tests {
     async fn an_unload_waits_for_the_jobs_in_flight_and_the_next_job_loads_again() {
         let (loader, loads) = digits_loader(0);
         let queue = queue(loader, None);
-        queue.load().await.expect("loads");
+        queue.load(LoadReason::Request).await.expect("loads");
         let deadline = Instant::now() + Duration::from_secs(10);
         let calls: Vec<_> = (0..10).map(|_| queue.compute(row(), deadline, share())).collect();
         let (outputs, ()) = tokio::join!(futures::future::join_all(calls), queue.unload());
@@ -985,7 +1013,7 @@ mod tests {
         // Within the retry pause: refused at once, without another load's CPU.
         let again = queue.compute(row(), deadline, share()).await;
         assert!(matches!(again, Err(ComputeError::LoadFailed { .. })), "{again:?}");
-        assert!(matches!(queue.load().await, Err(LoadError::Failed(_))));
+        assert!(matches!(queue.load(LoadReason::Request).await, Err(LoadError::Failed(_))));
         assert_eq!(loads.load(Ordering::SeqCst), 1);
     }
 }
