@@ -570,3 +570,91 @@ async fn a_load_waits_for_the_tenants_busy_model_instead_of_evicting_it() {
     assert!(a_answered <= b_answered, "b was loaded only once a's batch ended");
     assert_eq!(evictions(&server, "a").await, 2.0, "at start for b, then for b again once idle");
 }
+
+async fn model_status(server: &Server, model: &str) -> Value {
+    let (code, body) =
+        server.send(reqwest::Method::GET, &format!("/control/v1/models/{model}"), ACME, Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
+/// Poll the model's status until `done` holds (within 15 s).
+async fn status_becomes(server: &Server, model: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let status = model_status(server, model).await;
+        if done(&status) {
+            return status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "{model} never {what}: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_autoscaler_adds_an_instance_under_sustained_load_and_drops_it_when_idle() {
+    let tenants = Tenants::new();
+    let autoscale = "[models.busy.autoscale]\nmin_instances = 1\nmax_instances = 2\ntarget_queue_wait_ms = 5\n\
+                     window_ms = 500\n";
+    let models = [("busy", onnx::slow_compute(256, 20), autoscale)];
+    tenants.write("acme.toml", &(tenant_header("acme", ACME, "") + &entries(&tenants, &models)));
+    let server = Server::start(tenants.path(), &[]);
+    assert_eq!(model_status(&server, "busy").await["instances"], 1, "it starts at min_instances");
+
+    // Eight clients back to back keep one instance's queue from draining.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let request = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.5] }] });
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (base, stop, request) = (server.base.clone(), stop.clone(), request.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let mut failures = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let url = format!("{base}/v2/models/busy/infer");
+                    let response = client.post(url).bearer_auth(ACME).json(&request).send().await.expect("a request");
+                    if response.status() != 200 {
+                        failures.push(response.text().await.unwrap_or_default());
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    let scaled = status_becomes(&server, "busy", "scaled up", |status| status["instances"] == 2).await;
+    let up = &scaled["events"][0];
+    assert_eq!(
+        (up["action"].as_str(), &up["instances_before"], &up["instances_after"]),
+        (Some("scale_up"), &json!(1), &json!(2))
+    );
+    assert!(up["reason"].as_str().expect("a reason").contains("more than the 5 ms target"), "{up}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for client in clients {
+        assert_eq!(client.await.expect("a client"), Vec::<String>::new(), "every request answered 200");
+    }
+
+    // Idle, it goes back to the minimum, and stays resident.
+    let idle = status_becomes(&server, "busy", "scaled down", |status| status["instances"] == 1).await;
+    let down = idle["events"].as_array().expect("events").last().expect("an event").clone();
+    assert_eq!(down["action"], "scale_down", "{idle}");
+    assert!(down["reason"].as_str().expect("a reason").contains("below 30%"), "{down}");
+    assert_eq!(idle["state"], "READY");
+    let scalings = "sluice_model_scalings_total{backend=\"onnxruntime\",direction=";
+    assert_eq!(metric(&server, &format!("{scalings}\"up\",model=\"busy\"}}")).await, 1.0);
+    assert_eq!(metric(&server, &format!("{scalings}\"down\",model=\"busy\"}}")).await, 1.0);
+    assert_eq!(metric(&server, "sluice_model_instances{backend=\"onnxruntime\",model=\"busy\"}").await, 1.0);
+    assert!(
+        metric(&server, "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"scale-up\"}").await >= 1.0
+    );
+
+    // Bounds are checked at start.
+    let bad = Tenants::new();
+    let wrong = "[models.busy.autoscale]\nmin_instances = 3\nmax_instances = 2\n";
+    bad.write(
+        "acme.toml",
+        &(tenant_header("acme", ACME, "") + &entries(&bad, &[("busy", onnx::slow_compute(8, 1), wrong)])),
+    );
+    let data = tempfile::tempdir().expect("tmp");
+    let log = Server::start_in(bad.path(), data.path(), &[]).err().expect("refused");
+    assert!(log.contains("autoscale needs 1 <= min_instances <= max_instances <= 64"), "{log}");
+}

@@ -34,7 +34,7 @@ pub fn routes() -> axum::Router<Shared> {
         .route("/control/v1/apps/{app}/traffic", put(set_traffic))
         .route("/control/v1/apps/{app}/promote", post(promote))
         .route("/control/v1/apps/{app}/rollback", post(rollback))
-        .route("/control/v1/models/{model}", put(upload_model).delete(delete_model))
+        .route("/control/v1/models/{model}", get(model_status).put(upload_model).delete(delete_model))
 }
 
 fn app_of(tenant: &TenantState, name: &str) -> Result<Arc<AppState>, ApiError> {
@@ -53,6 +53,31 @@ async fn app_status(
     let tenant = &authenticate(&state, &headers)?;
     let app = app_of(tenant, &app)?;
     Ok(Json(status(&app)).into_response())
+}
+
+/// `GET /control/v1/models/{model}`: one of the tenant's own models: its state, execution
+/// instances, memory and the autoscaler's latest decisions.
+async fn model_status(
+    State(state): State<Shared>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    let not_found = || ApiError::not_found(format!("model '{model}' not found in this tenant"));
+    let (name, copy) = tenant.models.own(&model).ok_or_else(not_found)?;
+    let states = tenant.models.states();
+    let (_, model_state) = states.into_iter().find(|(n, _)| *n == name).ok_or_else(not_found)?;
+    let (model_state, reason) = super::triton::state_and_reason(model_state);
+    let body = serde_json::json!({
+        "model": name,
+        "state": model_state,
+        "reason": reason,
+        "backend": copy.backend.to_string(),
+        "instances": copy.queue.instances(),
+        "footprint_bytes": copy.footprint(),
+        "events": copy.queue.scale_events(),
+    });
+    Ok(Json(body).into_response())
 }
 
 /// Stream a body to a temp file within `max` bytes (the quota named `quota`).

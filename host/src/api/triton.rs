@@ -74,20 +74,25 @@ pub fn repository_index(tenant: &TenantState, ready_only: bool) -> Vec<IndexEntr
         reason: String::new(),
     });
     let models = tenant.models.states().into_iter().map(|(name, state)| {
-        let (state, reason) = match state {
-            ModelState::Ready { resident: true } => ("READY", String::new()),
-            ModelState::Ready { resident: false } => ("READY", "not resident; the next request loads it".to_string()),
-            ModelState::Loading => ("LOADING", String::new()),
-            ModelState::Unloading => ("UNLOADING", String::new()),
-            ModelState::Unloaded => ("UNAVAILABLE", "unloaded".to_string()),
-            ModelState::Failed(reason) => ("UNAVAILABLE", reason),
-        };
+        let (state, reason) = state_and_reason(state);
         IndexEntry { name: name.to_string(), version: crate::infer::PLAIN_MODEL_VERSION.to_string(), state, reason }
     });
     let mut index: Vec<IndexEntry> = apps.chain(models).collect();
     index.retain(|entry| !ready_only || entry.state == "READY");
     index.sort_by(|a, b| a.name.cmp(&b.name));
     index
+}
+
+/// A model's state as Triton's repository index names it, and why where it says more.
+pub(super) fn state_and_reason(state: ModelState) -> (&'static str, String) {
+    match state {
+        ModelState::Ready { resident: true } => ("READY", String::new()),
+        ModelState::Ready { resident: false } => ("READY", "not resident; the next request loads it".to_string()),
+        ModelState::Loading => ("LOADING", String::new()),
+        ModelState::Unloading => ("UNLOADING", String::new()),
+        ModelState::Unloaded => ("UNAVAILABLE", "unloaded".to_string()),
+        ModelState::Failed(reason) => ("UNAVAILABLE", reason),
+    }
 }
 
 /// Whether a request for the target is served now (a model that left memory is: the request

@@ -66,9 +66,13 @@ pub enum ControlCommand {
         #[command(flatten)]
         connection: Connection,
     },
-    /// The canary analysis' decisions for an app, with the numbers behind them.
+    /// The canary analysis' decisions for an app, with the numbers behind them; with
+    /// `--model`, the autoscaler's for one of the tenant's models.
     Events {
         app: String,
+        /// NAME is a model: show its autoscaler's decisions.
+        #[arg(long)]
+        model: bool,
         #[command(flatten)]
         connection: Connection,
     },
@@ -207,10 +211,12 @@ pub async fn run(command: ControlCommand) -> anyhow::Result<()> {
         ControlCommand::Status { app, .. } => {
             (app.clone(), client.send("GET", &format!("/control/v1/apps/{app}"), None).await?)
         }
-        ControlCommand::Events { app, .. } => {
-            let status = client.send("GET", &format!("/control/v1/apps/{app}"), None).await?;
+        ControlCommand::Events { app, model, .. } => {
+            let path = if model { format!("/control/v1/models/{app}") } else { format!("/control/v1/apps/{app}") };
+            let status = client.send("GET", &path, None).await?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&status["events"])?),
+                Output::Text if model => print!("{}", render::scale_events(&status)),
                 Output::Text => print!("{}", render::events(&status)),
             }
             return Ok(());

@@ -56,6 +56,25 @@ pub fn status(app: &str, status: &Value) -> String {
 }
 
 /// The analysis' decisions, one per line, waits folded into a count.
+/// A model's autoscaler decisions, one a line.
+pub fn scale_events(status: &Value) -> String {
+    let mut text = String::new();
+    for event in status["events"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            text,
+            "{:<15} {} -> {} instances: {}",
+            event["action"].as_str().unwrap_or("?"),
+            event["instances_before"],
+            event["instances_after"],
+            event["reason"].as_str().unwrap_or(""),
+        );
+    }
+    if text.is_empty() {
+        text = format!("no decisions yet ({} instances)\n", status["instances"]);
+    }
+    text
+}
+
 pub fn events(status: &Value) -> String {
     let mut text = String::new();
     let mut waits = 0;

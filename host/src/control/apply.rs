@@ -234,6 +234,7 @@ async fn load_model(
         // Only the operator pins: an upload that could never leave memory would let one
         // tenant hold the budget every other one loads into.
         pinned: false,
+        autoscale: None,
     };
     let loaded = state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await;
     let model = loaded.map_err(|e| match e {

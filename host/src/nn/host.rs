@@ -328,6 +328,7 @@ impl graph::Host for NnView<'_> {
             capacity: 4,
             instances: 1,
             padding: None,
+            autoscale: None,
         };
         let model = Arc::new(ModelCopy::start(
             "raw",

@@ -16,6 +16,7 @@ use super::backend::{Backend, BackendError, BackendKind, Backends, Graph, Signat
 use super::breaker::{Breakers, Outcome};
 use super::device::{Device, NoRoom, allocated_bytes, mib};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
+use super::scheduler::autoscale::AutoscaleSettings;
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{
     ComputeError, LoadError, LoadReason, Loaded, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency,
@@ -390,6 +391,13 @@ impl ModelStore {
                 capacity: spec.batching.max_queue_size,
                 instances,
                 padding,
+                autoscale: spec.autoscale.as_ref().map(|autoscale| AutoscaleSettings {
+                    min_instances: autoscale.min_instances,
+                    max_instances: autoscale.max_instances,
+                    target_wait: Duration::from_millis(autoscale.target_queue_wait_ms),
+                    window: Duration::from_millis(autoscale.window_ms),
+                    scale_down_utilisation: autoscale.scale_down_utilisation,
+                }),
             };
             let footprint = memory.bytes();
             let residence = Residence {
@@ -552,11 +560,17 @@ fn reloader(
         // Requests waiting for a load on demand are its first run: warming it up on zeros
         // first would only make them wait longer.
         let warmup = if reason == LoadReason::Demand { &[][..] } else { &warmup[..] };
-        // Room for what it took the first time, before anything is read or allocated.
-        let memory = device.reserve_evicting(footprint).map_err(|no_room| match no_room.never_fits() {
+        // Room for what it took the first time, before anything is read or allocated; an
+        // instance the autoscaler adds takes its share of that, where the budget has room
+        // without evicting anything (scaling one model up never pushes another out).
+        let no_room = |no_room: NoRoom| match no_room.never_fits() {
             true => LoadError::Failed(no_room.to_string()),
             false => LoadError::NoRoom(no_room.to_string()),
-        })?;
+        };
+        let (count, memory) = match reason {
+            LoadReason::ScaleUp => (1, device.reserve(footprint / instances.max(1) as u64).map_err(no_room)?),
+            _ => (instances, device.reserve_evicting(footprint).map_err(no_room)?),
+        };
         let bytes;
         let optimized_bytes = optimized.as_ref().and_then(|optimized| read_optimized(optimized, &model));
         let source = match (&external_data, &optimized_bytes) {
@@ -574,7 +588,7 @@ fn reloader(
                 Source::Bytes(&bytes)
             }
         };
-        let graphs = load_instances(&*backend, (instances, warmup), source).map_err(|err| {
+        let graphs = load_instances(&*backend, (count, warmup), source).map_err(|err| {
             tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
             LoadError::Failed(format!("{} could not load its weights", backend.kind()))
         })?;

@@ -177,6 +177,58 @@ pub struct ModelManifest {
     /// explicit unload still applies). Default `"auto"`.
     #[serde(default)]
     pub resident: Resident,
+    #[serde(default)]
+    pub autoscale: Option<Autoscale>,
+}
+
+/// `[models.X.autoscale]`: execution instances grow from `min_instances` to `max_instances`
+/// while requests keep waiting longer than the target, and shrink back when mostly idle.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Autoscale {
+    pub min_instances: usize,
+    pub max_instances: usize,
+    /// Add an instance when the oldest waiting request has waited longer than this through a
+    /// whole window.
+    #[serde(default = "default_target_queue_wait_ms")]
+    pub target_queue_wait_ms: u64,
+    /// How long a condition must hold before a change, and between changes.
+    #[serde(default = "default_window_ms")]
+    pub window_ms: u64,
+    /// Remove an instance when they were busy less than this share of a window.
+    #[serde(default = "default_scale_down_utilisation")]
+    pub scale_down_utilisation: f64,
+}
+
+fn default_target_queue_wait_ms() -> u64 {
+    10
+}
+
+fn default_window_ms() -> u64 {
+    5_000
+}
+
+fn default_scale_down_utilisation() -> f64 {
+    0.3
+}
+
+impl Autoscale {
+    /// Check its bounds; `instances` is the model's `[batching]` count, which it replaces.
+    pub fn validate(&self, instances: usize) -> Result<(), String> {
+        if self.min_instances == 0 || self.min_instances > self.max_instances || self.max_instances > 64 {
+            return Err("autoscale needs 1 <= min_instances <= max_instances <= 64".to_string());
+        }
+        if instances != 1 && instances != self.min_instances {
+            return Err("autoscale starts at min_instances: drop batching.instances".to_string());
+        }
+        if !(100..=3_600_000).contains(&self.window_ms) || self.target_queue_wait_ms == 0 {
+            return Err("autoscale needs window_ms between 100 and 3600000 and target_queue_wait_ms >= 1".to_string());
+        }
+        if !(self.scale_down_utilisation > 0.0 && self.scale_down_utilisation < 1.0) {
+            return Err("autoscale needs scale_down_utilisation between 0 and 1".to_string());
+        }
+        Ok(())
+    }
 }
 
 /// Whether a model may leave memory on its own.

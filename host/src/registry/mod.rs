@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 use ids::{AppName, ModelName, TenantId, VersionName};
 use manifest::{
-    Analysis, AppManifest, Batching, BreakerSettings, Drift, ModelManifest, PlatformManifest, Quotas, Resident,
-    SCHEMA_VERSION, SloManifest, TenantManifest, TensorMetadata,
+    Analysis, AppManifest, Autoscale, Batching, BreakerSettings, Drift, ModelManifest, PlatformManifest, Quotas,
+    Resident, SCHEMA_VERSION, SloManifest, TenantManifest, TensorMetadata,
 };
 
 use crate::registry::manifest::BackendKind;
@@ -56,6 +56,8 @@ pub struct ModelSpec {
     pub warmup: Vec<usize>,
     /// Never evicted nor unloaded for being idle (the operator's `resident = "always"`).
     pub pinned: bool,
+    /// Instances between bounds (`batching.instances` is then the minimum); `None`: fixed.
+    pub autoscale: Option<Autoscale>,
 }
 
 /// Who supplied a model's weights, which decides whether they may name other files.
@@ -269,19 +271,28 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
             ),
         });
     }
+    let mut batching = model.batching;
+    if let Some(autoscale) = &model.autoscale {
+        autoscale.validate(batching.instances).map_err(|message| RegistryError::Invalid {
+            path: manifest.to_path_buf(),
+            message: format!("model '{name}': {message}"),
+        })?;
+        batching.instances = autoscale.min_instances;
+    }
     Ok(ModelSpec {
         name,
         path,
         sha256: actual,
         bytes,
         backend: model.backend,
-        batching: model.batching,
+        batching,
         drift: model.drift,
         breaker: model.breaker,
         origin: ModelOrigin::Manifest,
         idle_unload: model.idle_unload_s.map(std::time::Duration::from_secs),
         warmup: model.warmup.batch_sizes,
         pinned,
+        autoscale: model.autoscale,
     })
 }
 

@@ -33,6 +33,8 @@ pub mod names {
     pub const RESIDENT_MODELS: &str = "sluice_resident_models";
     pub const MODEL_MEMORY: &str = "sluice_model_memory_bytes";
     pub const MODEL_EVICTIONS: &str = "sluice_model_evictions_total";
+    pub const MODEL_INSTANCES: &str = "sluice_model_instances";
+    pub const MODEL_SCALINGS: &str = "sluice_model_scalings_total";
     pub const DEVICE_MEMORY_BUDGET: &str = "sluice_device_memory_budget_bytes";
     pub const DEVICE_MEMORY_USED: &str = "sluice_device_memory_used_bytes";
     pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
@@ -98,6 +100,11 @@ pub struct ModelSeries {
     pub compute: Histogram,
     /// Times the model left memory to make room for another.
     pub evictions: IntCounter,
+    /// Execution instances loaded (changed by deltas, as `queue_depth`).
+    pub instances: IntGauge,
+    /// The autoscaler's changes: an instance added, one removed.
+    pub scaled_up: IntCounter,
+    pub scaled_down: IntCounter,
 }
 
 /// How mirrored requests of one shadow version ended.
@@ -135,6 +142,8 @@ pub struct Metrics {
     resident_models: IntGauge,
     model_memory: IntGaugeVec,
     model_evictions: IntCounterVec,
+    model_instances: IntGaugeVec,
+    model_scalings: IntCounterVec,
     device_memory_budget: IntGaugeVec,
     device_memory_used: IntGaugeVec,
     shadow_comparisons: IntCounterVec,
@@ -272,7 +281,7 @@ impl Metrics {
             model_load: histogram(
                 &registry,
                 MODEL_LOAD_DURATION,
-                "Time to make a model resident (parse, optimise, plan), by why: start, demand or request.",
+                "Time to make a model resident (parse, optimise, plan), by why: start, demand, request or scale-up.",
                 &["backend", "reason"],
                 &[0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
             ),
@@ -288,6 +297,18 @@ impl Metrics {
                 MODEL_EVICTIONS,
                 "Times a model left memory to make room in its device's budget for another.",
                 &["model", "backend"],
+            ),
+            model_instances: int_gauge(
+                &registry,
+                MODEL_INSTANCES,
+                "Execution instances of a resident model (loaded copies that run batches at once).",
+                &["model", "backend"],
+            ),
+            model_scalings: counter(
+                &registry,
+                MODEL_SCALINGS,
+                "The autoscaler's changes to a model's instances, by direction: up or down.",
+                &["model", "backend", "direction"],
             ),
             device_memory_budget: int_gauge(
                 &registry,
@@ -419,6 +440,9 @@ impl Metrics {
             batch_rows: self.batch_rows.with_label_values(&values),
             compute: self.compute.with_label_values(&values),
             evictions: self.model_evictions.with_label_values(&values),
+            instances: self.model_instances.with_label_values(&values),
+            scaled_up: self.model_scalings.with_label_values(&[labels.model, labels.backend, "up"]),
+            scaled_down: self.model_scalings.with_label_values(&[labels.model, labels.backend, "down"]),
         }
     }
 

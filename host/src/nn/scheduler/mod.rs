@@ -14,11 +14,13 @@
 //! [`ComputeError`] (overload, deadline, backend failure).
 
 pub mod admission;
+pub mod autoscale;
 pub mod padding;
 pub mod queue;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -31,6 +33,7 @@ use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
 use crate::telemetry::stats::ModelStats;
 use crate::tensor::Tensor;
 use admission::{Backlog, Verdict};
+use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use padding::PaddingRule;
 pub use queue::Share;
 use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
@@ -138,6 +141,9 @@ pub enum LoadReason {
     Demand,
     /// Asked for (the repository API's load).
     Request,
+    /// One more execution instance, added by the autoscaler (held in the budget without
+    /// evicting anything).
+    ScaleUp,
 }
 
 impl LoadReason {
@@ -146,6 +152,7 @@ impl LoadReason {
             Self::Start => "start",
             Self::Demand => "demand",
             Self::Request => "request",
+            Self::ScaleUp => "scale-up",
         }
     }
 }
@@ -225,7 +232,23 @@ pub struct QueueSettings {
     pub instances: usize,
     /// How inputs of different lengths may share a batch; `None`: only equal shapes do.
     pub padding: Option<PaddingRule>,
+    /// Grow and shrink the instances between bounds; `None`: always `instances`.
+    pub autoscale: Option<AutoscaleSettings>,
 }
+
+/// One of the autoscaler's changes, as the control API shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScaleEvent {
+    pub unix_ms: u64,
+    /// `scale_up`, `scale_down`, or `scale_up_failed`.
+    pub action: &'static str,
+    pub instances_before: usize,
+    pub instances_after: usize,
+    pub reason: String,
+}
+
+/// The scale events a model keeps (the latest).
+const KEPT_SCALE_EVENTS: usize = 32;
 
 /// Handle to a model's queue; clone freely.
 #[derive(Clone)]
@@ -240,6 +263,8 @@ pub struct ModelQueue {
     residency: watch::Receiver<Residency>,
     controls: mpsc::Sender<Control>,
     last_use: Arc<LastUse>,
+    instances: Arc<AtomicUsize>,
+    events: Arc<Mutex<VecDeque<ScaleEvent>>>,
     /// Registered with its device (which holds it weakly) while any handle lives; `None`:
     /// the model is pinned or cannot be loaded again.
     evictable: Option<Arc<EvictHandle>>,
@@ -278,7 +303,10 @@ impl ModelQueue {
             padding: padding.clone(),
             series: metrics().model_series(ModelLabels { model: &model, backend }),
             backend: backend.into(),
+            instances: Arc::new(AtomicUsize::new(0)),
+            events: Arc::new(Mutex::new(VecDeque::new())),
         };
+        let (instances, events) = (execution.instances.clone(), execution.events.clone());
         let last_use = Arc::new(LastUse::new());
         let evictable = residence.evictable_from.as_ref().filter(|_| residence.loader.is_some()).map(|device| {
             let handle = Arc::new(EvictHandle {
@@ -290,8 +318,14 @@ impl ModelQueue {
             handle
         });
         let resident_last_use = last_use.clone();
-        let resident =
+        let mut resident =
             Resident::new(loaded, residence, residency_sender, last_use, (&execution.model, &execution.backend));
+        resident.scaler =
+            settings.autoscale.clone().map(|settings| Autoscaler::new(settings, std::time::Instant::now()));
+        resident.set_instances(&execution, resident.idle.len());
+        if resident.is_loaded() {
+            resident.start_scaler(std::time::Instant::now());
+        }
         tokio::spawn(run_queue(execution, resident, policy, receiver, control_receiver));
         Self {
             model,
@@ -304,6 +338,8 @@ impl ModelQueue {
             residency,
             controls,
             last_use: resident_last_use,
+            instances,
+            events,
             evictable,
         }
     }
@@ -346,6 +382,16 @@ impl ModelQueue {
     /// When a job last arrived or a batch last ended.
     pub fn last_used(&self) -> std::time::Instant {
         self.last_use.get()
+    }
+
+    /// Execution instances loaded now (0 while not resident).
+    pub fn instances(&self) -> usize {
+        self.instances.load(Ordering::Relaxed)
+    }
+
+    /// The autoscaler's latest changes, oldest first.
+    pub fn scale_events(&self) -> Vec<ScaleEvent> {
+        self.events.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
     }
 
     /// Let the model leave memory once no batch runs and no job waits on it (a later job
@@ -424,6 +470,23 @@ struct Execution {
     padding: Option<Arc<PaddingRule>>,
     series: ModelSeries,
     backend: Arc<str>,
+    instances: Arc<AtomicUsize>,
+    events: Arc<Mutex<VecDeque<ScaleEvent>>>,
+}
+
+impl Execution {
+    fn record(&self, action: &'static str, (before, after): (usize, usize), reason: String) {
+        tracing::info!(model = %self.model, action, instances_before = before, instances_after = after, reason = %reason, "autoscaler");
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+        let event = ScaleEvent { unix_ms, action, instances_before: before, instances_after: after, reason };
+        let mut events = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        if events.len() == KEPT_SCALE_EVENTS {
+            events.pop_front();
+        }
+        events.push_back(event);
+    }
 }
 
 /// The actor's hold on the model's execution instances, and what it needs to load them again.
@@ -449,6 +512,15 @@ struct Resident {
     /// When a job last arrived or a batch last ended: for `idle_unload`, and for the device
     /// choosing which model leaves to make room.
     last_use: Arc<LastUse>,
+    /// Instances loaded (idle and running).
+    instances: usize,
+    /// Decides when instances are added or removed, sampled at `next_tick`.
+    scaler: Option<Autoscaler>,
+    next_tick: Option<std::time::Instant>,
+    /// Instance time spent on batches since the last sample.
+    busy: Duration,
+    /// An instance being added, with why and how long its load took.
+    scaling: tokio::task::JoinSet<Result<(Loaded, String, Duration), LoadError>>,
 }
 
 impl Resident {
@@ -473,6 +545,84 @@ impl Resident {
             unload_wanted: false,
             failed: None,
             last_use,
+            instances: 0,
+            scaler: None,
+            next_tick: None,
+            busy: Duration::ZERO,
+            scaling: tokio::task::JoinSet::new(),
+        }
+    }
+
+    fn set_instances(&mut self, execution: &Execution, instances: usize) {
+        execution.series.instances.add(instances as i64 - self.instances as i64);
+        execution.instances.store(instances, Ordering::Relaxed);
+        self.instances = instances;
+    }
+
+    /// When the autoscaler next samples the queue: while it is loaded.
+    fn tick_due(&self) -> Option<std::time::Instant> {
+        self.next_tick.filter(|_| self.is_loaded())
+    }
+
+    /// (Re)start the autoscaler's watch once the model is loaded.
+    fn start_scaler(&mut self, now: std::time::Instant) {
+        if let Some(scaler) = &mut self.scaler {
+            scaler.restart(now);
+            self.next_tick = Some(now + scaler.settings().tick());
+            self.busy = Duration::ZERO;
+        }
+    }
+
+    /// Sample the queue for the autoscaler and carry out what it decides.
+    fn tick(&mut self, execution: &Execution, oldest: Option<std::time::Instant>, now: std::time::Instant) {
+        let Some(scaler) = &mut self.scaler else { return };
+        self.next_tick = Some(now + scaler.settings().tick());
+        let oldest_wait = oldest.map_or(Duration::ZERO, |queued| now.saturating_duration_since(queued));
+        let sample = Sample { at: now, oldest_wait, busy: std::mem::take(&mut self.busy), instances: self.instances };
+        match scaler.observe(sample) {
+            Some(Scale::Up { reason }) if self.scaling.is_empty() => {
+                if let Some(loader) = self.residence.loader.clone() {
+                    tracing::info!(model = %execution.model, reason = %reason, "adding an instance");
+                    self.scaling.spawn_blocking(move || {
+                        let started = std::time::Instant::now();
+                        loader(LoadReason::ScaleUp).map(|loaded| (loaded, reason, started.elapsed()))
+                    });
+                }
+            }
+            // An idle one goes (the scaler never asks below the minimum); if all are busy,
+            // the next window asks again.
+            Some(Scale::Down { reason }) if !self.idle.is_empty() => {
+                self.idle.pop();
+                if let Some(gauge) = &mut self.gauge {
+                    gauge.remove_instance();
+                }
+                let before = self.instances;
+                self.set_instances(execution, before - 1);
+                execution.series.scaled_down.inc();
+                execution.record("scale_down", (before, before - 1), reason);
+            }
+            _ => {}
+        }
+    }
+
+    /// An instance the autoscaler asked for is loaded, or could not be.
+    fn end_scale_up(&mut self, execution: &Execution, result: Result<(Loaded, String, Duration), LoadError>) {
+        let before = self.instances;
+        match result {
+            Ok((Loaded { graphs, memory }, reason, took)) if self.is_loaded() && !graphs.is_empty() => {
+                metrics().model_loaded(&execution.backend, LoadReason::ScaleUp.label(), took);
+                let after = before + graphs.len();
+                self.idle.extend(graphs);
+                if let (Some(gauge), Some(memory)) = (&mut self.gauge, memory) {
+                    gauge.add_instance(memory);
+                }
+                self.set_instances(execution, after);
+                execution.series.scaled_up.inc();
+                execution.record("scale_up", (before, after), reason);
+            }
+            // The model left memory meanwhile: the instance goes with it.
+            Ok(_) => {}
+            Err(error) => execution.record("scale_up_failed", (before, before), error.to_string()),
         }
     }
 
@@ -504,8 +654,11 @@ impl Resident {
             Ok(Loaded { graphs, memory }) if !graphs.is_empty() => {
                 metrics().model_loaded(&execution.backend, reason.label(), started.elapsed());
                 tracing::info!(model = %execution.model, reason = reason.label(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
+                let instances = graphs.len();
                 self.idle = graphs;
                 self.gauge = Some(ResidentGauge::new((&execution.model, &execution.backend), memory));
+                self.set_instances(execution, instances);
+                self.start_scaler(std::time::Instant::now());
                 self.failed = None;
                 (self.room_retry, self.no_room) = (None, None);
                 self.touch();
@@ -549,16 +702,18 @@ impl Resident {
     fn evict(&mut self, execution: &Execution, busy: bool) -> bool {
         let evictable = !busy && self.is_loaded() && self.loading.is_empty() && self.residence.loader.is_some();
         if evictable {
-            self.unload(&execution.model, "evicted to make room for another model");
+            self.unload(execution, "evicted to make room for another model");
             execution.series.evictions.inc();
         }
         evictable
     }
 
     /// Drop the instances (nothing runs or waits on them).
-    fn unload(&mut self, model: &str, why: &str) {
+    fn unload(&mut self, execution: &Execution, why: &str) {
+        let model = &execution.model;
         self.idle.clear();
         self.gauge = None;
+        self.set_instances(execution, 0);
         self.unload_wanted = false;
         self.status.send_replace(Residency::Unloaded);
         tracing::info!(model = %model, why, "model left memory");
@@ -570,6 +725,8 @@ impl Resident {
 struct ResidentGauge {
     labels: (String, String),
     memory: Option<Reservation>,
+    /// What the instances the autoscaler added hold.
+    added: Vec<Reservation>,
 }
 
 impl ResidentGauge {
@@ -577,14 +734,26 @@ impl ResidentGauge {
         metrics().model_resident(true);
         let bytes = memory.as_ref().map_or(0, Reservation::bytes);
         metrics().model_memory(model, backend, i64::try_from(bytes).unwrap_or(i64::MAX));
-        Self { labels: (model.to_string(), backend.to_string()), memory }
+        Self { labels: (model.to_string(), backend.to_string()), memory, added: Vec::new() }
+    }
+
+    fn add_instance(&mut self, memory: Reservation) {
+        metrics().model_memory(&self.labels.0, &self.labels.1, i64::try_from(memory.bytes()).unwrap_or(i64::MAX));
+        self.added.push(memory);
+    }
+
+    fn remove_instance(&mut self) {
+        if let Some(memory) = self.added.pop() {
+            metrics().model_memory(&self.labels.0, &self.labels.1, -i64::try_from(memory.bytes()).unwrap_or(i64::MAX));
+        }
     }
 }
 
 impl Drop for ResidentGauge {
     fn drop(&mut self) {
         metrics().model_resident(false);
-        let bytes = self.memory.as_ref().map_or(0, Reservation::bytes);
+        let bytes =
+            self.memory.as_ref().map_or(0, Reservation::bytes) + self.added.iter().map(Reservation::bytes).sum::<u64>();
         metrics().model_memory(&self.labels.0, &self.labels.1, -i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 }
@@ -598,7 +767,7 @@ async fn run_queue(
 ) {
     let execution = Arc::new(execution);
     let mut state = BatchQueue::new(policy.clone());
-    let mut running: tokio::task::JoinSet<Arc<dyn Graph>> = tokio::task::JoinSet::new();
+    let mut running: tokio::task::JoinSet<(Arc<dyn Graph>, Duration)> = tokio::task::JoinSet::new();
     let (mut closed, mut controls_closed) = (false, false);
     // What this queue added to `sluice_queue_depth`.
     let mut depth = 0usize;
@@ -606,6 +775,7 @@ async fn run_queue(
         let due = state.next_due().filter(|_| !resident.idle.is_empty());
         let idle_until = resident.idle_until(!running.is_empty() || !state.is_empty());
         let room_retry = resident.room_retry.filter(|_| !state.is_empty());
+        let tick_due = resident.tick_due();
         tokio::select! {
             job = receiver.recv(), if !closed => match job {
                 Some(job) => {
@@ -646,12 +816,23 @@ async fn run_queue(
             () = sleep_until_due(due), if due.is_some() => {}
             () = sleep_until_due(room_retry), if room_retry.is_some() => resident.room_retry = None,
             () = sleep_until_due(idle_until), if idle_until.is_some() => {
-                resident.unload(&execution.model, "idle");
+                resident.unload(&execution, "idle");
+            }
+            () = sleep_until_due(tick_due), if tick_due.is_some() => {
+                resident.tick(&execution, state.oldest_enqueued(), std::time::Instant::now());
+            }
+            Some(added) = resident.scaling.join_next(), if !resident.scaling.is_empty() => {
+                let added =
+                    added.unwrap_or_else(|join| Err(LoadError::Failed(format!("the loader thread failed: {join}"))));
+                resident.end_scale_up(&execution, added);
             }
             Some(done) = running.join_next(), if !running.is_empty() => {
                 resident.touch();
                 match done {
-                    Ok(graph) => resident.idle.push(graph),
+                    Ok((graph, busy)) => {
+                        resident.busy += busy;
+                        resident.idle.push(graph);
+                    }
                     Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
                 }
             }
@@ -701,8 +882,9 @@ async fn run_queue(
             let Some(graph) = resident.idle.pop() else { break };
             let execution = execution.clone();
             running.spawn(async move {
+                let started = std::time::Instant::now();
                 execute(&execution, &graph, batch).await;
-                graph
+                (graph, started.elapsed())
             });
         }
         let rows = state.rows();
@@ -715,10 +897,10 @@ async fn run_queue(
             if busy {
                 resident.status.send_replace(Residency::Unloading);
             } else {
-                resident.unload(&execution.model, "asked");
+                resident.unload(&execution, "asked");
             }
         }
-        if closed && !busy && resident.loading.is_empty() {
+        if closed && !busy && resident.loading.is_empty() && resident.scaling.is_empty() {
             return;
         }
     }
@@ -897,6 +1079,7 @@ mod tests {
             capacity: 128,
             instances: 1,
             padding: None,
+            autoscale: None,
         }
     }
 

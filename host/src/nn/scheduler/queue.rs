@@ -148,6 +148,11 @@ impl<P> BatchQueue<P> {
         jobs
     }
 
+    /// When the job that has waited longest was queued.
+    pub fn oldest_enqueued(&self) -> Option<Instant> {
+        self.lanes.values().filter_map(|lane| lane.jobs.front()).map(|job| job.enqueued).min()
+    }
+
     /// When the oldest job's delay runs out (the actor's next wake-up).
     pub fn next_due(&self) -> Option<Instant> {
         self.lanes.values().filter_map(|lane| lane.jobs.front()).map(|job| job.enqueued + self.policy.max_delay).min()
