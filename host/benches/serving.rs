@@ -80,7 +80,7 @@ async fn sandbox_cost() -> anyhow::Result<()> {
         let call = GuestCall {
             nn: NnCtx::new(
                 models.clone(),
-                Share { tenant: "bench".into(), weight: 1 },
+                Share::new("bench".into(), 1),
                 deadline,
                 None,
                 64 << 20,

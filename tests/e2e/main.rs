@@ -8,6 +8,7 @@ mod cli;
 mod clients;
 mod confidentiality;
 mod control;
+mod cost;
 mod degradation;
 mod deploy;
 mod drift;

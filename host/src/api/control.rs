@@ -29,6 +29,7 @@ type Shared = Arc<ServingState>;
 
 pub fn routes() -> axum::Router<Shared> {
     axum::Router::new()
+        .route("/control/v1/usage", get(usage))
         .route("/control/v1/apps/{app}", get(app_status))
         .route("/control/v1/apps/{app}/versions/{version}", put(upload_version).delete(delete_version))
         .route("/control/v1/apps/{app}/traffic", put(set_traffic))
@@ -53,6 +54,20 @@ async fn app_status(
     let tenant = &authenticate(&state, &headers)?;
     let app = app_of(tenant, &app)?;
     Ok(Json(status(&app)).into_response())
+}
+
+/// `GET /control/v1/usage`: what the tenant's requests cost since the server started.
+async fn usage(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let tenant = &authenticate(&state, &headers)?;
+    let totals = tenant.usage.totals();
+    let body = serde_json::json!({
+        "tenant": tenant.spec().id,
+        "requests": totals.requests,
+        "cpu_seconds": totals.cpu_seconds,
+        "compute_seconds": totals.compute_seconds,
+        "cost_seconds": totals.cpu_seconds + totals.compute_seconds,
+    });
+    Ok(Json(body).into_response())
 }
 
 /// `GET /control/v1/models/{model}`: one of the tenant's own models: its state, execution

@@ -15,7 +15,9 @@ use super::error::ApiError;
 use super::{grpc_body, metadata, request_id, triton};
 use crate::infer;
 use crate::oip::raw;
-use crate::oip::types::{Datatype, InferOutcome, InputValidator, Payload, TensorLimits, ValidInferRequest};
+use crate::oip::types::{
+    COST_PARAMETER, Datatype, InferOutcome, InputValidator, Payload, TensorLimits, ValidInferRequest,
+};
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::Protocol;
 use crate::telemetry::traces;
@@ -412,6 +414,11 @@ pub fn encode_response(outcome: InferOutcome) -> ModelInferResponse {
             .map(|(k, v)| {
                 (k, InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(v)) })
             })
+            .chain(outcome.cost_us.map(|cost| {
+                let cost =
+                    InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::DoubleParam(cost)) };
+                (COST_PARAMETER.to_string(), cost)
+            }))
             .collect(),
         outputs,
         raw_output_contents,

@@ -14,7 +14,8 @@ use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use crate::oip::types::{
-    Datatype, InferOutcome, InputHeader, InputValidator, Payload, TensorLimits, ValidInferRequest, ValidTensor,
+    COST_PARAMETER, Datatype, InferOutcome, InputHeader, InputValidator, Payload, TensorLimits, ValidInferRequest,
+    ValidTensor,
 };
 use crate::tensor::ElementType;
 
@@ -411,7 +412,12 @@ pub fn encode_response(outcome: InferOutcome, encoding: &OutputEncoding) -> Resu
         model_name: outcome.model_name,
         model_version: outcome.model_version,
         id: outcome.id,
-        parameters: outcome.parameters.into_iter().map(|(k, v)| (k, Value::String(v))).collect(),
+        parameters: outcome
+            .parameters
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .chain(outcome.cost_us.map(|cost| (COST_PARAMETER.to_string(), Value::from(cost))))
+            .collect(),
         outputs,
     };
     let json = serde_json::to_vec(&response)

@@ -141,7 +141,7 @@ pub async fn set_drift_baseline(
         )));
     };
     let spec = tenant.spec();
-    let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
+    let share = Share::new(spec.id.as_str().into(), spec.quotas.compute_weight);
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
     within_deadline(budget, async {
@@ -200,6 +200,7 @@ pub async fn infer(
     caller: Caller<'_>,
 ) -> Result<InferOutcome, ApiError> {
     let Entry { _in_flight, turn, budget } = entry;
+    let holding = turn.holding();
     let target = resolve(tenant, name, version)?;
     let slo = match &target {
         Target::App { app, .. } => app.slo.clone(),
@@ -209,28 +210,32 @@ pub async fn infer(
     let spec = tenant.spec();
     // The OIP `timeout` request parameter (microseconds, as Triton reads it) shortens it too.
     let budget = budget.shortened(timeout_parameter(&request.parameters)?);
-    let share = Share { tenant: spec.id.as_str().into(), weight: spec.quotas.compute_weight };
+    let share = Share::new(spec.id.as_str().into(), spec.quotas.compute_weight);
+    let bill = share.bill.clone();
     let run = Run { state, tenant, spec, share, budget };
     let (id, requested) = (request.id.clone(), request.requested_outputs.clone());
 
-    let (outputs, parameters, version) = match target {
-        Target::Model { model, .. } => run_model(&run, name, &model, request, turn).await?,
+    let answer = match target {
+        Target::Model { model, .. } => run_model(&run, name, &model, request, turn).await,
         Target::App { app, version, chosen, pinned } => {
             // Kept only where a fallback may need it.
             let spare = app.spec.fallback.as_ref().map(|_| request.clone());
             let choice = Choice { version, chosen, pinned, slo };
             match run_app(&run, name, &app, choice, request, turn, caller).await {
-                Ok(answer) => answer,
+                Ok(answer) => Ok(answer),
                 Err(Failed { error, degradable }) => match (degradable, &app.spec.fallback, spare) {
-                    (Some(reason), Some(fallback), Some(spare)) => {
-                        fall_back(&run, name, fallback, reason, spare).await?
-                    }
-                    _ => return Err(error),
+                    (Some(reason), Some(fallback), Some(spare)) => fall_back(&run, name, fallback, reason, spare).await,
+                    _ => Err(error),
                 },
             }
         }
     };
-    Ok(InferOutcome { model_name: name.to_string(), model_version: version, id, outputs, parameters }
+    // Paid for whether or not it answered: the turns it held and the compute that ran for it.
+    let (cpu, compute) = (holding.held_for(), bill.total());
+    tenant.usage.record(cpu, compute);
+    let (outputs, parameters, version) = answer?;
+    let cost_us = Some((cpu + compute).as_nanos() as f64 / 1000.0);
+    Ok(InferOutcome { model_name: name.to_string(), model_version: version, id, outputs, parameters, cost_us }
         .select(requested.as_deref())?)
 }
 

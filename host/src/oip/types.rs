@@ -272,7 +272,13 @@ pub struct InferOutcome {
     pub id: Option<String>,
     pub outputs: Vec<ValidTensor>,
     pub parameters: Vec<(String, String)>,
+    /// What the request cost in microseconds: CPU turns held plus its share of model compute
+    /// (the response parameter [`COST_PARAMETER`]).
+    pub cost_us: Option<f64>,
 }
+
+/// The response parameter with a request's cost in microseconds (a double).
+pub const COST_PARAMETER: &str = "sluice_cost_us";
 
 impl InferOutcome {
     /// Keep only the outputs the client asked for, in the order asked.
@@ -319,6 +325,7 @@ mod tests {
             id: None,
             outputs: (0..outputs).map(tensor).collect(),
             parameters: Vec::new(),
+            cost_us: None,
         }
     }
 

@@ -24,6 +24,7 @@ use crate::runtime::Runtime;
 use crate::telemetry::rate::TokenBucket;
 use crate::tenancy::Admission;
 use crate::tenancy::turns::Turns;
+use crate::tenancy::usage::Usage;
 
 /// Mirrors waiting for the shadow thread before new ones are dropped, in jobs and in bytes.
 const SHADOW_QUEUE: usize = 64;
@@ -74,6 +75,8 @@ pub struct TenantState {
     apps: RwLock<BTreeMap<AppName, Arc<AppState>>>,
     /// Keys or quotas were set through the admin API: they are saved and win over the manifest.
     pub admin_managed: AtomicBool,
+    /// What its requests cost since start.
+    pub usage: Usage,
 }
 
 impl TenantState {
@@ -92,6 +95,7 @@ impl TenantState {
             models,
             apps: RwLock::new(apps),
             admin_managed: AtomicBool::new(false),
+            usage: Usage::default(),
         }
     }
 

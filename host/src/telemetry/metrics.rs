@@ -12,8 +12,8 @@ use super::drift::DriftReport;
 use super::slo::ObjectiveReport;
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The exported metric names.
@@ -25,6 +25,7 @@ pub mod names {
     pub const GUEST_EXECUTION: &str = "sluice_guest_execution_seconds";
     pub const GUEST_TRAPS: &str = "sluice_guest_traps_total";
     pub const NN_COMPUTE_CALLS: &str = "sluice_nn_compute_calls_total";
+    pub const TENANT_COMPUTE: &str = "sluice_tenant_compute_seconds_total";
     pub const QUEUE_WAIT: &str = "sluice_queue_wait_seconds";
     pub const QUEUE_DEPTH: &str = "sluice_queue_depth";
     pub const BATCH_ROWS: &str = "sluice_batch_rows";
@@ -134,6 +135,7 @@ pub struct Metrics {
     guest_execution: HistogramVec,
     guest_traps: IntCounterVec,
     nn_compute_calls: IntCounterVec,
+    tenant_compute: CounterVec,
     queue_wait: HistogramVec,
     queue_depth: IntGaugeVec,
     batch_rows: HistogramVec,
@@ -158,6 +160,12 @@ pub struct Metrics {
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let family = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter definition");
+    registry.register(Box::new(family.clone())).expect("each metric registered once");
+    family
+}
+
+fn float_counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> CounterVec {
+    let family = CounterVec::new(Opts::new(name, help), labels).expect("a valid counter definition");
     registry.register(Box::new(family.clone())).expect("each metric registered once");
     family
 }
@@ -256,6 +264,12 @@ impl Metrics {
                 NN_COMPUTE_CALLS,
                 "wasi-nn compute calls (and plain model requests) entering a batch queue.",
                 &["tenant", "model"],
+            ),
+            tenant_compute: float_counter(
+                &registry,
+                TENANT_COMPUTE,
+                "Model compute charged to a tenant: each batch's engine time split over its requests by rows.",
+                &["tenant", "model", "device"],
             ),
             queue_wait: histogram(
                 &registry,
@@ -428,6 +442,13 @@ impl Metrics {
     pub fn compute_call(&self, tenant: &str, model: &str) {
         if self.on() {
             self.nn_compute_calls.with_label_values(&[tenant, model]).inc();
+        }
+    }
+
+    /// `tenant`'s share of a batch's compute on `model` (the copy's name) on `device`.
+    pub fn tenant_compute(&self, tenant: &str, model: &str, device: &str, compute: Duration) {
+        if self.on() {
+            self.tenant_compute.with_label_values(&[tenant, model, device]).inc_by(compute.as_secs_f64());
         }
     }
 

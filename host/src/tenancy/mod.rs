@@ -1,11 +1,13 @@
 //! Tenancy: who is calling (API-key authentication) and whether they may start another
 //! request now (per-tenant concurrency admission), and fair turns on the host CPU (the
-//! [`turns::Turn`] implements `nn`'s `CpuTurn` hook). Its refusals are [`TenancyError`]s.
+//! [`turns::Turn`] implements `nn`'s `CpuTurn` hook), and what its requests cost
+//! ([`usage::Usage`]). Its refusals are [`TenancyError`]s.
 //! Imports `nn` (the hook) and `registry` (ids) only.
 
 mod error;
 pub mod turn_state;
 pub mod turns;
+pub mod usage;
 
 pub use error::TenancyError;
 

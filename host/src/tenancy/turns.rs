@@ -181,22 +181,85 @@ pub struct Turn {
     weight: u32,
     /// Shared with a time slice's wait (see [`Turn::end_slice`]), which sets it when the
     /// turn comes back.
-    holding: Arc<AtomicBool>,
+    holding: Arc<Holding>,
+}
+
+/// Whether a request holds its turn now, and how long it has held one in all: the CPU time
+/// it took outside models (its guest, and the host's work on it), which its cost counts.
+#[derive(Debug)]
+pub struct Holding {
+    held: AtomicBool,
+    /// When the current hold began, in nanoseconds since `epoch`.
+    since: AtomicU64,
+    /// Nanoseconds of the holds that ended.
+    total: AtomicU64,
+    epoch: std::time::Instant,
+}
+
+impl Holding {
+    fn held_now() -> Self {
+        Self {
+            held: AtomicBool::new(true),
+            since: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    fn nanos(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// The turn came back (or did not, if `held` is false).
+    fn set(&self, held: bool) {
+        if held {
+            self.since.store(self.nanos(), Ordering::Relaxed);
+        }
+        self.held.store(held, Ordering::Release);
+    }
+
+    /// Let the turn go; whether it was held.
+    fn release(&self) -> bool {
+        let was_held = self.held.swap(false, Ordering::AcqRel);
+        if was_held {
+            let held_for = self.nanos().saturating_sub(self.since.load(Ordering::Relaxed));
+            self.total.fetch_add(held_for, Ordering::Relaxed);
+        }
+        was_held
+    }
+
+    /// How long the request has held a turn, the current hold included.
+    pub fn held_for(&self) -> Duration {
+        let current = match self.is_held() {
+            true => self.nanos().saturating_sub(self.since.load(Ordering::Relaxed)),
+            false => 0,
+        };
+        Duration::from_nanos(self.total.load(Ordering::Relaxed) + current)
+    }
 }
 
 impl Turn {
     fn held(turns: Arc<Turns>, tenant: Arc<str>, weight: u32) -> Self {
-        Self { turns, tenant, weight, holding: Arc::new(AtomicBool::new(true)) }
+        Self { turns, tenant, weight, holding: Arc::new(Holding::held_now()) }
+    }
+
+    /// How long the request holds and has held a turn, readable after the turn is handed on.
+    pub fn holding(&self) -> Arc<Holding> {
+        self.holding.clone()
     }
 
     /// Whether the request holds a turn now.
     pub fn is_held(&self) -> bool {
-        self.holding.load(Ordering::Acquire)
+        self.holding.is_held()
     }
 
     /// Give the turn up while the request waits for something else (a model, a timer).
     pub fn pause(&mut self) {
-        if self.holding.swap(false, Ordering::AcqRel) {
+        if self.holding.release() {
             self.turns.release();
         }
     }
@@ -223,17 +286,17 @@ impl Turn {
 }
 
 /// Wait for a turn in `tenant`'s resumption lane; `holding` is set once it is held.
-async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holding: Arc<AtomicBool>) {
+async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holding: Arc<Holding>) {
     let id = turns.next_id.fetch_add(1, Ordering::Relaxed);
     let (wake, woken) = oneshot::channel();
     if turns.lock().resume(&tenant, weight, Waiter { id, wake }) {
-        holding.store(true, Ordering::Release);
+        holding.set(true);
         return;
     }
     let mut waiting = Waiting { turns: &turns, tenant: &tenant, id, woken, settled: false };
     let woke = (&mut waiting.woken).await;
     waiting.settled = true;
-    holding.store(matches!(woke, Ok(Wake::Run)), Ordering::Release);
+    holding.set(matches!(woke, Ok(Wake::Run)));
 }
 
 impl CpuTurn for Turn {

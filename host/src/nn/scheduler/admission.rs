@@ -153,8 +153,8 @@ mod tests {
     #[test]
     fn the_backlog_tracks_rows_per_tenant() {
         let backlog = Backlog::default();
-        let a = Share { tenant: "a".into(), weight: 1 };
-        let b = Share { tenant: "b".into(), weight: 3 };
+        let a = Share::new("a".into(), 1);
+        let b = Share::new("b".into(), 3);
         backlog.add(&a, 4, 8, None);
         let seen = backlog.add(&b, 2, 8, None);
         assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (1, 4, 0, 4));

@@ -35,8 +35,8 @@ use crate::tensor::Tensor;
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use padding::PaddingRule;
-pub use queue::Share;
 use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
+pub use queue::{Bill, Share};
 
 pub type NamedTensors = Vec<(String, Tensor)>;
 
@@ -923,20 +923,38 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
     }
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
+    let bills: Vec<Bill> = batch.iter().map(|j| j.share.bill.clone()).collect();
     let last_deadline = batch.iter().map(|j| j.deadline).max().unwrap_or(started);
     let span = tracing::debug_span!("compute", model = %model, rows = rows.iter().sum::<usize>(), jobs = rows.len());
     for job in &batch {
         span.follows_from(&job.payload.span);
     }
-    execute_batch(execution, graph, batch, (rows, waits, tenants), last_deadline).instrument(span).await;
+    execute_batch(execution, graph, batch, (rows, waits, tenants, bills), last_deadline).instrument(span).await;
 }
 
-/// The batch's work, inside its compute span: stack, run, split and answer.
+/// Split a batch's compute time over its jobs by rows, onto each request's bill and its
+/// tenant's compute counter. What the engine ran is paid for whether or not it answered.
+fn charge(execution: &Execution, infer_time: Duration, (rows, tenants, bills): (&[usize], &[Arc<str>], &[Bill])) {
+    let total: usize = rows.iter().sum();
+    if infer_time.is_zero() || total == 0 {
+        return;
+    }
+    for ((&rows, tenant), bill) in rows.iter().zip(tenants).zip(bills) {
+        let share = infer_time.mul_f64(rows as f64 / total as f64);
+        bill.charge(share);
+        metrics().tenant_compute(tenant, &execution.model, DEVICE, share);
+    }
+}
+
+/// Where models compute: every model runs on the host for now.
+const DEVICE: &str = "cpu";
+
+/// The batch's work, inside its compute span: stack, run, charge, split and answer.
 async fn execute_batch(
     execution: &Execution,
     graph: &Arc<dyn Graph>,
     batch: Vec<Queued<Job>>,
-    (rows, waits, tenants): (Vec<usize>, Vec<Duration>, Vec<Arc<str>>),
+    (rows, waits, tenants, bills): (Vec<usize>, Vec<Duration>, Vec<Arc<str>>, Vec<Bill>),
     last_deadline: std::time::Instant,
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
@@ -1000,6 +1018,8 @@ async fn execute_batch(
     let tenant_rows: Vec<(&str, usize)> = tenants.iter().map(|t| &**t).zip(rows.iter().copied()).collect();
     stats.execution(&tenant_rows, stacked_at - started, infer_time, unstack_started.elapsed());
     metrics().batch(series, waits, rows.iter().sum(), infer_time);
+    // Charged before anyone is answered, so a request's bill is complete once it has its outputs.
+    charge(execution, infer_time, (&rows, &tenants, &bills));
     match split {
         Ok(per_job) => {
             for (reply, outputs) in replies.into_iter().zip(per_job) {
@@ -1099,7 +1119,7 @@ mod tests {
     }
 
     fn share() -> Share {
-        Share { tenant: "acme".into(), weight: 1 }
+        Share::new("acme".into(), 1)
     }
 
     async fn residency_becomes(queue: &ModelQueue, expected: Residency) {

@@ -32,11 +32,36 @@ pub fn shape_key(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> 
     key
 }
 
-/// Who a job is for, and that tenant's share of compute (`compute_weight`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who a job is for, that tenant's share of compute (`compute_weight`), and the request's
+/// bill its jobs' compute is charged to.
+#[derive(Debug, Clone)]
 pub struct Share {
     pub tenant: Arc<str>,
     pub weight: u32,
+    pub bill: Bill,
+}
+
+impl Share {
+    /// A share with a fresh bill (one per request).
+    pub fn new(tenant: Arc<str>, weight: u32) -> Self {
+        Self { tenant, weight, bill: Bill::default() }
+    }
+}
+
+/// What one request's model calls cost: each batch's compute time split over its jobs by
+/// rows. Shared by every job of the request (clones are the same bill).
+#[derive(Debug, Clone, Default)]
+pub struct Bill(Arc<std::sync::atomic::AtomicU64>);
+
+impl Bill {
+    pub fn charge(&self, compute: Duration) {
+        let nanos = u64::try_from(compute.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn total(&self) -> Duration {
+        Duration::from_nanos(self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// A job as the queue state sees it; `P` is the caller's payload (inputs and reply).
@@ -196,7 +221,8 @@ impl<P> BatchQueue<P> {
     /// The next job in weighted deficit round robin among jobs with `key` (any key when
     /// `None`) and at most `max_rows` rows. The tenant at the front of the ring is served
     /// while its credit covers its next job; otherwise it earns its weight in credit and the
-    /// next tenant's turn comes.
+    /// next tenant's turn comes. A tenant whose jobs of `key` are all too large for the room
+    /// left ends the batch (`None`) rather than be passed over.
     fn next_job(&mut self, key: Option<&ShapeKey>, max_rows: usize) -> Option<Queued<P>> {
         let eligible = |job: &Queued<P>| job.rows <= max_rows && key.is_none_or(|k| &job.key == k);
         if !self.lanes.values().any(|lane| lane.jobs.iter().any(eligible)) {
@@ -215,6 +241,11 @@ impl<P> BatchQueue<P> {
                     return Some(job);
                 }
                 lane.deficit += lane.weight;
+            } else if key.is_some() && lane.jobs.iter().any(|job| key.is_none_or(|k| &job.key == k)) {
+                // Its next job of this shape does not fit in the room left: the batch ends
+                // here, so that others filling it do not take turns it has not had (which
+                // would tilt the shares towards tenants that send small jobs).
+                return None;
             }
             self.ring.rotate_left(1);
         }
@@ -255,7 +286,7 @@ mod tests {
             payload: id,
             rows,
             key: vec![(key.to_string(), ElementType::F32, vec![4])],
-            share: Share { tenant: tenant.into(), weight },
+            share: Share::new(tenant.into(), weight),
             enqueued: at,
             deadline: at + Duration::from_secs(1),
         }
@@ -396,5 +427,55 @@ mod tests {
         let second = queue.pop_batch(t0).expect("full");
         let served: Vec<u32> = first.iter().chain(&second).map(|j| j.payload).collect();
         assert!(served.contains(&1000), "the quiet tenant's job rides in the first batches: {served:?}");
+    }
+
+    mod fairness {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// Two backlogged tenants (never fewer jobs waiting than a batch can take), jobs of
+            /// 1 to 8 rows: after every batch, the difference in their service (rows over
+            /// weight) stays within one round's quantum plus one maximum batch.
+            #[test]
+            fn backlogged_tenants_are_served_by_weight_within_a_quantum_and_a_batch(
+                (weight_a, weight_b) in (1u32..=8, 1u32..=8),
+                max_batch in 8usize..=32,
+                sizes in proptest::collection::vec((1usize..=8, 1usize..=8), 300),
+            ) {
+                let at = Instant::now();
+                let mut queue = BatchQueue::new(policy(max_batch, true));
+                let (mut next, mut id) = ((0usize, 0usize), 0u32);
+                let mut refill = |queue: &mut BatchQueue<u32>, next: &mut (usize, usize)| {
+                    for (tenant, weight) in [("a", weight_a), ("b", weight_b)] {
+                        while queue.lanes.get(tenant).map_or(0, |lane| lane.jobs.len()) < 40 {
+                            let cursor = if tenant == "a" { &mut next.0 } else { &mut next.1 };
+                            let (size_a, size_b) = sizes[*cursor % sizes.len()];
+                            *cursor += 1;
+                            id += 1;
+                            let rows = if tenant == "a" { size_a } else { size_b };
+                            queue.push(tenant_job(id, rows, "k", at, tenant, weight));
+                        }
+                    }
+                };
+                let (mut served_a, mut served_b) = (0usize, 0usize);
+                let bound = 1.0 + max_batch as f64 / f64::from(weight_a.min(weight_b));
+                for _ in 0..1000 {
+                    refill(&mut queue, &mut next);
+                    let batch = queue.pop_batch(at + Duration::from_secs(1)).expect("a batch is due");
+                    for job in &batch {
+                        match &*job.share.tenant {
+                            "a" => served_a += job.rows,
+                            _ => served_b += job.rows,
+                        }
+                    }
+                    let gap = served_a as f64 / f64::from(weight_a) - served_b as f64 / f64::from(weight_b);
+                    prop_assert!(gap.abs() <= bound, "gap {gap:.2} > {bound:.2} after serving a {served_a}, b {served_b}");
+                }
+            }
+        }
     }
 }
