@@ -143,3 +143,36 @@ async fn tenants_keys_and_quotas_from_the_command_line() {
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && message.contains("pass --admin-token"), "{message}");
 }
+
+#[tokio::test]
+async fn the_machines_devices_from_the_admin_api_and_the_command_line() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &(tenant_header("acme", KEY, "") + &model_entry("digits-mlp", &digits_model(), None)));
+    let server = Server::start(tenants.path(), &["--admin-token", "root-token", "--model-memory", "cpu=64MiB"]);
+    let (code, devices) = server.send(reqwest::Method::GET, "/admin/v1/devices", "root-token", Vec::new()).await;
+    assert_eq!(code, 200, "{devices}");
+    let cpu = &devices["cpu"];
+    assert!(cpu["cores"].as_u64().expect("cores") >= 1, "{devices}");
+    assert!(cpu["memory_bytes"].as_u64().expect("memory") > 64 << 20, "{devices}");
+    assert_eq!(cpu["model_memory_budget_bytes"], 64 << 20);
+    assert!(cpu["model_memory_used_bytes"].as_u64().expect("used") > 0, "digits-mlp is resident");
+    let gpus = devices["cuda"].as_array().expect("a list");
+    let log = server.log();
+    if gpus.is_empty() {
+        // No GPU here: the CPU only, one line saying why, and no error.
+        let why = devices["cuda_absent"].as_str().expect("why there is none");
+        assert!(why.contains("CUDA"), "{why}");
+        assert_eq!(log.matches("no CUDA device").count(), 1, "{log}");
+    } else {
+        assert!(gpus.iter().all(|gpu| gpu["memory_total_bytes"].as_u64() > Some(0)), "{devices}");
+    }
+    assert!(!log.contains("ERROR") && !log.contains("panicked"), "{log}");
+    let memory = server.metric("sluice_device_memory_total_bytes{device=\"cpu\"}").await;
+    assert_eq!(memory, cpu["memory_bytes"].as_f64().expect("f64"));
+
+    let listed = stdout(&sluice_admin(&server, Some("root-token"), &["devices"]));
+    assert!(listed.starts_with("cpu "), "{listed}");
+    assert!(listed.contains("of 64 MiB budget"), "{listed}");
+    let (code, _) = server.send(reqwest::Method::GET, "/admin/v1/devices", KEY, Vec::new()).await;
+    assert_eq!(code, 401, "a tenant key does not see the machine");
+}

@@ -12,16 +12,6 @@ use crate::support::*;
 const ACME: &str = "cost-acme";
 const GLOBEX: &str = "cost-globex";
 
-/// The sum of a metric's samples whose line starts with `prefix`.
-async fn metric(server: &Server, prefix: &str) -> f64 {
-    let base = server.metrics.clone().expect("metrics");
-    let text = reqwest::get(format!("{base}/metrics")).await.expect("scrape").text().await.expect("text");
-    text.lines()
-        .filter(|line| line.starts_with(prefix))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn usage(server: &Server, key: &str) -> Value {
     let (code, body) = server.send(reqwest::Method::GET, "/control/v1/usage", key, Vec::new()).await;
     assert_eq!(code, 200, "{body}");
@@ -104,21 +94,19 @@ async fn costs_split_batches_by_rows_and_add_up_to_the_measured_compute() {
 
     // Compute charged to the tenants is the compute the server measured; each tenant's
     // answers add up to its usage, and its usage to its compute counter.
-    let measured = metric(&server, "sluice_compute_seconds_sum{backend=\"onnxruntime\",model=\"digits-mlp\"}").await;
+    let measured = server.metric("sluice_compute_seconds_sum{backend=\"onnxruntime\",model=\"digits-mlp\"}").await;
     let (acme, globex) = (usage(&server, ACME).await, usage(&server, GLOBEX).await);
     assert_eq!((acme["requests"].as_u64(), globex["requests"].as_u64()), (Some(201), Some(200)));
     let charged = acme["compute_seconds"].as_f64().expect("f64") + globex["compute_seconds"].as_f64().expect("f64");
     assert!(measured > 0.0);
-    let batches = metric(&server, "sluice_batch_rows_count{backend=\"onnxruntime\",model=\"digits-mlp\"}").await;
+    let batches = server.metric("sluice_batch_rows_count{backend=\"onnxruntime\",model=\"digits-mlp\"}").await;
     assert!(batches < 401.0, "requests shared batches ({batches} batches for 401 requests)");
     close(charged, measured, "compute charged vs measured");
     for (key, usage, tenant) in [(ACME, &acme, "acme"), (GLOBEX, &globex, "globex")] {
         close(sums[key], usage["cost_seconds"].as_f64().expect("f64") * 1e6, &format!("{tenant}: answers vs usage"));
-        let counter = metric(
-            &server,
-            &format!("sluice_tenant_compute_seconds_total{{device=\"cpu\",model=\"digits-mlp\",tenant=\"{tenant}\"}}"),
-        )
-        .await;
+        let series =
+            format!("sluice_tenant_compute_seconds_total{{device=\"cpu\",model=\"digits-mlp\",tenant=\"{tenant}\"}}");
+        let counter = server.metric(&series).await;
         close(counter, usage["compute_seconds"].as_f64().expect("f64"), &format!("{tenant}: metric vs usage"));
         assert!(usage["cpu_seconds"].as_f64().expect("f64") > 0.0, "{usage}");
     }

@@ -21,16 +21,6 @@ fn row() -> Value {
     json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] })
 }
 
-/// The sum of a metric's samples whose line starts with `prefix` (0 when there are none).
-async fn metric(server: &Server, prefix: &str) -> f64 {
-    let base = server.metrics.clone().expect("metrics");
-    let text = reqwest::get(format!("{base}/metrics")).await.expect("scrape").text().await.expect("text");
-    text.lines()
-        .filter(|line| line.starts_with(prefix))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A log without its terminal colours.
 fn plain(log: &str) -> String {
     let mut text = String::with_capacity(log.len());
@@ -50,7 +40,7 @@ fn plain(log: &str) -> String {
 async fn resident_becomes(server: &Server, expected: f64) {
     let started = Instant::now();
     loop {
-        let now = metric(server, "sluice_resident_models ").await;
+        let now = server.metric("sluice_resident_models ").await;
         if now == expected {
             return;
         }
@@ -116,14 +106,11 @@ async fn tenants_unload_and_load_their_own_models_and_nobody_elses() {
     let (code, _) = server.post_raw("/v2/repository/models/digits-mlp/unload", Some(ACME), Vec::new()).await;
     assert_eq!(code, 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(metric(&server, "sluice_resident_models ").await, 1.0, "globex's copy stays");
+    assert_eq!(server.metric("sluice_resident_models ").await, 1.0, "globex's copy stays");
     assert_eq!(state_of(&index(&server, GLOBEX).await, "mlp"), ("READY", ""));
     let (code, body) = server.infer("mlp", GLOBEX, &row()).await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!(
-        metric(&server, "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"demand\"}").await,
-        0.0
-    );
+    assert_eq!(server.metric("sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"demand\"}").await, 0.0);
 
     // Load over gRPC: answered once ready; serves again, loaded once on request.
     let load = RepositoryModelLoadRequest { model_name: "small".into(), ..Default::default() };
@@ -132,10 +119,7 @@ async fn tenants_unload_and_load_their_own_models_and_nobody_elses() {
     assert_eq!((code, &body["ready"]), (200, &json!(true)), "{body}");
     let (code, body) = server.infer("small", ACME, &row()).await;
     assert_eq!(code, 200, "{body}");
-    assert_eq!(
-        metric(&server, "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"request\"}").await,
-        1.0
-    );
+    assert_eq!(server.metric("sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"request\"}").await, 1.0);
     resident_becomes(&server, 2.0).await;
     let index = grpc.repository_index(authed(RepositoryIndexRequest { ready: true, ..Default::default() }, ACME));
     let ready: Vec<String> = index.await.expect("answers").into_inner().models.into_iter().map(|m| m.name).collect();
@@ -183,8 +167,8 @@ async fn an_idle_model_leaves_memory_and_a_burst_of_requests_loads_it_once() {
         assert_eq!(i64s(&output(&body, "label")["data"]), [label]);
     }
     let loads = "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"demand\"}";
-    assert_eq!(metric(&server, loads).await, 1.0, "one load for the burst");
-    assert_eq!(metric(&server, "sluice_queue_depth{").await, 0.0, "nothing left waiting");
+    assert_eq!(server.metric(loads).await, 1.0, "one load for the burst");
+    assert_eq!(server.metric("sluice_queue_depth{").await, 0.0, "nothing left waiting");
     // The requests waiting for the load on demand were its first run: no warm-up on zeros
     // made them wait longer.
     let warmed = |log: &str| log.match_indices("model warmed up").map(|(at, _)| at).collect::<Vec<_>>();
@@ -290,10 +274,10 @@ async fn models_are_held_to_the_memory_budget() {
         .write("acme.toml", &(tenant_header("acme", ACME, quotas) + &model_entry("digits-mlp", &digits_model(), None)));
     let server = Server::start(tenants.path(), &["--model-memory", "cpu=2MiB"]);
     let weights = std::fs::metadata(digits_model()).expect("weights").len() as f64;
-    assert_eq!(metric(&server, "sluice_device_memory_budget_bytes{device=\"cpu\"}").await, 2.0 * 1024.0 * 1024.0);
-    let model = metric(&server, "sluice_model_memory_bytes{backend=\"onnxruntime\",model=\"digits-mlp\"}").await;
+    assert_eq!(server.metric("sluice_device_memory_budget_bytes{device=\"cpu\"}").await, 2.0 * 1024.0 * 1024.0);
+    let model = server.metric("sluice_model_memory_bytes{backend=\"onnxruntime\",model=\"digits-mlp\"}").await;
     assert!(model >= weights, "at least its weights: {model}");
-    assert_eq!(metric(&server, "sluice_device_memory_used_bytes{device=\"cpu\"}").await, model);
+    assert_eq!(server.metric("sluice_device_memory_used_bytes{device=\"cpu\"}").await, model);
 
     // Weights larger than the whole budget are refused before anything is loaded or evicted.
     let magika = std::fs::read(magika_model()).expect("magika");
@@ -303,7 +287,7 @@ async fn models_are_held_to_the_memory_budget() {
         error_message(&body).contains("needs 3.0 MiB, more than the whole 2 MiB cpu model memory budget"),
         "{body}"
     );
-    assert_eq!(metric(&server, "sluice_model_evictions_total").await, 0.0, "nothing left for it");
+    assert_eq!(server.metric("sluice_model_evictions_total").await, 0.0, "nothing left for it");
     let (code, _) = server.infer("digits-mlp", ACME, &row()).await;
     assert_eq!(code, 200, "what is resident keeps serving");
 
@@ -347,7 +331,7 @@ async fn lookup(server: &Server, name: &str) -> f32 {
 }
 
 async fn evictions(server: &Server, model: &str) -> f64 {
-    metric(server, &format!("sluice_model_evictions_total{{backend=\"onnxruntime\",model=\"{model}\"}}")).await
+    server.metric(&format!("sluice_model_evictions_total{{backend=\"onnxruntime\",model=\"{model}\"}}")).await
 }
 
 #[tokio::test]
@@ -380,8 +364,8 @@ async fn three_models_over_a_budget_for_two_take_turns_and_every_request_succeed
                 assert_eq!(lookup(&server, model).await, i as f32 + 1.0, "round {round}: {model} answered");
             }
         }
-        let budget = metric(&server, "sluice_device_memory_budget_bytes{device=\"cpu\"}").await;
-        assert!(metric(&server, "sluice_device_memory_used_bytes{device=\"cpu\"}").await <= budget);
+        let budget = server.metric("sluice_device_memory_budget_bytes{device=\"cpu\"}").await;
+        assert!(server.metric("sluice_device_memory_used_bytes{device=\"cpu\"}").await <= budget);
         resident_becomes(&server, 2.0).await;
         let evicted = [evictions(&server, "m0").await, evictions(&server, "m1").await, evictions(&server, "m2").await];
         if pinned {
@@ -394,6 +378,31 @@ async fn three_models_over_a_budget_for_two_take_turns_and_every_request_succeed
             assert_eq!(evicted, [5.0, 4.0, 4.0], "evictions of m0, m1, m2");
         }
     }
+}
+
+/// Send a request to the slow model `a` (not resident) and return once it has loaded for it
+/// and its batch runs; the request's status, answer and when it came.
+async fn slow_request_loading_a(server: &Server) -> tokio::task::JoinHandle<(u16, Value, Instant)> {
+    let request = json!({ "inputs": [
+        { "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] },
+        { "name": "i", "shape": [1], "datatype": "INT64", "data": [0] },
+    ] });
+    let (base, started) = (server.base.clone(), Instant::now());
+    let in_flight = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(format!("{base}/v2/models/a/infer"))
+            .bearer_auth(ACME)
+            .json(&request)
+            .send()
+            .await
+            .expect("the slow request");
+        (response.status().as_u16(), response.json::<Value>().await.expect("json"), Instant::now())
+    });
+    while !plain(&server.log()).contains("model loaded model=a") {
+        assert!(started.elapsed() < Duration::from_secs(30), "a never loaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    in_flight
 }
 
 #[tokio::test]
@@ -412,31 +421,14 @@ async fn a_batch_in_flight_survives_an_eviction_attempt() {
 
     // Manifest models load in name order, so c evicted a at start. a, slow, loads on demand
     // (evicting b) and computes for seconds.
-    let request = json!({ "inputs": [
-        { "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] },
-        { "name": "i", "shape": [1], "datatype": "INT64", "data": [0] },
-    ] });
-    let (base, started) = (server.base.clone(), Instant::now());
-    let in_flight = tokio::spawn(async move {
-        let response = reqwest::Client::new()
-            .post(format!("{base}/v2/models/a/infer"))
-            .bearer_auth(ACME)
-            .json(&request)
-            .send()
-            .await
-            .expect("the slow request");
-        (response.status().as_u16(), response.json::<Value>().await.expect("json"))
-    });
-    while !plain(&server.log()).contains("model loaded model=a") {
-        assert!(started.elapsed() < Duration::from_secs(30), "a never loaded");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let started = Instant::now();
+    let in_flight = slow_request_loading_a(&server).await;
     // c is used after a's batch began, so a is the least recently used when b needs room:
     // busy, it stays, and c leaves instead.
     assert_eq!(lookup(&server, "c").await, 3.0);
     assert_eq!(lookup(&server, "b").await, 2.0);
     assert!(!in_flight.is_finished(), "the slow batch ran while b made room ({:?})", started.elapsed());
-    let (code, body) = in_flight.await.expect("the slow request's task");
+    let (code, body, _) = in_flight.await.expect("the slow request's task");
     assert_eq!(code, 200, "{body}");
     assert_eq!(f32s(&output(&body, "y")["data"]), [1.0]);
     assert_eq!(evictions(&server, "a").await, 1.0, "never evicted while its batch ran");
@@ -542,26 +534,7 @@ async fn a_load_waits_for_the_tenants_busy_model_instead_of_evicting_it() {
     let quotas = "guest_deadline_ms = 120000\nmax_resident_model_mib = 20";
     tenants.write("acme.toml", &(tenant_header("acme", ACME, quotas) + &entries(&tenants, &models)));
     let server = Server::start(tenants.path(), &[]);
-    let request = json!({ "inputs": [
-        { "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] },
-        { "name": "i", "shape": [1], "datatype": "INT64", "data": [0] },
-    ] });
-    let base = server.base.clone();
-    let in_flight = tokio::spawn(async move {
-        let response = reqwest::Client::new()
-            .post(format!("{base}/v2/models/a/infer"))
-            .bearer_auth(ACME)
-            .json(&request)
-            .send()
-            .await
-            .expect("the slow request");
-        (response.status().as_u16(), response.json::<Value>().await.expect("json"), Instant::now())
-    });
-    let started = Instant::now();
-    while !plain(&server.log()).contains("model loaded model=a") {
-        assert!(started.elapsed() < Duration::from_secs(30), "a never loaded");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let in_flight = slow_request_loading_a(&server).await;
     // b waits for a's batch to end, then a leaves for it: both answer.
     assert_eq!(lookup(&server, "b").await, 2.0);
     let b_answered = Instant::now();
@@ -640,12 +613,10 @@ async fn the_autoscaler_adds_an_instance_under_sustained_load_and_drops_it_when_
     assert!(down["reason"].as_str().expect("a reason").contains("below 30%"), "{down}");
     assert_eq!(idle["state"], "READY");
     let scalings = "sluice_model_scalings_total{backend=\"onnxruntime\",direction=";
-    assert_eq!(metric(&server, &format!("{scalings}\"up\",model=\"busy\"}}")).await, 1.0);
-    assert_eq!(metric(&server, &format!("{scalings}\"down\",model=\"busy\"}}")).await, 1.0);
-    assert_eq!(metric(&server, "sluice_model_instances{backend=\"onnxruntime\",model=\"busy\"}").await, 1.0);
-    assert!(
-        metric(&server, "sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"scale-up\"}").await >= 1.0
-    );
+    assert_eq!(server.metric(&format!("{scalings}\"up\",model=\"busy\"}}")).await, 1.0);
+    assert_eq!(server.metric(&format!("{scalings}\"down\",model=\"busy\"}}")).await, 1.0);
+    assert_eq!(server.metric("sluice_model_instances{backend=\"onnxruntime\",model=\"busy\"}").await, 1.0);
+    assert!(server.metric("sluice_model_load_seconds_count{backend=\"onnxruntime\",reason=\"scale-up\"}").await >= 1.0);
 
     // Bounds are checked at start.
     let bad = Tenants::new();

@@ -354,6 +354,16 @@ impl Server {
     }
 
     /// POST a JSON infer request to a model.
+    /// The sum of the metric samples whose line starts with `prefix` (0 when there are none).
+    pub async fn metric(&self, prefix: &str) -> f64 {
+        let base = self.metrics.clone().expect("metrics");
+        let text = reqwest::get(format!("{base}/metrics")).await.expect("scrape").text().await.expect("text");
+        text.lines()
+            .filter(|line| line.starts_with(prefix))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     pub async fn infer(&self, model: &str, key: &str, body: &Value) -> (u16, Value) {
         self.post_raw(&format!("/v2/models/{model}/infer"), Some(key), serde_json::to_vec(body).expect("json")).await
     }

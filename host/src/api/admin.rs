@@ -1,5 +1,6 @@
 //! The platform admin API (HTTP JSON under `/admin/v1`, with the admin token as a bearer
-//! token): list and create tenants, issue and revoke their API keys, set their quotas.
+//! token): list and create tenants, issue and revoke their API keys, set their quotas, and
+//! see the machine's devices.
 //! Without `--admin-token` the whole API answers 404, as if it did not exist.
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ type Shared = Arc<ServingState>;
 
 pub fn routes() -> axum::Router<Shared> {
     axum::Router::new()
+        .route("/admin/v1/devices", get(devices))
         .route("/admin/v1/tenants", get(list_tenants).post(create_tenant))
         .route("/admin/v1/tenants/{tenant}/quotas", put(set_quotas))
         .route("/admin/v1/tenants/{tenant}/keys", post(issue_key))
@@ -46,6 +48,21 @@ fn tenant_id(value: &str) -> Result<TenantId, ApiError> {
 
 fn json<T: serde::de::DeserializeOwned>(body: &[u8], example: &str) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("expected JSON like {example}: {e}")))
+}
+
+/// `GET /admin/v1/devices`: the machine's devices as probed now, with the model memory
+/// budget of each one models run on and what resident models hold of it.
+async fn devices(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
+    admin(&state, &headers)?;
+    let inventory = tokio::task::spawn_blocking(crate::nn::inventory::Inventory::probe)
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("probing the devices failed: {e}")))?;
+    let device = &state.model_defaults.device;
+    let mut body = serde_json::to_value(&inventory)
+        .map_err(|e| ApiError::new(ErrorKind::Internal, format!("cannot encode the devices: {e}")))?;
+    body["cpu"]["model_memory_budget_bytes"] = device.budget().into();
+    body["cpu"]["model_memory_used_bytes"] = device.used().into();
+    Ok(Json(body).into_response())
 }
 
 async fn list_tenants(State(state): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {

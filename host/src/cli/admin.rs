@@ -1,5 +1,5 @@
-//! `sluice tenants`, `sluice keys` and `sluice quotas`: the platform admin's commands over
-//! the admin API, with the admin token.
+//! `sluice tenants`, `sluice keys`, `sluice quotas` and `sluice devices`: the platform
+//! admin's commands over the admin API, with the admin token.
 
 use anyhow::Context;
 use serde_json::{Map, Value, json};
@@ -33,6 +33,11 @@ pub enum AdminCommand {
     /// Platform admin: change a tenant's quotas.
     #[command(subcommand)]
     Quotas(QuotasCommand),
+    /// Platform admin: the server machine's devices (CPU, CUDA GPUs) and model memory.
+    Devices {
+        #[command(flatten)]
+        connection: AdminConnection,
+    },
 }
 
 /// Run one admin command and print its result.
@@ -41,6 +46,10 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         AdminCommand::Tenants(command) => tenants(command).await,
         AdminCommand::Keys(command) => keys(command).await,
         AdminCommand::Quotas(command) => quotas(command).await,
+        AdminCommand::Devices { connection } => {
+            let answer = client(&connection)?.send("GET", "/admin/v1/devices", None).await?;
+            print(connection.output, &answer, render::devices(&answer))
+        }
     }
 }
 

@@ -107,6 +107,34 @@ pub fn events(status: &Value) -> String {
 }
 
 /// Tenants, one line each.
+/// The server's devices, one a line, and why there is no GPU where there is none.
+pub fn devices(devices: &Value) -> String {
+    let mib = |value: &Value| value.as_u64().map_or("?".to_string(), |bytes| (bytes >> 20).to_string());
+    let cpu = &devices["cpu"];
+    let mut text = format!(
+        "cpu      {} cores, {} MiB; models {} of {} MiB budget\n",
+        cpu["cores"],
+        mib(&cpu["memory_bytes"]),
+        mib(&cpu["model_memory_used_bytes"]),
+        mib(&cpu["model_memory_budget_bytes"]),
+    );
+    for gpu in devices["cuda"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            text,
+            "cuda:{}   {} (compute {}), {} MiB, {} MiB free",
+            gpu["index"],
+            gpu["name"].as_str().unwrap_or("?"),
+            gpu["compute_capability"].as_str().unwrap_or("?"),
+            mib(&gpu["memory_total_bytes"]),
+            mib(&gpu["memory_free_bytes"]),
+        );
+    }
+    if let Some(why) = devices["cuda_absent"].as_str() {
+        let _ = writeln!(text, "no CUDA device: {why}");
+    }
+    text
+}
+
 pub fn tenants(tenants: &Value) -> String {
     let mut text = "TENANT           KEYS  CONCURRENT  WEIGHT  MEMORY (MiB)\n".to_string();
     for tenant in tenants.as_array().into_iter().flatten() {

@@ -93,11 +93,15 @@ impl Device {
 
     /// Half the machine's memory (8 GiB where /proc/meminfo cannot be read).
     pub fn default_cpu_budget() -> u64 {
-        let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
-            let line = text.lines().find(|line| line.starts_with("MemTotal:"))?.to_string();
-            line.split_whitespace().nth(1)?.parse::<u64>().ok()
-        });
-        total_kib.map_or(8 << 30, |kib| kib * 1024 / 2)
+        super::inventory::machine_memory().map_or(8 << 30, |bytes| bytes / 2)
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
     }
 
     pub fn used(&self) -> u64 {

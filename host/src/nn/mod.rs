@@ -2,7 +2,7 @@
 //! the calling tenant's namespace and sends `compute` through the [`scheduler`] to a
 //! [`backend`]. [`models`] keeps the model copies and each tenant's names for them, the
 //! [`scheduler`]'s actors their residency; [`device`] holds the memory budget loads reserve
-//! from; [`onnx`] reads what files a model would make an engine open. Tensors are [`crate::tensor`]'s. Imports only the layers below it
+//! from, [`inventory`] what devices the machine has; [`onnx`] reads what files a model would make an engine open. Tensors are [`crate::tensor`]'s. Imports only the layers below it
 //! (`oip`, `telemetry`, `registry`, `tensor`): what it needs of the embedder (the CPU turn)
 //! comes through [`host::CpuTurn`].
 
@@ -10,6 +10,7 @@ pub mod backend;
 pub mod breaker;
 pub mod device;
 pub mod host;
+pub mod inventory;
 pub mod models;
 pub mod onnx;
 pub mod scheduler;

@@ -210,6 +210,12 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let store = crate::registry::store::Store::open(&config.data_dir)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
+    let inventory = crate::nn::inventory::Inventory::probe();
+    inventory.log();
+    crate::telemetry::metrics::metrics().device_total("cpu", inventory.cpu.memory_bytes);
+    for device in &inventory.cuda {
+        crate::telemetry::metrics::metrics().device_total(&format!("cuda:{}", device.index), device.memory_total_bytes);
+    }
     let budget = config.model_memory.unwrap_or_else(Device::default_cpu_budget);
     tracing::info!(device = "cpu", budget_mib = budget >> 20, "model memory budget");
     // Engines' optimised forms of models: specific to this machine, rewritten at each start.

@@ -36,6 +36,7 @@ pub mod names {
     pub const MODEL_EVICTIONS: &str = "sluice_model_evictions_total";
     pub const MODEL_INSTANCES: &str = "sluice_model_instances";
     pub const MODEL_SCALINGS: &str = "sluice_model_scalings_total";
+    pub const DEVICE_MEMORY_TOTAL: &str = "sluice_device_memory_total_bytes";
     pub const DEVICE_MEMORY_BUDGET: &str = "sluice_device_memory_budget_bytes";
     pub const DEVICE_MEMORY_USED: &str = "sluice_device_memory_used_bytes";
     pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
@@ -146,6 +147,7 @@ pub struct Metrics {
     model_evictions: IntCounterVec,
     model_instances: IntGaugeVec,
     model_scalings: IntCounterVec,
+    device_memory_total: IntGaugeVec,
     device_memory_budget: IntGaugeVec,
     device_memory_used: IntGaugeVec,
     shadow_comparisons: IntCounterVec,
@@ -324,6 +326,12 @@ impl Metrics {
                 "The autoscaler's changes to a model's instances, by direction: up or down.",
                 &["model", "backend", "direction"],
             ),
+            device_memory_total: int_gauge(
+                &registry,
+                DEVICE_MEMORY_TOTAL,
+                "Memory a device has (the machine's for cpu, each GPU's own), found at start.",
+                &["device"],
+            ),
             device_memory_budget: int_gauge(
                 &registry,
                 DEVICE_MEMORY_BUDGET,
@@ -491,6 +499,13 @@ impl Metrics {
     }
 
     /// A device's budget (when set) and what resident models hold of it.
+    /// What a device has, found at start.
+    pub fn device_total(&self, device: &str, total: u64) {
+        if self.on() {
+            self.device_memory_total.with_label_values(&[device]).set(i64::try_from(total).unwrap_or(i64::MAX));
+        }
+    }
+
     pub fn device_memory(&self, device: &str, budget: Option<u64>, used: u64) {
         if let Some(budget) = budget {
             self.device_memory_budget.with_label_values(&[device]).set(i64::try_from(budget).unwrap_or(i64::MAX));

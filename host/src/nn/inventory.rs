@@ -1,0 +1,125 @@
+//! What devices this machine has: the host CPU (cores, memory) and CUDA GPUs through the
+//! driver API (`cudarc`, loaded at run time, so the server builds and runs without CUDA).
+//! Probed at start, where the result is logged once, and again for `GET /admin/v1/devices`.
+//! A machine without a driver library or without GPUs has the CPU only, and says why.
+
+use serde::Serialize;
+
+/// The devices found, with why there is no CUDA device where there is none.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inventory {
+    pub cpu: CpuInfo,
+    pub cuda: Vec<CudaInfo>,
+    /// Why `cuda` is empty (no driver library, no device, an error), if it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_absent: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuInfo {
+    /// Cores this process may run on.
+    pub cores: usize,
+    pub memory_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CudaInfo {
+    /// The device's ordinal (`cuda:N`).
+    pub index: usize,
+    pub name: String,
+    /// Major and minor, as `"9.0"`.
+    pub compute_capability: String,
+    pub memory_total_bytes: u64,
+    pub memory_free_bytes: u64,
+}
+
+impl Inventory {
+    /// Look at the machine now.
+    pub fn probe() -> Self {
+        let cpu = CpuInfo {
+            cores: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            memory_bytes: machine_memory().unwrap_or(0),
+        };
+        let (cuda, cuda_absent) = match cuda_devices() {
+            Ok(devices) if devices.is_empty() => (devices, Some("the CUDA driver reports no device".to_string())),
+            Ok(devices) => (devices, None),
+            Err(why) => (Vec::new(), Some(why)),
+        };
+        Self { cpu, cuda, cuda_absent }
+    }
+
+    /// One log line per device, and one saying why there is no GPU where there is none.
+    pub fn log(&self) {
+        tracing::info!(cores = self.cpu.cores, memory_mib = self.cpu.memory_bytes >> 20, "device cpu");
+        for device in &self.cuda {
+            tracing::info!(
+                index = device.index,
+                name = %device.name,
+                compute_capability = %device.compute_capability,
+                memory_total_mib = device.memory_total_bytes >> 20,
+                memory_free_mib = device.memory_free_bytes >> 20,
+                "device cuda"
+            );
+        }
+        if let Some(why) = &self.cuda_absent {
+            tracing::info!(reason = %why, "no CUDA device: models run on the CPU");
+        }
+    }
+}
+
+/// The machine's memory (`MemTotal` of /proc/meminfo).
+pub fn machine_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|line| line.starts_with("MemTotal:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// The CUDA devices, or why there are none. The driver library is looked for before any
+/// call: cudarc panics on a call without it.
+#[cfg(feature = "cuda")]
+fn cuda_devices() -> Result<Vec<CudaInfo>, String> {
+    use cudarc::driver::CudaContext;
+
+    // SAFETY: only tries to open the driver library by its usual names (dlopen) and closes it.
+    #[allow(unsafe_code)] // dlopen of the CUDA driver library, to see whether it is there
+    let present = unsafe { cudarc::driver::sys::is_culib_present() };
+    if !present {
+        return Err("no CUDA driver library (libcuda.so) on this machine".to_string());
+    }
+    let failed = |what: &str, err: cudarc::driver::DriverError| format!("the CUDA driver failed to {what}: {err}");
+    cudarc::driver::result::init().map_err(|err| failed("initialise", err))?;
+    let count = CudaContext::device_count().map_err(|err| failed("count devices", err))?;
+    (0..usize::try_from(count).unwrap_or(0))
+        .map(|index| {
+            let context = CudaContext::new(index).map_err(|err| failed("open a device", err))?;
+            let (major, minor) = context.compute_capability().map_err(|err| failed("read a device", err))?;
+            let (free, total) = context.mem_get_info().map_err(|err| failed("read a device's memory", err))?;
+            Ok(CudaInfo {
+                index,
+                name: context.name().map_err(|err| failed("read a device's name", err))?,
+                compute_capability: format!("{major}.{minor}"),
+                memory_total_bytes: total as u64,
+                memory_free_bytes: free as u64,
+            })
+        })
+        .collect()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_devices() -> Result<Vec<CudaInfo>, String> {
+    Err("built without the cuda feature".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_is_always_there_and_an_absent_gpu_says_why() {
+        let inventory = Inventory::probe();
+        assert!(inventory.cpu.cores >= 1);
+        assert!(inventory.cpu.memory_bytes > 0);
+        // Either devices, or the reason there are none; never both, never neither.
+        assert_eq!(inventory.cuda.is_empty(), inventory.cuda_absent.is_some(), "{inventory:?}");
+    }
+}
