@@ -96,10 +96,6 @@ impl Device {
         super::inventory::machine_memory().map_or(8 << 30, |bytes| bytes / 2)
     }
 
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
     pub fn budget(&self) -> u64 {
         self.budget
     }
