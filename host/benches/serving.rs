@@ -16,6 +16,7 @@ use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph, Stop};
 use sluice::nn::host::{NnCtx, Unmetered};
 use sluice::nn::models::TenantModels;
 use sluice::nn::scheduler::Share;
+use sluice::registry::placement::Placement;
 use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
 use sluice::serve::{ServeConfig, build_state};
 use sluice::tensor::{ElementType, Tensor};
@@ -166,7 +167,11 @@ fn throughput(graph: &dyn Graph, inputs: &[(String, Tensor)], batch: usize) -> a
 }
 
 fn backend_throughput() -> anyhow::Result<()> {
-    let backends = backend::available(&BackendSettings { onnxruntime_library: onnxruntime_library(), threads: 1 });
+    let backends = backend::available(&BackendSettings {
+        onnxruntime_library: onnxruntime_library(),
+        threads: 1,
+        webgpu_library: None,
+    });
     println!("### Raw backend throughput (1 intra-op thread, inferences/s)\n");
     for reason in &backends.unavailable {
         println!("(not measured: {reason})\n");
@@ -178,7 +183,7 @@ fn backend_throughput() -> anyhow::Result<()> {
             let Some(backend) = backends.get(kind) else {
                 continue;
             };
-            let graph = backend.load(&onnx)?;
+            let graph = backend.load(&onnx, &Placement::CPU)?;
             let b1 = throughput(graph.as_ref(), &batch_input(&model, 1), 1)?;
             let b32 = throughput(graph.as_ref(), &batch_input(&model, 32), 32)?;
             println!("| {} | {kind} | {b1:.0} | {b32:.0} |", model.name);
@@ -193,9 +198,13 @@ fn raw_throughput(name: &str, batches: &[usize]) -> anyhow::Result<()> {
         .into_iter()
         .find(|m| m.name == name)
         .ok_or_else(|| anyhow::anyhow!("no example model named {name}"))?;
-    let backends = backend::available(&BackendSettings { onnxruntime_library: onnxruntime_library(), threads: 1 });
+    let backends = backend::available(&BackendSettings {
+        onnxruntime_library: onnxruntime_library(),
+        threads: 1,
+        webgpu_library: None,
+    });
     let backend = backends.preferred().ok_or_else(|| anyhow::anyhow!("no backend: {:?}", backends.unavailable))?;
-    let graph = backend.load(&std::fs::read(&model.path)?)?;
+    let graph = backend.load(&std::fs::read(&model.path)?, &Placement::CPU)?;
     println!("| model | backend | batch | raw throughput (inf/s) |\n| --- | --- | --- | --- |");
     for &batch in batches {
         let rate = throughput(graph.as_ref(), &batch_input(&model, batch), batch)?;
@@ -242,7 +251,8 @@ async fn end_to_end() -> anyhow::Result<()> {
         onnxruntime_library: onnxruntime_library(),
         default_backend: None,
         idle_unload: None,
-        model_memory: None,
+        model_memory: Default::default(),
+        webgpu_library: None,
         backend_threads: 1,
         max_instances: 64,
         epoch_tick: Duration::from_millis(5),
@@ -277,11 +287,15 @@ async fn end_to_end() -> anyhow::Result<()> {
     let plain = timed_requests(&client, &format!("http://{address}/v2/models/digits-mlp/infer"), &plain_body).await?;
 
     // The same input straight into the backend, as the component sends it.
-    let backends = backend::available(&BackendSettings { onnxruntime_library: onnxruntime_library(), threads: 1 });
+    let backends = backend::available(&BackendSettings {
+        onnxruntime_library: onnxruntime_library(),
+        threads: 1,
+        webgpu_library: None,
+    });
     let graph = backends
         .get(BackendKind::Onnxruntime)
         .ok_or_else(|| anyhow::anyhow!("onnxruntime missing"))?
-        .load(&std::fs::read(&model)?)?;
+        .load(&std::fs::read(&model)?, &Placement::CPU)?;
     let scaled: Vec<u8> = pixels.iter().flat_map(|&p| (f32::from(p) / 255.0).to_le_bytes()).collect();
     let input = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], scaled)?)];
     let mut raw = Vec::with_capacity(E2E_CALLS);

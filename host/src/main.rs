@@ -1,5 +1,6 @@
 //! The `sluice` command line.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use sluice::nn::backend::BackendKind;
 use sluice::perf::{Protocol, TenantLoad};
+use sluice::registry::placement::DeviceId;
 use sluice::serve::listen::ConnectionSettings;
 use sluice::serve::{BodyTimeouts, ServeConfig, serve};
 use sluice::telemetry::traces::OtlpExport;
@@ -130,10 +132,17 @@ struct ServeArgs {
     /// again) where its manifest sets no `idle_unload_s`; 0: models stay resident.
     #[arg(long, env = "SLUICE_IDLE_UNLOAD_S", default_value_t = 0)]
     idle_unload_s: u64,
-    /// Memory resident models may hold on the host, as `cpu=SIZE` (`8GiB`, `512MiB`, bytes);
-    /// loads that would pass it are refused. Default: half the machine's memory.
+    /// Memory resident models may hold on each device, as `DEVICE=SIZE` pairs separated by
+    /// commas (`cpu=8GiB,cuda:0=20GiB`; SIZE in bytes or KiB, MiB, GiB, TiB); loads that
+    /// would pass it evict idle models or wait. Default: half the host's memory for `cpu`
+    /// and `webgpu`, nine tenths of each GPU's.
     #[arg(long, env = "SLUICE_MODEL_MEMORY", value_parser = parse_model_memory)]
-    model_memory: Option<u64>,
+    model_memory: Option<ModelMemory>,
+    /// ONNX Runtime's WebGPU plugin execution provider (`libonnxruntime_providers_webgpu.so`
+    /// from the `onnxruntime-ep-webgpu` package): models with `kind = "webgpu"` instances run
+    /// on the adapter it finds.
+    #[arg(long, env = "SLUICE_WEBGPU_EP_LIB")]
+    webgpu_ep_lib: Option<PathBuf>,
     /// Guest instances alive at once across all tenants.
     #[arg(long, env = "SLUICE_MAX_INSTANCES", default_value_t = 256)]
     max_instances: u32,
@@ -219,7 +228,8 @@ fn main() -> anyhow::Result<()> {
                     BackendArg::Tract => BackendKind::Tract,
                 }),
                 idle_unload: (args.idle_unload_s > 0).then(|| Duration::from_secs(args.idle_unload_s)),
-                model_memory: args.model_memory,
+                model_memory: args.model_memory.map(|budgets| budgets.0).unwrap_or_default(),
+                webgpu_library: args.webgpu_ep_lib,
                 backend_threads: args.backend_threads,
                 max_instances: args.max_instances,
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
@@ -327,15 +337,31 @@ fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow:
     Ok(export)
 }
 
-/// `cpu=SIZE` for `--model-memory`: SIZE in bytes or with KiB, MiB, GiB or TiB.
-fn parse_model_memory(value: &str) -> Result<u64, String> {
-    let size = value.strip_prefix("cpu=").ok_or("give it as cpu=SIZE (the only device so far), e.g. cpu=8GiB")?;
-    let units = [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("", 1)];
-    let (number, unit) = units
-        .iter()
-        .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
-        .ok_or("no size")?;
-    let number: u64 =
-        number.trim().parse().map_err(|_| format!("'{size}' is not a size like 8GiB, 512MiB or bytes"))?;
-    number.checked_mul(unit).filter(|&bytes| bytes > 0).ok_or_else(|| format!("'{size}' is not a usable size"))
+/// Budgets per device from `--model-memory`.
+#[derive(Debug, Clone)]
+struct ModelMemory(BTreeMap<DeviceId, u64>);
+
+/// `DEVICE=SIZE[,DEVICE=SIZE...]` for `--model-memory`: SIZE in bytes or with KiB, MiB, GiB or TiB.
+fn parse_model_memory(value: &str) -> Result<ModelMemory, String> {
+    let mut budgets = BTreeMap::new();
+    for pair in value.split(',') {
+        let (device, size) = pair.trim().split_once('=').ok_or("give it as DEVICE=SIZE, e.g. cpu=8GiB,cuda:0=20GiB")?;
+        let device = DeviceId::parse(device.trim())
+            .ok_or_else(|| format!("'{device}' is not a device: cpu, cuda:N or webgpu"))?;
+        let units = [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("", 1)];
+        let (number, unit) = units
+            .iter()
+            .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
+            .ok_or("no size")?;
+        let number: u64 =
+            number.trim().parse().map_err(|_| format!("'{size}' is not a size like 8GiB, 512MiB or bytes"))?;
+        let bytes = number
+            .checked_mul(unit)
+            .filter(|&bytes| bytes > 0)
+            .ok_or_else(|| format!("'{size}' is not a usable size"))?;
+        if budgets.insert(device, bytes).is_some() {
+            return Err(format!("{device} is given twice"));
+        }
+    }
+    Ok(ModelMemory(budgets))
 }

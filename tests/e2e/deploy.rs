@@ -2,7 +2,7 @@
 //! package) scraping a real server: every panel's query returns series, every rule evaluates
 //! and the alerts the traffic should raise are raised; `promtool` checks the rules and runs
 //! their unit tests; they reference only metrics `/metrics` exports, and the SLO alert rules
-//! are the ones `sluice slo-rules` generates.
+//! are the ones `sluice slo-rules` generates. The GPU check's scripts pass shellcheck.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -177,6 +177,22 @@ fn the_rules_pass_promtool_and_their_unit_tests() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// The GPU check runs where nothing can be fixed on the spot: its scripts pass shellcheck
+/// (Debian's, unpacked) and its Python parses.
+#[test]
+fn the_gpu_check_scripts_pass_shellcheck() {
+    let shellcheck = debian_package("shellcheck").join("usr/bin/shellcheck");
+    let scripts = ["scripts/gpu-pack.sh", "scripts/gpu-check.sh"];
+    let output = Command::new(&shellcheck).args(scripts).current_dir(repo_root()).output().expect("runs shellcheck");
+    assert!(output.status.success(), "shellcheck:\n{}", String::from_utf8_lossy(&output.stdout));
+    let compiled = Command::new("python3")
+        .args(["-c", "import ast; ast.parse(open('scripts/gpu_check.py').read())"])
+        .current_dir(repo_root())
+        .status()
+        .expect("runs python3");
+    assert!(compiled.success(), "scripts/gpu_check.py does not parse");
 }
 
 #[tokio::test]

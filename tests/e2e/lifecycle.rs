@@ -298,7 +298,10 @@ async fn models_are_held_to_the_memory_budget() {
     let log = Server::start_in(big.path(), data.path(), &["--model-memory", "cpu=1MiB"]).err().expect("refused");
     assert!(plain(&log).contains("more than the whole 1 MiB cpu model memory budget"), "{log}");
     let log = Server::start_in(big.path(), data.path(), &["--model-memory", "gpu=1GiB"]).err().expect("refused");
-    assert!(log.contains("cpu=SIZE"), "{log}");
+    assert!(log.contains("'gpu' is not a device: cpu, cuda:N or webgpu"), "{log}");
+    let log =
+        Server::start_in(big.path(), data.path(), &["--model-memory", "cpu=1GiB,cuda:63=1GiB"]).err().expect("refused");
+    assert!(log.contains("--model-memory names cuda:63, which this machine does not have"), "{log}");
 }
 
 /// Weights of each lookup model: 4 Mi floats (16 MiB).

@@ -24,6 +24,7 @@ mod onnx;
 mod padding;
 mod parity;
 mod perf;
+mod placement;
 mod quotas;
 mod request_ids;
 mod resources;

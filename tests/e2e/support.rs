@@ -59,10 +59,8 @@ pub fn python_with(requirements: &[&str]) -> PathBuf {
 }
 
 /// A program of Debian's `prometheus` package (`prometheus` or `promtool`): from PATH when
-/// installed, else unpacked on first use from the package (`apt-get download`, no system
-/// install) into `target/tools/prometheus`.
+/// installed, else unpacked on first use from the package.
 pub fn prometheus_program(name: &str) -> PathBuf {
-    static UNPACKED: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let on_path = Command::new("sh").args(["-c", &format!("command -v {name}")]).output();
     if let Some(output) = on_path.ok().filter(|o| o.status.success()) {
         let found = String::from_utf8_lossy(&output.stdout).trim().to_string();
@@ -71,21 +69,31 @@ pub fn prometheus_program(name: &str) -> PathBuf {
             return PathBuf::from(found);
         }
     }
+    let program = debian_package("prometheus").join("usr/bin").join(name);
+    assert!(program.exists(), "{} is not in the prometheus package", program.display());
+    program
+}
+
+/// Debian's package `name` unpacked (`apt-get download`, `dpkg-deb -x`: no system install,
+/// no dependencies) into `target/tools/NAME` on first use; the folder it was unpacked into.
+pub fn debian_package(name: &str) -> PathBuf {
+    static UNPACKED: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = UNPACKED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let root = repo_root().join("target/tools/prometheus");
-    let program = root.join("usr/bin").join(name);
-    if program.exists() {
-        return program;
+    let root = repo_root().join("target/tools").join(name);
+    let done = root.join(".unpacked");
+    if done.exists() {
+        return root;
     }
+    std::fs::create_dir_all(repo_root().join("target")).expect("target");
     let download = tempfile::tempdir_in(repo_root().join("target")).expect("a download directory");
-    let fetch = || Command::new("apt-get").args(["download", "prometheus"]).current_dir(download.path()).status();
+    let fetch = || Command::new("apt-get").args(["download", name]).current_dir(download.path()).status();
     if !fetch().is_ok_and(|s| s.success()) {
         // Package lists may be missing on a fresh machine.
         let _ = Command::new("apt-get").arg("update").status();
         let fetched = fetch();
         assert!(
             fetched.is_ok_and(|s| s.success()),
-            "the tests need Debian's prometheus package (promtool): `apt-get download prometheus` failed"
+            "the tests need Debian's {name} package: `apt-get download {name}` failed"
         );
     }
     let package = std::fs::read_dir(download.path())
@@ -93,12 +101,41 @@ pub fn prometheus_program(name: &str) -> PathBuf {
         .filter_map(Result::ok)
         .map(|entry| entry.path())
         .find(|path| path.extension().is_some_and(|e| e == "deb"))
-        .expect("the prometheus .deb");
+        .unwrap_or_else(|| panic!("the {name} .deb"));
     std::fs::create_dir_all(&root).expect("target/tools");
     let unpack = Command::new("dpkg-deb").arg("-x").arg(&package).arg(&root).status();
     assert!(unpack.is_ok_and(|s| s.success()), "dpkg-deb -x {} failed", package.display());
-    assert!(program.exists(), "{} is not in the prometheus package", program.display());
-    program
+    std::fs::write(&done, "").expect("marking the package unpacked");
+    root
+}
+
+/// Pinned version of ONNX Runtime's WebGPU plugin execution provider (PyPI).
+pub const WEBGPU_EP_VERSION: &str = "0.4.0";
+
+/// A software WebGPU adapter for the server: ONNX Runtime's WebGPU plugin provider (from
+/// PyPI, into the `.venv`) on SwiftShader, the software Vulkan driver Dawn supports, with its
+/// Vulkan loader, from Debian's chromium-common package (Mesa's lavapipe 22.3 lacks a feature Dawn
+/// needs: BENCHMARKS.md). The server's flags and environment.
+pub fn software_webgpu() -> (Vec<String>, Vec<(String, String)>) {
+    let python = python_with(&[&format!("onnxruntime-ep-webgpu=={WEBGPU_EP_VERSION}")]);
+    let output = Command::new(&python)
+        .args(["-c", "import onnxruntime_ep_webgpu as w; print(w.get_library_path())"])
+        .output()
+        .expect("asking the venv's python for the WebGPU provider");
+    let plugin = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert!(Path::new(&plugin).is_file(), "no WebGPU provider library after installing it: {plugin:?}");
+    let chromium = debian_package("chromium-common").join("usr/lib/chromium");
+    let icd = chromium.join("vk_swiftshader_icd.json");
+    assert!(icd.is_file(), "{} is not in the chromium-common package", icd.display());
+    let runtime_dir = repo_root().join("target/tools/xdg-runtime");
+    std::fs::create_dir_all(&runtime_dir).expect("a runtime directory");
+    let env = [
+        ("LD_LIBRARY_PATH", chromium.display().to_string()),
+        ("VK_ICD_FILENAMES", icd.display().to_string()),
+        ("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1".to_string()),
+        ("XDG_RUNTIME_DIR", runtime_dir.display().to_string()),
+    ];
+    (vec!["--webgpu-ep-lib".to_string(), plugin], env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
 /// The ONNX Runtime library from the pinned `onnxruntime` wheel, installed into the
@@ -301,6 +338,11 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The server's resident memory now, in bytes (Linux `/proc`).

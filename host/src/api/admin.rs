@@ -17,6 +17,7 @@ use super::error::{ApiError, ErrorKind};
 use crate::control::admin;
 use crate::registry::ids::TenantId;
 use crate::registry::manifest::Quotas;
+use crate::registry::placement::DeviceId;
 use crate::state::ServingState;
 
 type Shared = Arc<ServingState>;
@@ -57,11 +58,27 @@ async fn devices(State(state): State<Shared>, headers: HeaderMap) -> Result<Resp
     let inventory = tokio::task::spawn_blocking(crate::nn::inventory::Inventory::probe)
         .await
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("probing the devices failed: {e}")))?;
-    let device = &state.model_defaults.device;
+    let devices = &state.model_defaults.devices;
     let mut body = serde_json::to_value(&inventory)
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("cannot encode the devices: {e}")))?;
-    body["cpu"]["model_memory_budget_bytes"] = device.budget().into();
-    body["cpu"]["model_memory_used_bytes"] = device.used().into();
+    let cpu = devices.cpu();
+    body["cpu"]["model_memory_budget_bytes"] = cpu.budget().into();
+    body["cpu"]["model_memory_used_bytes"] = cpu.used().into();
+    // Every device models may run on, with its budget and what resident models hold of it.
+    body["model_memory"] = devices
+        .all()
+        .map(|device| {
+            serde_json::json!({
+                "device": device.id().to_string(),
+                "budget_bytes": device.budget(),
+                "used_bytes": device.used(),
+            })
+        })
+        .collect();
+    body["webgpu"] = match devices.get(DeviceId::WebGpu) {
+        Ok(_) => serde_json::json!({ "available": true }),
+        Err(why) => serde_json::json!({ "available": false, "reason": why }),
+    };
     Ok(Json(body).into_response())
 }
 

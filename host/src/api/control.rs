@@ -71,7 +71,7 @@ async fn usage(State(state): State<Shared>, headers: HeaderMap) -> Result<Respon
 }
 
 /// `GET /control/v1/models/{model}`: one of the tenant's own models: its state, execution
-/// instances, memory and the autoscaler's latest decisions.
+/// instances and where they run, memory and the autoscaler's latest decisions.
 async fn model_status(
     State(state): State<Shared>,
     Path(model): Path<String>,
@@ -90,6 +90,9 @@ async fn model_status(
         "backend": copy.backend.to_string(),
         "instances": copy.queue.instances(),
         "footprint_bytes": copy.footprint(),
+        // Where each instance runs, and why not on the device its manifest names if so.
+        "placements": copy.placed.placements.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "placement_fallback": copy.placed.fallback,
         "events": copy.queue.scale_events(),
     });
     Ok(Json(body).into_response())

@@ -127,7 +127,15 @@ impl GrpcInferenceService for GrpcApi {
         let instance_group = config
             .instance_group
             .into_iter()
-            .map(|g| ModelInstanceGroup { name: g.name, count: g.count, kind: model_instance_group::Kind::Cpu as i32 })
+            .map(|g| ModelInstanceGroup {
+                name: g.name,
+                count: g.count,
+                kind: match g.kind {
+                    triton::GroupKind::Gpu => model_instance_group::Kind::Gpu,
+                    triton::GroupKind::Cpu => model_instance_group::Kind::Cpu,
+                } as i32,
+                gpus: g.gpus,
+            })
             .collect();
         Ok(Response::new(ModelConfigResponse {
             config: Some(ModelConfig {

@@ -14,6 +14,7 @@ use crate::nn::models::ModelState;
 use crate::nn::scheduler::Residency;
 use crate::oip::types::Datatype;
 use crate::registry::manifest::TensorMetadata;
+use crate::registry::placement::{DeviceId, Placement};
 use crate::state::TenantState;
 use crate::telemetry::stats::{Counters, DurationCounter};
 
@@ -51,8 +52,20 @@ pub struct DynamicBatching {
 #[derive(Debug, Serialize)]
 pub struct InstanceGroup {
     pub name: String,
-    pub kind: &'static str,
+    pub kind: GroupKind,
     pub count: i32,
+    /// The CUDA devices of a `KIND_GPU` group.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<i32>,
+}
+
+/// Triton's instance group kinds: a CUDA GPU, or the WebGPU adapter with no `gpus`, is a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum GroupKind {
+    #[serde(rename = "KIND_CPU")]
+    Cpu,
+    #[serde(rename = "KIND_GPU")]
+    Gpu,
 }
 
 /// One row of Triton's repository index.
@@ -184,11 +197,7 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
                         .collect(),
                     max_queue_delay_microseconds: model.settings.max_delay.as_micros() as u64,
                 }),
-                instance_group: vec![InstanceGroup {
-                    name: name.to_string(),
-                    kind: "KIND_CPU",
-                    count: i32::try_from(model.settings.instances).unwrap_or(i32::MAX),
-                }],
+                instance_group: instance_groups(name, &model.placed.placements),
             }
         }
         Target::App { app, .. } => ModelConfig {
@@ -199,9 +208,38 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
             input: app.spec.inputs.iter().map(|t| tensor(t, false)).collect(),
             output: app.spec.outputs.iter().map(|t| tensor(t, false)).collect(),
             dynamic_batching: None,
-            instance_group: vec![InstanceGroup { name: name.to_string(), kind: "KIND_CPU", count: 1 }],
+            instance_group: vec![InstanceGroup {
+                name: name.to_string(),
+                kind: GroupKind::Cpu,
+                count: 1,
+                gpus: Vec::new(),
+            }],
         },
     }
+}
+
+/// The instances where they run now (on the CPU where a missing device was replaced), one
+/// group per device, in the order of the model's placements.
+fn instance_groups(name: &str, placements: &[Placement]) -> Vec<InstanceGroup> {
+    let mut groups: Vec<(DeviceId, i32)> = Vec::new();
+    for placement in placements {
+        match groups.iter_mut().find(|(device, _)| *device == placement.device) {
+            Some((_, count)) => *count += 1,
+            None => groups.push((placement.device, 1)),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(device, count)| InstanceGroup {
+            name: format!("{name}_{device}"),
+            kind: if device == DeviceId::Cpu { GroupKind::Cpu } else { GroupKind::Gpu },
+            count,
+            gpus: match device {
+                DeviceId::Cuda(index) => vec![i32::try_from(index).unwrap_or(i32::MAX)],
+                _ => Vec::new(),
+            },
+        })
+        .collect()
 }
 
 #[derive(Debug, Serialize)]

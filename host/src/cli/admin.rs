@@ -33,7 +33,7 @@ pub enum AdminCommand {
     /// Platform admin: change a tenant's quotas.
     #[command(subcommand)]
     Quotas(QuotasCommand),
-    /// Platform admin: the server machine's devices (CPU, CUDA GPUs) and model memory.
+    /// Platform admin: the server machine's devices (CPU, CUDA GPUs, a WebGPU adapter) and model memory.
     Devices {
         #[command(flatten)]
         connection: AdminConnection,

@@ -132,6 +132,23 @@ pub fn devices(devices: &Value) -> String {
     if let Some(why) = devices["cuda_absent"].as_str() {
         let _ = writeln!(text, "no CUDA device: {why}");
     }
+    match devices["webgpu"]["reason"].as_str() {
+        Some(why) => {
+            let _ = writeln!(text, "no WebGPU adapter: {why}");
+        }
+        None if devices["webgpu"]["available"] == true => text.push_str("webgpu   an adapter through ONNX Runtime\n"),
+        None => {}
+    }
+    // Every other device's model memory (the cpu's is on its line).
+    for budget in devices["model_memory"].as_array().into_iter().flatten().filter(|b| b["device"] != "cpu") {
+        let _ = writeln!(
+            text,
+            "{:<8} models {} of {} MiB budget",
+            budget["device"].as_str().unwrap_or("?"),
+            mib(&budget["used_bytes"]),
+            mib(&budget["budget_bytes"]),
+        );
+    }
     text
 }
 

@@ -14,6 +14,7 @@ use super::ControlError;
 use crate::nn::models::{CapFull, ModelCopy, ModelLoadError};
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
+use crate::registry::placement::{OnMissingDevice, Placement};
 use crate::registry::store::Uploaded;
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
@@ -235,6 +236,9 @@ async fn load_model(
         // tenant hold the budget every other one loads into.
         pinned: false,
         autoscale: None,
+        // Uploads run on the CPU: devices and cores are the operator's to hand out.
+        placements: vec![Placement::CPU],
+        on_missing_device: OnMissingDevice::Cpu,
     };
     let loaded = state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await;
     let model = loaded.map_err(|e| match e {

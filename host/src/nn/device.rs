@@ -1,19 +1,25 @@
-//! Where models run and the memory each place gives them: for now the host (`cpu`), with a
-//! budget for resident models' memory (`--model-memory cpu=SIZE`, by default half the
-//! machine's). A load reserves its footprint before it starts and holds it while the model
-//! is resident, so models never take more of the machine than the operator allowed. When a
-//! load finds no room, the least recently used idle model leaves memory to make it.
+//! Where models run and the memory each place gives them: the host (`cpu`), each CUDA GPU
+//! (`cuda:N`) and the WebGPU adapter, each with a budget for resident models' memory
+//! (`--model-memory DEVICE=SIZE`; by default half the host's memory, nine tenths of a GPU's).
+//! A load reserves its footprint on each device its instances use before it starts and holds
+//! it while the model is resident, so models never take more of a device than the operator
+//! allowed; what a load took is measured by the device's [`MemoryMeter`]. When a load finds
+//! no room, the least recently used idle model of that device leaves memory to make it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Instant;
 
+use crate::registry::placement::DeviceId;
 use crate::telemetry::metrics::metrics;
 
 /// A place models run, with the memory budget of their resident copies.
 pub struct Device {
-    name: &'static str,
+    id: DeviceId,
+    /// `id` as metrics and messages name it.
+    name: String,
     budget: u64,
+    meter: Box<dyn MemoryMeter>,
     used: AtomicU64,
     /// Resident models that may leave memory to make room for another (not pinned ones).
     evictable: Mutex<Vec<Weak<dyn Evictable>>>,
@@ -24,6 +30,20 @@ pub struct Device {
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device").field("name", &self.name).field("budget", &self.budget).finish_non_exhaustive()
+    }
+}
+
+/// How much of a device's memory is in use, read around a load to measure what it took.
+pub trait MemoryMeter: Send + Sync {
+    fn in_use(&self) -> u64;
+}
+
+/// The host's: bytes the process's allocations hold ([`allocated_bytes`]).
+struct HostAllocations;
+
+impl MemoryMeter for HostAllocations {
+    fn in_use(&self) -> u64 {
+        allocated_bytes()
     }
 }
 
@@ -39,7 +59,7 @@ pub trait Evictable: Send + Sync {
 /// A load that does not fit in what is left of the budget, or in the whole of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NoRoom {
-    pub device: &'static str,
+    pub device: String,
     pub needed: u64,
     pub free: u64,
     pub budget: u64,
@@ -54,7 +74,7 @@ impl NoRoom {
 
 impl std::fmt::Display for NoRoom {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (device, needed, budget) = (self.device, mib(self.needed), mib(self.budget));
+        let (device, needed, budget) = (&self.device, mib(self.needed), mib(self.budget));
         if self.never_fits() {
             write!(f, "the model needs {needed} MiB, more than the whole {budget} MiB {device} model memory budget")
         } else {
@@ -79,16 +99,33 @@ pub(super) fn mib(bytes: u64) -> String {
 }
 
 impl Device {
-    /// The host, with `budget` bytes for resident models.
-    pub fn cpu(budget: u64) -> Arc<Self> {
-        metrics().device_memory("cpu", Some(budget), 0);
+    /// A device with `budget` bytes for resident models, whose use `meter` reads.
+    pub fn new(id: DeviceId, budget: u64, meter: Box<dyn MemoryMeter>) -> Arc<Self> {
+        let name = id.to_string();
+        metrics().device_memory(&name, Some(budget), 0);
         Arc::new(Self {
-            name: "cpu",
+            id,
+            name,
             budget,
+            meter,
             used: AtomicU64::new(0),
             evictable: Mutex::new(Vec::new()),
             making_room: Mutex::new(()),
         })
+    }
+
+    /// The host, with `budget` bytes for resident models.
+    pub fn cpu(budget: u64) -> Arc<Self> {
+        Self::new(DeviceId::Cpu, budget, Box::new(HostAllocations))
+    }
+
+    pub fn id(&self) -> DeviceId {
+        self.id
+    }
+
+    /// Memory in use on the device now, as its meter reads it.
+    pub fn in_use(&self) -> u64 {
+        self.meter.in_use()
     }
 
     /// Half the machine's memory (8 GiB where /proc/meminfo cannot be read).
@@ -154,11 +191,11 @@ impl Device {
     }
 
     fn no_room(&self, needed: u64, used: u64) -> NoRoom {
-        NoRoom { device: self.name, needed, free: self.budget.saturating_sub(used), budget: self.budget }
+        NoRoom { device: self.name.clone(), needed, free: self.budget.saturating_sub(used), budget: self.budget }
     }
 
     fn publish(&self) {
-        metrics().device_memory(self.name, None, self.used());
+        metrics().device_memory(&self.name, None, self.used());
     }
 }
 
@@ -172,6 +209,10 @@ pub struct Reservation {
 impl Reservation {
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
     }
 
     /// Hold what the load measured instead of its estimate (more than the budget allows, if

@@ -18,6 +18,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use super::backend::Backend;
 use super::models::{ModelCopy, TenantModels};
 use super::scheduler::{ComputeError, Loaded, QueueSettings, Residence, Share};
+use crate::registry::placement::Placement;
 use crate::tensor::{ElementType, Tensor};
 use bindings::wasi::nn::{errors, graph, inference, tensor};
 
@@ -313,7 +314,9 @@ impl graph::Host for NnView<'_> {
         let bytes = bytes.clone();
         // Building the graph runs on a blocking thread: the request waits without its turn.
         self.ctx.turn.pause();
-        let loaded = tokio::task::spawn_blocking(move || backend.load(&bytes).map(|g| (backend.kind(), g))).await;
+        let loaded =
+            tokio::task::spawn_blocking(move || backend.load(&bytes, &Placement::CPU).map(|g| (backend.kind(), g)))
+                .await;
         self.ctx.turn.resume().await;
         let loaded = loaded?;
         let (kind, graph) = match loaded {
@@ -334,7 +337,7 @@ impl graph::Host for NnView<'_> {
             "raw",
             String::new(),
             kind,
-            (Loaded { graphs: vec![graph], memory: None }, Residence::default()),
+            (Loaded { graphs: vec![graph], memory: Vec::new() }, Residence::default()),
             settings,
         ));
         let name = "raw".to_string();

@@ -14,8 +14,10 @@ use tracing::Instrument;
 
 use super::backend::{Backend, BackendError, BackendKind, Backends, Graph, Signature, Stop, TensorSpec};
 use super::breaker::{Breakers, Outcome};
-use super::device::{Device, NoRoom, allocated_bytes, mib};
+use super::device::{Device, NoRoom, Reservation, mib};
+use super::devices::{Devices, Footprints, Placed, PlacementError, estimates, measured, reserve_all, scale_up_room};
 use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
+use super::pinning::{PinnedGraph, on_pinned_thread};
 use super::scheduler::autoscale::AutoscaleSettings;
 use super::scheduler::padding::PaddingRule;
 use super::scheduler::{
@@ -24,6 +26,7 @@ use super::scheduler::{
 };
 use crate::registry::ids::ModelName;
 use crate::registry::manifest::{BreakerSettings, Drift, Padding};
+use crate::registry::placement::{DeviceId, Placement};
 use crate::registry::{ModelOrigin, ModelSpec};
 use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, SampleBudget, check_baseline_rows, tensor_bytes};
 use crate::telemetry::metrics::metrics;
@@ -48,8 +51,10 @@ pub struct ModelCopy {
     breakers: Breakers,
     /// Tenant names bound to this copy that have not unloaded it; at 0 it leaves memory.
     wanted: AtomicUsize,
-    /// Bytes of its device's budget it holds while resident (what its first load took).
+    /// Bytes of its devices' budgets it holds while resident (what its first load took).
     footprint: u64,
+    /// Where its instances run, and why not where asked if so.
+    pub placed: Placed,
 }
 
 impl ModelCopy {
@@ -98,7 +103,8 @@ impl ModelCopy {
         settings: QueueSettings,
     ) -> Self {
         let stats = Arc::new(ModelStats::default());
-        let footprint = loaded.memory.as_ref().map_or(0, |memory| memory.bytes());
+        let footprint = loaded.memory.iter().map(Reservation::bytes).sum();
+        let placed = Placed { placements: loaded.graphs.iter().map(|g| placement_of(&**g)).collect(), fallback: None };
         let signature = loaded.graphs.first().map(|g| g.signature().clone()).unwrap_or_default();
         let batchable = signature.batchable();
         let queue = ModelQueue::start(
@@ -122,10 +128,17 @@ impl ModelCopy {
             breakers: Breakers::default(),
             wanted: AtomicUsize::new(0),
             footprint,
+            placed,
         }
     }
 
-    /// Bytes of its device's budget it holds while resident.
+    /// Where its instances run (as loaded), and why not where asked if so.
+    fn with_placement(mut self, placed: Placed) -> Self {
+        self.placed = placed;
+        self
+    }
+
+    /// Bytes of its devices' budgets it holds while resident.
     pub fn footprint(&self) -> u64 {
         self.footprint
     }
@@ -255,6 +268,8 @@ pub enum ModelLoadError {
     Refused { model: String, reason: OnnxError },
     #[error("model '{model}' cannot be made resident: {no_room}")]
     NoRoom { model: String, no_room: NoRoom },
+    #[error("model '{model}' cannot be placed: {reason}")]
+    Placement { model: String, reason: PlacementError },
 }
 
 impl Drop for ModelCopy {
@@ -263,13 +278,13 @@ impl Drop for ModelCopy {
     }
 }
 
-/// Every resident model, keyed by weights digest and backend. The store does not keep a
-/// model alive: a model nothing serves any more (its names deleted, its upload refused) is
-/// unloaded when the last request using it ends, and loading the same weights again makes
-/// a fresh copy.
+/// Every resident model, keyed by weights digest, backend and placements (identical weights
+/// placed alike share one copy and one queue). The store does not keep a model alive: a
+/// model nothing serves any more (its names deleted, its upload refused) is unloaded when the
+/// last request using it ends, and loading the same weights again makes a fresh copy.
 #[derive(Default)]
 pub struct ModelStore {
-    resident: HashMap<(String, BackendKind), Weak<ModelCopy>>,
+    resident: HashMap<(String, BackendKind, Vec<Placement>), Weak<ModelCopy>>,
 }
 
 /// What applies to a model whose spec does not say, and where models are resident.
@@ -279,8 +294,8 @@ pub struct ModelDefaults {
     pub backend: Option<BackendKind>,
     /// Leave memory after this long without a call; `None`: stay.
     pub idle_unload: Option<Duration>,
-    /// The device models run on, whose budget their memory is held in.
-    pub device: Arc<Device>,
+    /// The devices models run on, whose budgets their memory is held in.
+    pub devices: Arc<Devices>,
     /// Where engines' optimised forms of models are kept for faster reloads; `None`: nowhere.
     pub optimized_dir: Option<std::path::PathBuf>,
 }
@@ -317,27 +332,37 @@ impl ModelStore {
         };
         let mut reasons = Vec::new();
         for backend in candidates {
-            let key = (spec.sha256.clone(), backend.kind());
+            let placed = defaults
+                .devices
+                .place(&spec.placements, spec.on_missing_device, |device| backend.runs_on(device))
+                .map_err(|reason| ModelLoadError::Placement { model: spec.name.to_string(), reason })?;
+            if let Some(fallback) = &placed.fallback {
+                tracing::warn!(model = %spec.name, backend = %backend.kind(), reason = %fallback, "model placed on the cpu instead");
+            }
+            let key = (spec.sha256.clone(), backend.kind(), placed.placements.clone());
             if let Some(model) = self.resident.get(&key).and_then(Weak::upgrade) {
                 return Ok(model);
             }
             let started = Instant::now();
             let (bytes, file, loader) = (spec.bytes.clone(), model_file.clone(), backend.clone());
-            let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
-            // Room for at least the weights of each instance before anything is allocated,
-            // made by evicting idle models if need be (which waits on them: a blocking thread).
-            let estimate = spec.bytes.len() as u64 * instances as u64;
-            let device = defaults.device.clone();
+            let (placements, warmup) = (placed.placements.clone(), spec.warmup.clone());
+            // Room for at least the weights of each instance on its device before anything is
+            // allocated, made by evicting idle models if need be (which waits on them: a
+            // blocking thread).
+            let estimates = estimates(&defaults.devices, &placements, spec.bytes.len() as u64)
+                .map_err(|reason| ModelLoadError::Failed { model: spec.name.to_string(), reasons: reason })?;
             let no_room = |no_room| ModelLoadError::NoRoom { model: spec.name.to_string(), no_room };
-            // Self-contained weights also leave the engine's optimised form beside the data,
-            // which reloads take (a third of the time for magika on ONNX Runtime).
+            // Self-contained weights on the CPU also leave the engine's optimised form beside the
+            // data, which reloads take (a third of the time for magika on ONNX Runtime).
+            let on_cpu = placements.iter().all(|placement| placement.device == DeviceId::Cpu);
             let target = defaults
                 .optimized_dir
                 .as_ref()
-                .filter(|_| file.is_none())
+                .filter(|_| file.is_none() && on_cpu)
                 .map(|dir| dir.join(format!("{}-{}.onnx", backend.kind(), spec.sha256)));
+            let measured_devices: Vec<Arc<Device>> = estimates.iter().map(|(device, _)| device.clone()).collect();
             let load_all = move || {
-                let memory = device.reserve_evicting(estimate)?;
+                let mut memory = reserve_all(&estimates, Device::reserve_evicting)?;
                 let loaded = (|| {
                     let optimized = match &target {
                         Some(target) if loader.writes_optimized() => save_optimized(&*loader, &bytes, target)?,
@@ -351,17 +376,24 @@ impl ModelStore {
                         (None, Some((_, optimized))) => Source::Optimized(optimized),
                         (None, None) => Source::Bytes(&bytes),
                     };
-                    let (graphs, grown) = measured(|| load_instances(&*loader, (instances, &warmup), source));
+                    let (graphs, grown) =
+                        measured(&measured_devices, || load_instances(&*loader, (&placements, &warmup), source));
                     Ok::<_, BackendError>((graphs?, optimized.map(|(optimized, _)| optimized), grown))
                 })();
+                if let Ok((_, _, grown)) = &loaded {
+                    for (reservation, &grown) in memory.iter_mut().zip(grown) {
+                        reservation.resize(grown.max(reservation.bytes()));
+                    }
+                }
                 Ok((memory, loaded))
             };
             let (memory, graphs, optimized) = match tokio::task::spawn_blocking(load_all).await {
                 Ok(Err(refused)) => return Err(no_room(refused)),
-                Ok(Ok((mut memory, Ok((graphs, optimized, grown))))) => {
-                    memory.resize(grown.max(estimate));
+                Ok(Ok((memory, Ok((graphs, optimized, _))))) => {
                     // What it took can never fit again after it leaves memory: refuse it now.
-                    defaults.device.fits_at_all(memory.bytes()).map_err(no_room)?;
+                    for reservation in &memory {
+                        reservation.device().fits_at_all(reservation.bytes()).map_err(no_room)?;
+                    }
                     (memory, graphs, optimized)
                 }
                 Ok(Ok((_, Err(err)))) => {
@@ -389,7 +421,7 @@ impl ModelStore {
                 preferred_batch_rows: spec.batching.preferred_batch_sizes.clone(),
                 max_delay: Duration::from_micros(spec.batching.max_queue_delay_us),
                 capacity: spec.batching.max_queue_size,
-                instances,
+                instances: placed.placements.len(),
                 padding,
                 autoscale: spec.autoscale.as_ref().map(|autoscale| AutoscaleSettings {
                     min_instances: autoscale.min_instances,
@@ -399,24 +431,25 @@ impl ModelStore {
                     scale_down_utilisation: autoscale.scale_down_utilisation,
                 }),
             };
-            let footprint = memory.bytes();
+            let footprints: Footprints =
+                memory.iter().map(|reservation| (reservation.device().clone(), reservation.bytes())).collect();
             let residence = Residence {
-                loader: Some(reloader(
-                    (backend.clone(), defaults.device.clone(), footprint),
-                    spec,
-                    (model_file.clone(), optimized),
-                )),
+                loader: Some(reloader((backend.clone(), footprints), spec, &placed, (model_file.clone(), optimized))),
                 idle_unload: spec.idle_unload.or(defaults.idle_unload).filter(|idle| !idle.is_zero() && !spec.pinned),
-                evictable_from: (!spec.pinned).then(|| defaults.device.clone()),
+                evictable_from: match spec.pinned {
+                    true => Vec::new(),
+                    false => memory.iter().map(|reservation| reservation.device().clone()).collect(),
+                },
             };
             let model = Arc::new(
                 ModelCopy::start(
                     spec.name.as_str(),
                     spec.sha256.clone(),
                     backend.kind(),
-                    (Loaded { graphs, memory: Some(memory) }, residence),
+                    (Loaded { graphs, memory }, residence),
                     settings,
                 )
+                .with_placement(placed)
                 .with_drift(spec.drift.clone())
                 .with_breaker(spec.breaker.clone()),
             );
@@ -425,6 +458,7 @@ impl ModelStore {
                 backend = %backend.kind(),
                 sha256 = %spec.sha256,
                 batchable = model.signature.batchable(),
+                placements = %model.placed.placements.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
                 load_ms = started.elapsed().as_millis() as u64,
                 "model resident"
             );
@@ -437,6 +471,11 @@ impl ModelStore {
     }
 }
 
+/// The placement a loaded graph reports (its device; pinning is not visible from it).
+fn placement_of(graph: &dyn Graph) -> Placement {
+    Placement { device: graph.device(), cpus: None }
+}
+
 /// A small real model (the digits example's smaller MLP) that [`prime`] loads and runs once.
 const PRIMER: &[u8] = include_bytes!("../../../examples/digits/model/digits_small.onnx");
 
@@ -445,7 +484,10 @@ const PRIMER: &[u8] = include_bytes!("../../../examples/digits/model/digits_smal
 /// Runtime) are not counted in the footprint of whichever model loads first.
 pub fn prime(backends: &Backends) {
     for backend in &backends.available {
-        let primed = backend.load(PRIMER).map_err(|err| err.to_string()).and_then(|graph| run_on_zeros(&*graph, 1));
+        let primed = backend
+            .load(PRIMER, &Placement::CPU)
+            .map_err(|err| err.to_string())
+            .and_then(|graph| run_on_zeros(&*graph, 1));
         if let Err(err) = primed {
             tracing::warn!(backend = %backend.kind(), error = %err, "the backend could not be primed");
         }
@@ -463,21 +505,34 @@ enum Source<'a> {
 }
 
 /// One loaded copy per execution instance, so instances never wait on each other, each
+/// where its placement says (a pinned one loaded and run on threads pinned to its cores) and
 /// warmed up on its `warmup` batch sizes before it serves.
 fn load_instances(
     backend: &dyn Backend,
-    (instances, warmup): (usize, &[usize]),
+    (placements, warmup): (&[Placement], &[usize]),
     source: Source<'_>,
 ) -> Result<Vec<Arc<dyn Graph>>, BackendError> {
-    (0..instances)
-        .map(|_| {
-            let graph = match source {
-                Source::Bytes(bytes) => backend.load(bytes),
-                Source::File(file) => backend.load_file(file),
-                Source::Optimized(bytes) => backend.load_optimized(bytes),
-            }?;
+    placements
+        .iter()
+        .map(|placement| {
+            let load = || match source {
+                Source::Bytes(bytes) => backend.load(bytes, placement),
+                Source::File(file) => backend.load_file(file, placement),
+                Source::Optimized(bytes) => backend.load_optimized(bytes, placement),
+            };
+            let graph: Arc<dyn Graph> = match &placement.cpus {
+                None => Arc::from(load()?),
+                Some(cpus) => {
+                    let pinning = |err: std::io::Error| BackendError::Load {
+                        backend: backend.kind(),
+                        reason: format!("cannot pin an instance to cores {cpus}: {err}"),
+                    };
+                    let graph = on_pinned_thread(cpus, load).map_err(pinning)??;
+                    Arc::new(PinnedGraph::new(graph, cpus).map_err(pinning)?)
+                }
+            };
             warm_up(&*graph, warmup);
-            Ok(Arc::<dyn Graph>::from(graph))
+            Ok(graph)
         })
         .collect()
 }
@@ -545,31 +600,36 @@ fn run_on_zeros(graph: &dyn Graph, rows: usize) -> Result<(), String> {
 
 /// How a model that left memory is loaded again: from its file (the manifest's, or the
 /// upload's blob), checked against the digest it was verified with, so the memory of the
-/// bytes is not held while it is out. It holds the `footprint` its first load measured: a
-/// reload runs beside other models' batches, whose allocations a measurement would count
-/// (and ratchet up, until the model no longer fits). The tenant sees why it failed without
-/// paths; the log has the detail.
+/// bytes is not held while it is out. It holds the `footprints` its first load measured on
+/// each device: a reload runs beside other models' batches, whose allocations a measurement
+/// would count (and ratchet up, until the model no longer fits). The tenant sees why it
+/// failed without paths; the log has the detail.
 fn reloader(
-    (backend, device, footprint): (Arc<dyn Backend>, Arc<Device>, u64),
+    (backend, footprints): (Arc<dyn Backend>, Footprints),
     spec: &ModelSpec,
+    placed: &Placed,
     (external_data, optimized): (Option<std::path::PathBuf>, Option<Optimized>),
 ) -> Loader {
     let (path, sha256, model) = (spec.path.clone(), spec.sha256.clone(), spec.name.clone());
-    let (instances, warmup) = (spec.batching.instances, spec.warmup.clone());
+    let (placements, warmup) = (placed.placements.clone(), spec.warmup.clone());
     Arc::new(move |reason| {
         // Requests waiting for a load on demand are its first run: warming it up on zeros
         // first would only make them wait longer.
         let warmup = if reason == LoadReason::Demand { &[][..] } else { &warmup[..] };
         // Room for what it took the first time, before anything is read or allocated; an
-        // instance the autoscaler adds takes its share of that, where the budget has room
-        // without evicting anything (scaling one model up never pushes another out).
+        // instance the autoscaler adds takes its share of its device's part, on the first of
+        // the model's devices whose budget has room without evicting anything (scaling one
+        // model up never pushes another out).
         let no_room = |no_room: NoRoom| match no_room.never_fits() {
             true => LoadError::Failed(no_room.to_string()),
             false => LoadError::NoRoom(no_room.to_string()),
         };
-        let (count, memory) = match reason {
-            LoadReason::ScaleUp => (1, device.reserve(footprint / instances.max(1) as u64).map_err(no_room)?),
-            _ => (instances, device.reserve_evicting(footprint).map_err(no_room)?),
+        let (placements, memory) = match reason {
+            LoadReason::ScaleUp => {
+                let (placement, reservation) = scale_up_room(&placements, &footprints).map_err(no_room)?;
+                (vec![placement], vec![reservation])
+            }
+            _ => (placements.clone(), reserve_all(&footprints, Device::reserve_evicting).map_err(no_room)?),
         };
         let bytes;
         let optimized_bytes = optimized.as_ref().and_then(|optimized| read_optimized(optimized, &model));
@@ -588,11 +648,11 @@ fn reloader(
                 Source::Bytes(&bytes)
             }
         };
-        let graphs = load_instances(&*backend, (count, warmup), source).map_err(|err| {
+        let graphs = load_instances(&*backend, (&placements, warmup), source).map_err(|err| {
             tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
             LoadError::Failed(format!("{} could not load its weights", backend.kind()))
         })?;
-        Ok(Loaded { graphs, memory: Some(memory) })
+        Ok(Loaded { graphs, memory })
     })
 }
 
@@ -607,14 +667,6 @@ fn read_optimized(optimized: &Optimized, model: &ModelName) -> Option<Vec<u8>> {
         tracing::error!(model = %model, "the optimised model changed on disk since it was written; not loading it");
     }
     intact.then_some(bytes)
-}
-
-/// Run a load and say how much the process's allocations grew meanwhile (its footprint;
-/// other threads' work in the process may add to it or take from it).
-fn measured<T>(load: impl FnOnce() -> T) -> (T, u64) {
-    let before = allocated_bytes();
-    let loaded = load();
-    (loaded, allocated_bytes().saturating_sub(before))
 }
 
 /// The manifest's padding rule, checked against the model: every padded input and cut output

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::ids::{AppName, ModelName, TenantId, VersionName};
+use super::placement::{InstanceGroup, OnMissingDevice};
 
 /// Which backend serves a model (a manifest may pin one; the engines are `nn::backend`'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -179,6 +180,14 @@ pub struct ModelManifest {
     pub resident: Resident,
     #[serde(default)]
     pub autoscale: Option<Autoscale>,
+    /// `[[models.X.instances]]`: where its execution instances run (Triton's instance groups);
+    /// none: `batching.instances` instances on the CPU.
+    #[serde(default)]
+    pub instances: Vec<InstanceGroup>,
+    /// What happens when a device it names is missing: `"cpu"` (the default) runs those
+    /// instances on the CPU, `"refuse"` refuses to load the model.
+    #[serde(default)]
+    pub on_missing_device: OnMissingDevice,
 }
 
 /// `[models.X.autoscale]`: execution instances grow from `min_instances` to `max_instances`

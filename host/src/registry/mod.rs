@@ -7,6 +7,7 @@
 
 pub mod ids;
 pub mod manifest;
+pub mod placement;
 pub mod store;
 pub mod traffic;
 
@@ -23,6 +24,7 @@ use manifest::{
 };
 
 use crate::registry::manifest::BackendKind;
+use placement::{OnMissingDevice, Placement};
 use traffic::{Canary, Shadow, Traffic};
 
 const PLATFORM_MANIFEST: &str = "platform.toml";
@@ -58,6 +60,9 @@ pub struct ModelSpec {
     pub pinned: bool,
     /// Instances between bounds (`batching.instances` is then the minimum); `None`: fixed.
     pub autoscale: Option<Autoscale>,
+    /// Where each execution instance runs (`batching.instances` of them).
+    pub placements: Vec<Placement>,
+    pub on_missing_device: OnMissingDevice,
 }
 
 /// Who supplied a model's weights, which decides whether they may name other files.
@@ -272,13 +277,28 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         });
     }
     let mut batching = model.batching;
+    let invalid = |message: String| RegistryError::Invalid {
+        path: manifest.to_path_buf(),
+        message: format!("model '{name}': {message}"),
+    };
+    let placements = match model.instances.is_empty() {
+        true => None,
+        false if batching.instances != 1 => {
+            return Err(invalid("declare instances either as batching.instances or as [[instances]] groups".into()));
+        }
+        false => Some(placement::expand(&model.instances).map_err(invalid)?),
+    };
+    if let Some(placements) = &placements {
+        batching.instances = placements.len();
+    }
     if let Some(autoscale) = &model.autoscale {
-        autoscale.validate(batching.instances).map_err(|message| RegistryError::Invalid {
-            path: manifest.to_path_buf(),
-            message: format!("model '{name}': {message}"),
-        })?;
+        if placements.as_ref().is_some_and(|placements| placements.len() != autoscale.min_instances) {
+            return Err(invalid("with autoscale, the [[instances]] groups hold min_instances instances".into()));
+        }
+        autoscale.validate(batching.instances).map_err(invalid)?;
         batching.instances = autoscale.min_instances;
     }
+    let placements = placements.unwrap_or_else(|| vec![Placement::CPU; batching.instances]);
     Ok(ModelSpec {
         name,
         path,
@@ -293,6 +313,8 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         warmup: model.warmup.batch_sizes,
         pinned,
         autoscale: model.autoscale,
+        placements,
+        on_missing_device: model.on_missing_device,
     })
 }
 

@@ -4,6 +4,7 @@
 
 pub mod listen;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,10 +16,12 @@ use tokio::net::TcpListener;
 pub use crate::state::BodyTimeouts;
 use crate::state::ServingState;
 
+use crate::nn::backend::Backends;
 use crate::nn::backend::{self, BackendKind, BackendSettings};
-use crate::nn::device::Device;
+use crate::nn::devices::Devices;
 use crate::nn::models::ModelDefaults;
 use crate::registry::Registry;
+use crate::registry::placement::DeviceId;
 use crate::runtime::{Runtime, RuntimeSettings};
 use listen::{ConnectionLimits, ConnectionSettings};
 
@@ -44,8 +47,10 @@ pub struct ServeConfig {
     /// How long a model without calls stays in memory when its manifest does not say;
     /// `None`: for as long as it serves.
     pub idle_unload: Option<Duration>,
-    /// Bytes resident models may hold on the host; `None`: half the machine's memory.
-    pub model_memory: Option<u64>,
+    /// Bytes resident models may hold on each device named; the others get their defaults.
+    pub model_memory: BTreeMap<DeviceId, u64>,
+    /// ONNX Runtime's WebGPU plugin execution provider library, if any.
+    pub webgpu_library: Option<PathBuf>,
     pub backend_threads: usize,
     pub max_instances: u32,
     pub epoch_tick: Duration,
@@ -181,6 +186,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let backends = backend::available(&BackendSettings {
         onnxruntime_library: config.onnxruntime_library.clone(),
         threads: config.backend_threads,
+        webgpu_library: config.webgpu_library.clone(),
     });
     for reason in &backends.unavailable {
         tracing::warn!("{reason}");
@@ -216,8 +222,11 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     for device in &inventory.cuda {
         crate::telemetry::metrics::metrics().device_total(&format!("cuda:{}", device.index), device.memory_total_bytes);
     }
-    let budget = config.model_memory.unwrap_or_else(Device::default_cpu_budget);
-    tracing::info!(device = "cpu", budget_mib = budget >> 20, "model memory budget");
+    let devices = Devices::new(&inventory, &config.model_memory, runs_on_webgpu(&backends))
+        .map_err(|why| anyhow::anyhow!("--model-memory: {why}"))?;
+    for device in devices.all() {
+        tracing::info!(device = %device.id(), budget_mib = device.budget() >> 20, "model memory budget");
+    }
     // Engines' optimised forms of models: specific to this machine, rewritten at each start.
     let optimized_dir = config.data_dir.join("optimized");
     let optimized_dir = std::fs::create_dir_all(&optimized_dir)
@@ -227,13 +236,26 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let defaults = ModelDefaults {
         backend: config.default_backend,
         idle_unload: config.idle_unload,
-        device: Device::cpu(budget),
+        devices: Arc::new(devices),
         optimized_dir,
     };
     let mut state = ServingState::build(registry, runtime, backends, defaults, turns, store, admin_token).await?;
     state.body_timeouts = config.body_timeouts;
     crate::control::apply::restore_control(&state).await.context("restoring the saved control state")?;
     Ok(state)
+}
+
+/// Whether an engine found a WebGPU adapter (ONNX Runtime's plugin provider), or why the
+/// preferred engine did not.
+fn runs_on_webgpu(backends: &Backends) -> Result<(), String> {
+    let mut why = None;
+    for backend in &backends.available {
+        match backend.runs_on(DeviceId::WebGpu) {
+            Ok(()) => return Ok(()),
+            Err(reason) => why = why.or(Some(reason)),
+        }
+    }
+    Err(why.unwrap_or_else(|| "no engine runs on a WebGPU adapter".to_string()))
 }
 
 /// Analyse every app with a canary whose interval has passed; run until the process ends.

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::Serialize;
 
 pub use crate::registry::manifest::BackendKind;
+use crate::registry::placement::{DeviceId, Placement};
 use crate::tensor::{ElementType, Tensor};
 
 /// A model input or output as the graph declares it.
@@ -89,6 +90,11 @@ pub enum BackendError {
 pub trait Graph: Send + Sync {
     fn signature(&self) -> &Signature;
 
+    /// Where it runs.
+    fn device(&self) -> DeviceId {
+        DeviceId::Cpu
+    }
+
     /// Run on named inputs already checked against the signature; outputs in signature order.
     /// `stop` may end the run early from another thread (backends that cannot stop a run
     /// ignore it).
@@ -136,17 +142,26 @@ impl Stop {
     }
 }
 
-/// A backend that turns ONNX bytes into graphs.
+/// A backend that turns ONNX bytes into graphs on a device.
 pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
 
-    /// Load a model from memory. The bytes must name no other file (see `nn::onnx`): a model
-    /// loaded from memory resolves such names against the server's working directory.
-    fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError>;
+    /// Whether it can run graphs on `device`, or why not.
+    fn runs_on(&self, device: DeviceId) -> Result<(), String> {
+        match device {
+            DeviceId::Cpu => Ok(()),
+            other => Err(format!("{} runs on the CPU only, not on {other}", self.kind())),
+        }
+    }
+
+    /// Load a model from memory to run where `placement` says. The bytes must name no other
+    /// file (see `nn::onnx`): a model loaded from memory resolves such names against the
+    /// server's working directory.
+    fn load(&self, onnx: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError>;
 
     /// Load an operator's model file whose external data lies beside it (checked by the
     /// caller); backends that cannot read external data refuse.
-    fn load_file(&self, _model_file: &Path) -> Result<Box<dyn Graph>, BackendError> {
+    fn load_file(&self, _model_file: &Path, _placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
         Err(BackendError::Load { backend: self.kind(), reason: "models with external data are not supported".into() })
     }
 
@@ -156,16 +171,16 @@ pub trait Backend: Send + Sync {
         false
     }
 
-    /// Optimise a model as [`Backend::load`] would and write the result to `optimized`
-    /// (self-contained, like the bytes), so later loads skip optimising it again; whether a
-    /// file was written (never, by default). Fails where loading the bytes would.
+    /// Optimise a model as [`Backend::load`] would for the CPU and write the result to
+    /// `optimized` (self-contained, like the bytes), so later loads skip optimising it again;
+    /// whether a file was written (never, by default). Fails where loading the bytes would.
     fn save_optimized(&self, _onnx: &[u8], _optimized: &Path) -> Result<bool, BackendError> {
         Ok(false)
     }
 
     /// Load what [`Backend::save_optimized`] wrote, without optimising it again.
-    fn load_optimized(&self, optimized: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
-        self.load(optimized)
+    fn load_optimized(&self, optimized: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
+        self.load(optimized, placement)
     }
 }
 
@@ -176,6 +191,8 @@ pub struct BackendSettings {
     pub onnxruntime_library: Option<PathBuf>,
     /// Intra-op threads per graph (0 lets the backend decide).
     pub threads: usize,
+    /// ONNX Runtime's WebGPU plugin execution provider library, when known.
+    pub webgpu_library: Option<PathBuf>,
 }
 
 /// Backends compiled in and usable on this machine, best first, plus why others are not.

@@ -2,16 +2,23 @@
 //! (`load-dynamic`: nothing is downloaded at build time). The library is found through
 //! the `--onnxruntime-lib` setting or `ORT_DYLIB_PATH`, then in an `onnxruntime` Python
 //! package (the project's `.venv`, then the machine's `python3`).
+//!
+//! Graphs run where their placement says: on the CPU, on a CUDA GPU through the CUDA
+//! execution provider (present only in the `onnxruntime-gpu` build of the library), or on
+//! the WebGPU adapter through the WebGPU plugin execution provider (`--webgpu-ep-lib`). A
+//! device's provider that cannot be registered is an error, never a silent run on the CPU.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use ort::ep::ExecutionProvider;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{RunOptions, Session};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
+use crate::registry::placement::{DeviceId, Placement};
 use crate::tensor::{ElementType, Tensor};
 
 const KIND: BackendKind = BackendKind::Onnxruntime;
@@ -21,7 +28,14 @@ static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = On
 
 pub struct OnnxRuntime {
     threads: usize,
+    /// Whether the library carries the CUDA execution provider, or why not.
+    cuda: Result<(), String>,
+    /// Whether the WebGPU plugin provider is registered and sees an adapter, or why not.
+    webgpu: Result<(), String>,
 }
+
+/// The WebGPU plugin's execution provider, as it names itself.
+const WEBGPU_EP: &str = "WebGpuExecutionProvider";
 
 impl OnnxRuntime {
     pub fn new(settings: &BackendSettings) -> Result<Self, BackendError> {
@@ -46,9 +60,25 @@ impl OnnxRuntime {
                 .build()
                 .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", library.display()))
         });
-        environment.as_ref().map_err(|e| unavailable(e.clone()))?;
+        let environment = environment.as_ref().map_err(|e| unavailable(e.clone()))?;
         tracing::info!(library = %library.display(), "ONNX Runtime loaded");
-        Ok(Self { threads: settings.threads })
+        let cuda = match <ort::ep::CUDA as ExecutionProvider>::is_available() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("this ONNX Runtime library has no CUDA execution provider (onnxruntime-gpu has)".into()),
+            Err(err) => Err(format!("ONNX Runtime cannot list its execution providers: {err}")),
+        };
+        let webgpu = match &settings.webgpu_library {
+            None => Err("no WebGPU execution provider library (--webgpu-ep-lib)".to_string()),
+            Some(plugin) => register_webgpu(environment, plugin),
+        };
+        match &webgpu {
+            Ok(()) => {
+                tracing::info!(plugin = ?settings.webgpu_library, "ONNX Runtime's WebGPU execution provider found an adapter")
+            }
+            Err(why) if settings.webgpu_library.is_some() => tracing::warn!(reason = %why, "no WebGPU device"),
+            Err(_) => {}
+        }
+        Ok(Self { threads: settings.threads, cuda, webgpu })
     }
 }
 
@@ -57,15 +87,25 @@ impl Backend for OnnxRuntime {
         KIND
     }
 
-    fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
-        let session = self.builder(OPTIMIZED)?.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
-        graph(session)
+    fn runs_on(&self, device: DeviceId) -> Result<(), String> {
+        match device {
+            DeviceId::Cpu => Ok(()),
+            DeviceId::Cuda(_) => self.cuda.clone(),
+            DeviceId::WebGpu => self.webgpu.clone(),
+        }
     }
 
-    fn load_file(&self, model_file: &Path) -> Result<Box<dyn Graph>, BackendError> {
+    fn load(&self, onnx: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
+        let session =
+            self.builder(OPTIMIZED, placement)?.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
+        graph(session, placement.device)
+    }
+
+    fn load_file(&self, model_file: &Path, placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
         // From a file, ONNX Runtime reads external data relative to the file's directory.
-        let session = self.builder(OPTIMIZED)?.commit_from_file(model_file).map_err(|e| load_error(e.to_string()))?;
-        graph(session)
+        let session =
+            self.builder(OPTIMIZED, placement)?.commit_from_file(model_file).map_err(|e| load_error(e.to_string()))?;
+        graph(session, placement.device)
     }
 
     fn writes_optimized(&self) -> bool {
@@ -76,21 +116,21 @@ impl Backend for OnnxRuntime {
         // Initializers are written inline (no external-data file name is set), so the file
         // names no other file, as the bytes did not.
         let session = self
-            .builder(OPTIMIZED)?
+            .builder(OPTIMIZED, &Placement::CPU)?
             .with_optimized_model_path(optimized)
             .map_err(|e| load_error(e.to_string()))?
             .commit_from_memory(onnx)
             .map_err(|e| load_error(e.to_string()))?;
-        graph(session)?;
+        graph(session, DeviceId::Cpu)?;
         Ok(optimized.is_file())
     }
 
-    fn load_optimized(&self, optimized: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
+    fn load_optimized(&self, optimized: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
         let session = self
-            .builder(GraphOptimizationLevel::Disable)?
+            .builder(GraphOptimizationLevel::Disable, placement)?
             .commit_from_memory(optimized)
             .map_err(|e| load_error(e.to_string()))?;
-        graph(session)
+        graph(session, placement.device)
     }
 }
 
@@ -103,7 +143,11 @@ fn load_error(reason: String) -> BackendError {
 }
 
 impl OnnxRuntime {
-    fn builder(&self, level: GraphOptimizationLevel) -> Result<ort::session::builder::SessionBuilder, BackendError> {
+    fn builder(
+        &self,
+        level: GraphOptimizationLevel,
+        placement: &Placement,
+    ) -> Result<ort::session::builder::SessionBuilder, BackendError> {
         let environment = ENVIRONMENT
             .get()
             .and_then(|e| e.as_ref().ok())
@@ -114,20 +158,62 @@ impl OnnxRuntime {
         // Without the CPU arena, what a run allocates goes back when it ends: a model that needs
         // much memory once does not keep it (the arena would hold its peak for the process).
         let cpu = ort::ep::CPU::default().with_arena_allocator(false).build();
-        let mut builder = Session::builder(environment)
-            .and_then(|b| b.with_execution_providers([cpu]).map_err(Into::into))
+        let builder = Session::builder(environment)
             .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
             .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
             .and_then(|b| b.with_inter_op_spinning(false).map_err(Into::into))
             .map_err(|e| load_error(e.to_string()))?;
-        if self.threads > 0 {
-            builder = builder.with_intra_threads(self.threads).map_err(|e| load_error(e.to_string()))?;
+        let on_device = |e: ort::Error| {
+            load_error(format!("the {} execution provider could not be registered: {e}", placement.device))
+        };
+        let mut builder = match placement.device {
+            DeviceId::Cpu => builder.with_execution_providers([cpu]).map_err(|e| load_error(e.to_string()))?,
+            DeviceId::Cuda(index) => {
+                // Memory grows by what is asked, not in powers of two, so a model's footprint
+                // on the GPU is what it uses; nodes the CUDA provider lacks run on the CPU.
+                let cuda = ort::ep::CUDA::default()
+                    .with_device_id(i32::try_from(index).unwrap_or(i32::MAX))
+                    .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested)
+                    .build()
+                    .error_on_failure();
+                builder.with_execution_providers([cuda, cpu]).map_err(|e| on_device(e.into()))?
+            }
+            DeviceId::WebGpu => {
+                let adapters: Vec<_> =
+                    environment.devices().filter(|d| d.ep().is_ok_and(|ep| ep == WEBGPU_EP)).collect();
+                if adapters.is_empty() {
+                    return Err(load_error("no WebGPU adapter is registered with ONNX Runtime".to_string()));
+                }
+                builder.with_devices(adapters, None).map_err(|e| on_device(e.into()))?
+            }
+        };
+        // Pinned instances run as many compute threads as they have cores.
+        let threads = placement.cpus.as_ref().map_or(self.threads, |cpus| cpus.cores().len());
+        if threads > 0 {
+            builder = builder.with_intra_threads(threads).map_err(|e| load_error(e.to_string()))?;
         }
         Ok(builder)
     }
 }
 
-fn graph(session: Session) -> Result<Box<dyn Graph>, BackendError> {
+/// Register the WebGPU plugin provider and check that it sees an adapter.
+fn register_webgpu(environment: &ort::environment::Environment, plugin: &Path) -> Result<(), String> {
+    if !plugin.is_file() {
+        return Err(format!("the WebGPU execution provider library {} does not exist", plugin.display()));
+    }
+    environment
+        .register_ep_library("webgpu", plugin)
+        .map_err(|e| format!("ONNX Runtime could not register the WebGPU execution provider: {e}"))?;
+    let found = environment.devices().any(|device| device.ep().is_ok_and(|ep| ep == WEBGPU_EP));
+    if !found {
+        return Err("the WebGPU execution provider sees no adapter (a Vulkan driver; for a software one set \
+                    ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1)"
+            .to_string());
+    }
+    Ok(())
+}
+
+fn graph(session: Session, device: DeviceId) -> Result<Box<dyn Graph>, BackendError> {
     let signature = Signature {
         inputs: session
             .inputs()
@@ -142,7 +228,7 @@ fn graph(session: Session) -> Result<Box<dyn Graph>, BackendError> {
             .collect::<Result<_, _>>()
             .map_err(load_error)?,
     };
-    Ok(Box::new(OrtGraph { session: Mutex::new(session), signature }))
+    Ok(Box::new(OrtGraph { session: Mutex::new(session), signature, device }))
 }
 
 struct OrtGraph {
@@ -150,11 +236,16 @@ struct OrtGraph {
     // lock is uncontended.
     session: Mutex<Session>,
     signature: Signature,
+    device: DeviceId,
 }
 
 impl Graph for OrtGraph {
     fn signature(&self) -> &Signature {
         &self.signature
+    }
+
+    fn device(&self) -> DeviceId {
+        self.device
     }
 
     fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {

@@ -14,6 +14,7 @@ use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
+use crate::registry::placement::Placement;
 use crate::tensor::{ElementType, Tensor};
 
 const KIND: BackendKind = BackendKind::Tract;
@@ -31,7 +32,8 @@ impl Backend for Tract {
         KIND
     }
 
-    fn load(&self, onnx: &[u8]) -> Result<Box<dyn Graph>, BackendError> {
+    /// On the CPU (the only device it `runs_on`), in the calling thread: pinning is the caller's.
+    fn load(&self, onnx: &[u8], _placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
         let load_error = |reason: String| BackendError::Load { backend: KIND, reason };
         match typed_model(onnx, None) {
             Ok(typed) => {

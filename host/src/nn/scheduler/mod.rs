@@ -105,11 +105,11 @@ pub enum LoadError {
     Failed(String),
 }
 
-/// A model's loaded execution instances and the memory they hold of their device's budget
-/// (`None`: outside any budget, as a guest's raw load).
+/// A model's loaded execution instances and the memory they hold of their devices' budgets
+/// (one reservation per device; none: outside any budget, as a guest's raw load).
 pub struct Loaded {
     pub graphs: Vec<Arc<dyn Graph>>,
-    pub memory: Option<Reservation>,
+    pub memory: Vec<Reservation>,
 }
 
 /// Where a model's execution instances are.
@@ -163,9 +163,9 @@ pub struct Residence {
     pub loader: Option<Loader>,
     /// Leave memory after this long without a job.
     pub idle_unload: Option<Duration>,
-    /// The device whose budget may ask it to leave memory for another model while it is
-    /// idle; `None`: never (it is pinned, or cannot be loaded again).
-    pub evictable_from: Option<Arc<Device>>,
+    /// The devices whose budgets may ask it to leave memory for another model while it is
+    /// idle; none: never (it is pinned, or cannot be loaded again).
+    pub evictable_from: Vec<Arc<Device>>,
 }
 
 /// Asked of the actor by [`ModelQueue::load`], [`ModelQueue::unload`] and its device.
@@ -308,13 +308,15 @@ impl ModelQueue {
         };
         let (instances, events) = (execution.instances.clone(), execution.events.clone());
         let last_use = Arc::new(LastUse::new());
-        let evictable = residence.evictable_from.as_ref().filter(|_| residence.loader.is_some()).map(|device| {
+        let evictable = (!residence.evictable_from.is_empty() && residence.loader.is_some()).then(|| {
             let handle = Arc::new(EvictHandle {
                 controls: controls.clone(),
                 residency: residency.clone(),
                 last_use: last_use.clone(),
             });
-            device.register(Arc::downgrade(&handle) as std::sync::Weak<dyn Evictable>);
+            for device in &residence.evictable_from {
+                device.register(Arc::downgrade(&handle) as std::sync::Weak<dyn Evictable>);
+            }
             handle
         });
         let resident_last_use = last_use.clone();
@@ -589,13 +591,11 @@ impl Resident {
                     });
                 }
             }
-            // An idle one goes (the scaler never asks below the minimum); if all are busy,
-            // the next window asks again.
-            Some(Scale::Down { reason }) if !self.idle.is_empty() => {
-                self.idle.pop();
-                if let Some(gauge) = &mut self.gauge {
-                    gauge.remove_instance();
-                }
+            // An idle instance it added goes, with its memory (the scaler never asks below
+            // the minimum); if all are busy, the next window asks again.
+            Some(Scale::Down { reason })
+                if self.gauge.as_mut().is_some_and(|gauge| gauge.remove_instance(&mut self.idle)) =>
+            {
                 let before = self.instances;
                 self.set_instances(execution, before - 1);
                 execution.series.scaled_down.inc();
@@ -612,10 +612,10 @@ impl Resident {
             Ok((Loaded { graphs, memory }, reason, took)) if self.is_loaded() && !graphs.is_empty() => {
                 metrics().model_loaded(&execution.backend, LoadReason::ScaleUp.label(), took);
                 let after = before + graphs.len();
-                self.idle.extend(graphs);
-                if let (Some(gauge), Some(memory)) = (&mut self.gauge, memory) {
-                    gauge.add_instance(memory);
+                if let Some(gauge) = &mut self.gauge {
+                    gauge.add_instances(&graphs, memory);
                 }
+                self.idle.extend(graphs);
                 self.set_instances(execution, after);
                 execution.series.scaled_up.inc();
                 execution.record("scale_up", (before, after), reason);
@@ -720,41 +720,53 @@ impl Resident {
     }
 }
 
-/// One count in `sluice_resident_models`, and the copy's memory in its device's budget and
+/// One count in `sluice_resident_models`, and the copy's memory in its devices' budgets and
 /// `sluice_model_memory_bytes`, for as long as it lives.
 struct ResidentGauge {
     labels: (String, String),
-    memory: Option<Reservation>,
-    /// What the instances the autoscaler added hold.
-    added: Vec<Reservation>,
+    memory: Vec<Reservation>,
+    /// The instances the autoscaler added, with what each holds.
+    added: Vec<(Arc<dyn Graph>, Vec<Reservation>)>,
+}
+
+fn bytes_of(memory: &[Reservation]) -> i64 {
+    i64::try_from(memory.iter().map(Reservation::bytes).sum::<u64>()).unwrap_or(i64::MAX)
 }
 
 impl ResidentGauge {
-    fn new((model, backend): (&str, &str), memory: Option<Reservation>) -> Self {
+    fn new((model, backend): (&str, &str), memory: Vec<Reservation>) -> Self {
         metrics().model_resident(true);
-        let bytes = memory.as_ref().map_or(0, Reservation::bytes);
-        metrics().model_memory(model, backend, i64::try_from(bytes).unwrap_or(i64::MAX));
+        metrics().model_memory(model, backend, bytes_of(&memory));
         Self { labels: (model.to_string(), backend.to_string()), memory, added: Vec::new() }
     }
 
-    fn add_instance(&mut self, memory: Reservation) {
-        metrics().model_memory(&self.labels.0, &self.labels.1, i64::try_from(memory.bytes()).unwrap_or(i64::MAX));
-        self.added.push(memory);
+    fn add_instances(&mut self, graphs: &[Arc<dyn Graph>], memory: Vec<Reservation>) {
+        metrics().model_memory(&self.labels.0, &self.labels.1, bytes_of(&memory));
+        let mut memory = Some(memory);
+        for graph in graphs {
+            self.added.push((graph.clone(), memory.take().unwrap_or_default()));
+        }
     }
 
-    fn remove_instance(&mut self) {
-        if let Some(memory) = self.added.pop() {
-            metrics().model_memory(&self.labels.0, &self.labels.1, -i64::try_from(memory.bytes()).unwrap_or(i64::MAX));
-        }
+    /// Take an added instance out of `idle`, with its memory; whether one was idle.
+    fn remove_instance(&mut self, idle: &mut Vec<Arc<dyn Graph>>) -> bool {
+        let same = |a: &Arc<dyn Graph>, b: &Arc<dyn Graph>| std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b));
+        let found = self.added.iter().enumerate().find_map(|(added, (graph, _))| {
+            idle.iter().position(|candidate| same(candidate, graph)).map(|position| (added, position))
+        });
+        let Some((added, position)) = found else { return false };
+        idle.remove(position);
+        let (_, memory) = self.added.remove(added);
+        metrics().model_memory(&self.labels.0, &self.labels.1, -bytes_of(&memory));
+        true
     }
 }
 
 impl Drop for ResidentGauge {
     fn drop(&mut self) {
         metrics().model_resident(false);
-        let bytes =
-            self.memory.as_ref().map_or(0, Reservation::bytes) + self.added.iter().map(Reservation::bytes).sum::<u64>();
-        metrics().model_memory(&self.labels.0, &self.labels.1, -i64::try_from(bytes).unwrap_or(i64::MAX));
+        let added: i64 = self.added.iter().map(|(_, memory)| bytes_of(memory)).sum();
+        metrics().model_memory(&self.labels.0, &self.labels.1, -(bytes_of(&self.memory) + added));
     }
 }
 
@@ -934,7 +946,11 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
 
 /// Split a batch's compute time over its jobs by rows, onto each request's bill and its
 /// tenant's compute counter. What the engine ran is paid for whether or not it answered.
-fn charge(execution: &Execution, infer_time: Duration, (rows, tenants, bills): (&[usize], &[Arc<str>], &[Bill])) {
+fn charge(
+    execution: &Execution,
+    (infer_time, device): (Duration, &str),
+    (rows, tenants, bills): (&[usize], &[Arc<str>], &[Bill]),
+) {
     let total: usize = rows.iter().sum();
     if infer_time.is_zero() || total == 0 {
         return;
@@ -942,12 +958,9 @@ fn charge(execution: &Execution, infer_time: Duration, (rows, tenants, bills): (
     for ((&rows, tenant), bill) in rows.iter().zip(tenants).zip(bills) {
         let share = infer_time.mul_f64(rows as f64 / total as f64);
         bill.charge(share);
-        metrics().tenant_compute(tenant, &execution.model, DEVICE, share);
+        metrics().tenant_compute(tenant, &execution.model, device, share);
     }
 }
-
-/// Where models compute: every model runs on the host for now.
-const DEVICE: &str = "cpu";
 
 /// The batch's work, inside its compute span: stack, run, charge, split and answer.
 async fn execute_batch(
@@ -958,6 +971,7 @@ async fn execute_batch(
     last_deadline: std::time::Instant,
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
+    let device = graph.device().to_string();
     let started = std::time::Instant::now();
     let (mut inputs, replies): (Vec<NamedTensors>, Vec<_>) =
         batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
@@ -1019,7 +1033,7 @@ async fn execute_batch(
     stats.execution(&tenant_rows, stacked_at - started, infer_time, unstack_started.elapsed());
     metrics().batch(series, waits, rows.iter().sum(), infer_time);
     // Charged before anyone is answered, so a request's bill is complete once it has its outputs.
-    charge(execution, infer_time, (&rows, &tenants, &bills));
+    charge(execution, (infer_time, &device), (&rows, &tenants, &bills));
     match split {
         Ok(per_job) => {
             for (reply, outputs) in replies.into_iter().zip(per_job) {
@@ -1071,6 +1085,7 @@ mod tests {
     use super::*;
     use crate::nn::backend::tract::Tract;
     use crate::nn::backend::{Backend, BackendSettings};
+    use crate::registry::placement::Placement;
     use crate::tensor::ElementType;
 
     /// The digits MLP on tract, loaded by a loader that counts its loads and fails the
@@ -1084,9 +1099,10 @@ mod tests {
             if counted.fetch_add(1, Ordering::SeqCst) < failures {
                 return Err(LoadError::Failed("the weights are broken".to_string()));
             }
-            let graph =
-                Tract::new(&BackendSettings::default()).load(&bytes).map_err(|e| LoadError::Failed(e.to_string()))?;
-            Ok(Loaded { graphs: vec![Arc::<dyn Graph>::from(graph)], memory: None })
+            let graph = Tract::new(&BackendSettings::default())
+                .load(&bytes, &Placement::CPU)
+                .map_err(|e| LoadError::Failed(e.to_string()))?;
+            Ok(Loaded { graphs: vec![Arc::<dyn Graph>::from(graph)], memory: Vec::new() })
         });
         (loader, loads)
     }
@@ -1104,12 +1120,12 @@ mod tests {
     }
 
     fn queue(loader: Loader, idle_unload: Option<Duration>) -> ModelQueue {
-        let residence = Residence { loader: Some(loader), idle_unload, evictable_from: None };
+        let residence = Residence { loader: Some(loader), idle_unload, evictable_from: Vec::new() };
         queue_with("digits", residence, settings())
     }
 
     fn queue_with(model: &str, residence: Residence, settings: QueueSettings) -> ModelQueue {
-        let unloaded = Loaded { graphs: Vec::new(), memory: None };
+        let unloaded = Loaded { graphs: Vec::new(), memory: Vec::new() };
         ModelQueue::start(model, "tract", (unloaded, residence), true, settings, Arc::default())
     }
 
@@ -1180,10 +1196,10 @@ mod tests {
                 let budget = device.clone();
                 let loader: Loader = Arc::new(move |reason| {
                     let memory = budget.reserve_evicting(10 << 20).map_err(|e| LoadError::NoRoom(e.to_string()))?;
-                    Ok(Loaded { memory: Some(memory), ..load(reason)? })
+                    Ok(Loaded { memory: vec![memory], ..load(reason)? })
                 });
                 let residence =
-                    Residence { loader: Some(loader), idle_unload: None, evictable_from: Some(device.clone()) };
+                    Residence { loader: Some(loader), idle_unload: None, evictable_from: vec![device.clone()] };
                 queue_with(name, residence, settings())
             })
             .collect();

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU check, on a machine with an NVIDIA GPU and no network (under 8 minutes): unpack what
+# scripts/gpu-pack.sh made, find the machine's CUDA 13 and cuDNN 9 libraries (its PyTorch's
+# nvidia-* packages), and run scripts/gpu_check.py, which prints markdown tables for
+# BENCHMARKS.md: every example model on CUDA against the CPU, Sluice's batched throughput
+# against the engine alone, and eviction under a GPU memory budget.
+#
+# Usage: scripts/gpu-check.sh [PIECES_DIR] [SECONDS]   (default target/gpu-pack, 10 s a run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pieces=${1:-target/gpu-pack}
+seconds=${2:-10}
+unpacked=target/gpu-check
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [ ! -x "$unpacked/pack/bin/sluice" ]; then
+    mkdir -p "$unpacked"
+    cat "$pieces"/pack-*.tar.zst | zstd -q -d | tar -C "$unpacked" -xf -
+fi
+
+python=${PYTHON:-python3}
+cuda_libraries=$("$python" - <<'PY'
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+found = {os.path.dirname(p) for r in roots for p in glob.glob(f"{r}/nvidia/**/lib*.so*", recursive=True)}
+print(":".join(sorted(found)))
+PY
+)
+if [ -z "$cuda_libraries" ]; then
+    echo "no CUDA libraries (nvidia-* Python packages) found beside $python" >&2
+    exit 1
+fi
+export LD_LIBRARY_PATH="$cuda_libraries${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+"$unpacked/pack/bin/sluice" --version
+exec "$python" scripts/gpu_check.py "$unpacked/pack" "$seconds"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Pack what the GPU check needs on a machine with an NVIDIA GPU and no network, where at most
+# 64 MiB travel at a time: the server binary, the example models, and the `onnxruntime-gpu`
+# Python package (its capi/ holds the ONNX Runtime library with the CUDA provider; Sluice
+# loads that library, and the check's standalone runs import the package: one engine for both).
+# The CUDA 13 and cuDNN 9 libraries it needs are expected on the GPU machine (its PyTorch's).
+#
+# Out: target/gpu-pack/pack-NN.tar.zst, each under 60 MiB; carry them in turn (the device
+# tool's `carry`), then run scripts/gpu-check.sh there. Run after `cargo build --release`.
+#
+# Usage: scripts/gpu-pack.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ORT_GPU_VERSION=1.31.1
+MAGIKA_MODEL=examples/magika/model/model.onnx
+out=target/gpu-pack
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+
+command -v zstd >/dev/null || apt-get install -y zstd
+mkdir -p "$stage/pack/bin" "$stage/pack/models" "$out"
+rm -f "$out"/pack-*.tar.zst
+cp target/release/sluice "$stage/pack/bin/sluice"
+strip "$stage/pack/bin/sluice"
+cp examples/digits/model/digits.onnx examples/digits/model/digits_small.onnx "$stage/pack/models/"
+cp "$MAGIKA_MODEL" "$stage/pack/models/magika.onnx"
+
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 -d "$stage/wheel" "onnxruntime-gpu==$ORT_GPU_VERSION"
+python3 - "$stage/wheel" "$stage/pack" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(f"{sys.argv[1]}/onnxruntime_gpu-*.whl")[0]
+with zipfile.ZipFile(wheel) as archive:
+    archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("onnxruntime/")])
+PY
+
+# One compressed stream cut into pieces: each piece is one transfer.
+tar -C "$stage" -cf - pack | zstd -q -T0 -19 | split -b 60M -d - "$out/pack-"
+for piece in "$out"/pack-*; do
+    mv "$piece" "$piece.tar.zst"
+done
+ls -l "$out"

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""The GPU check, run by scripts/gpu-check.sh on a machine with an NVIDIA GPU and no network,
+from what scripts/gpu-pack.sh packed (PACK: bin/sluice, models/, and onnxruntime/, the
+`onnxruntime-gpu` Python package whose capi/ holds the library with the CUDA provider).
+
+1. Every packed model on cuda:0 against the CPU, through Sluice, on the same inputs: the
+   largest relative difference of any output element (goal: within 1e-3).
+2. Batched throughput on the GPU at batch 1, 8, 32 and 128 rows: Sluice serving the model
+   (8 clients) against the same engine standalone in this process (onnxruntime-gpu's
+   CUDAExecutionProvider, the same library, batches back to back), in rows/s (goal >= 90%).
+3. Three magika copies over a cuda:0 model memory budget for two, against all three resident:
+   skewed traffic (0.6/0.3/0.1, 4 clients), requests/s (goal >= 80%).
+
+Prints one markdown table per part, for BENCHMARKS.md. Standard library and numpy only.
+
+Usage: python3 scripts/gpu_check.py PACK [SECONDS]
+"""
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+KEY = "gpu-check-key"
+HTTP, GRPC, METRICS = "127.0.0.1:18400", "127.0.0.1:18401", "127.0.0.1:18402"
+BATCHES = [1, 8, 32, 128]
+NUMPY = {"FP32": np.float32, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64, "UINT8": np.uint8}
+
+
+def call(path, body=None, timeout=120):
+    request = urllib.request.Request(f"http://{HTTP}{path}", data=body, headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"null")
+
+
+def metric_sum(prefix):
+    with urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def manifest(models, lines):
+    """A tenant serving each (name, path, extra TOML lines) model on ONNX Runtime."""
+    text = f'version = 1\nid = "gpu"\napi_key_sha256 = ["{hashlib.sha256(KEY.encode()).hexdigest()}"]\n\n'
+    text += "[quotas]\nmax_concurrent_requests = 256\nguest_deadline_ms = 60000\nmax_request_bytes = 268435456\n"
+    text += "max_response_bytes = 268435456\nmax_tensor_elements = 67108864\nmax_resident_model_mib = 65536\n\n"
+    for name, path in models:
+        digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        text += f'[models.{name}]\npath = "{path}"\nsha256 = "{digest}"\nbackend = "onnxruntime"\n{lines(name)}\n'
+    return text
+
+
+def on_gpu(name):
+    if name.endswith("-cpu"):
+        return ""
+    return ('on_missing_device = "refuse"\n[models.%s.batching]\nmax_batch_size = 128\n'
+            '[[models.%s.instances]]\nkind = "gpu"\ndevices = [0]\n' % (name, name))
+
+
+class Server:
+    def __init__(self, pack, models, extra=()):
+        self.directory = tempfile.mkdtemp()
+        open(os.path.join(self.directory, "gpu.toml"), "w").write(manifest(models, on_gpu))
+        library = sorted(p for p in os.listdir(f"{pack}/onnxruntime/capi") if p.startswith("libonnxruntime.so."))[-1]
+        self.log_path = os.path.join(self.directory, "server.log")
+        command = [f"{pack}/bin/sluice", "serve", "--http", HTTP, "--grpc", GRPC, "--metrics", METRICS,
+                   "--tenants", self.directory, "--data-dir", os.path.join(self.directory, "data"),
+                   "--onnxruntime-lib", f"{pack}/onnxruntime/capi/{library}", *extra]
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 180
+        while "grpc listening" not in open(self.log_path).read():
+            if self.process.poll() is not None or time.time() > deadline:
+                self.process.kill()
+                raise SystemExit("sluice did not start:\n" + open(self.log_path).read()[-4000:])
+            time.sleep(0.2)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def inputs_for(metadata, rows, seed):
+    """Deterministic inputs shaped by the metadata: `rows` rows, other dynamic dimensions 1."""
+    generator = np.random.default_rng(seed)
+    arrays = {}
+    for spec in metadata["inputs"]:
+        shape = [rows if axis == 0 and d < 0 else (1 if d < 0 else d) for axis, d in enumerate(spec["shape"])]
+        dtype = NUMPY[spec["datatype"]]
+        if np.issubdtype(dtype, np.integer):
+            arrays[spec["name"]] = (spec["datatype"], generator.integers(0, 256, size=shape).astype(dtype))
+        else:
+            arrays[spec["name"]] = (spec["datatype"], generator.random(size=shape).astype(dtype))
+    return arrays
+
+
+def body_of(arrays):
+    inputs = [{"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.ravel().tolist()}
+              for name, (datatype, array) in arrays.items()]
+    return json.dumps({"inputs": inputs}).encode()
+
+
+def correctness(pack, models):
+    pairs = [(f"{name}-cpu", path) for name, path in models] + [(f"{name}-gpu", path) for name, path in models]
+    server = Server(pack, pairs)
+    rows = []
+    try:
+        for name, _ in models:
+            metadata = call(f"/v2/models/{name}-gpu")
+            body = body_of(inputs_for(metadata, 8, seed=7))
+            cpu, gpu = call(f"/v2/models/{name}-cpu/infer", body), call(f"/v2/models/{name}-gpu/infer", body)
+            worst = 0.0
+            for expected, got in zip(cpu["outputs"], gpu["outputs"]):
+                a, b = np.asarray(expected["data"], dtype=np.float64), np.asarray(got["data"], dtype=np.float64)
+                worst = max(worst, float(np.max(np.abs(a - b) / np.maximum(np.abs(a), 1e-6))))
+            rows.append((name, worst))
+        groups = call("/v2/models/%s-gpu/config" % models[0][0])["instance_group"]
+    finally:
+        server.stop()
+    print("| model | max relative error, cuda:0 vs cpu | instance group |\n| --- | --- | --- |")
+    for name, worst in rows:
+        print(f"| {name} | {worst:.2e} | {json.dumps(groups)} |")
+    return all(worst <= 1e-3 for _, worst in rows)
+
+
+def closed_loop(paths_and_bodies, clients, seconds, pick):
+    """`clients` threads sending requests for `seconds`; requests answered."""
+    done = [0] * clients
+    stop = time.time() + seconds
+
+    def client(index):
+        generator = random.Random(index)
+        while time.time() < stop:
+            path, body = pick(generator, paths_and_bodies)
+            call(path, body)
+            done[index] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done)
+
+
+def standalone(pack, path, arrays, seconds):
+    """Rows/s of onnxruntime-gpu's CUDA provider alone on these inputs, batches back to back."""
+    sys.path.insert(0, pack)
+    import onnxruntime  # the packed onnxruntime-gpu, ahead of any installed one
+
+    session = onnxruntime.InferenceSession(path, providers=["CUDAExecutionProvider"])
+    assert session.get_providers()[0] == "CUDAExecutionProvider", session.get_providers()
+    feeds = {name: array for name, (_, array) in arrays.items()}
+    for _ in range(3):
+        session.run(None, feeds)
+    runs, stop = 0, time.time() + seconds
+    while time.time() < stop:
+        session.run(None, feeds)
+        runs += 1
+    return runs / seconds
+
+
+def throughput(pack, name, path, seconds):
+    server = Server(pack, [(f"{name}-gpu", path)])
+    served = {}
+    try:
+        metadata = call(f"/v2/models/{name}-gpu")
+        for batch in BATCHES:
+            body = body_of(inputs_for(metadata, batch, seed=batch))
+            call(f"/v2/models/{name}-gpu/infer", body)
+            requests = closed_loop([(f"/v2/models/{name}-gpu/infer", body)], 8, seconds, lambda g, c: c[0])
+            served[batch] = requests * batch / seconds
+    finally:
+        server.stop()
+    print(f"\n| {name} rows/s | batch | Sluice (8 clients) | engine alone | ratio |\n| --- | --- | --- | --- | --- |")
+    ratios = []
+    for batch in BATCHES:
+        alone = standalone(pack, path, inputs_for(metadata, batch, seed=batch), seconds) * batch
+        ratios.append(served[batch] / alone)
+        print(f"| | {batch} | {served[batch]:.0f} | {alone:.0f} | {ratios[-1]:.2f} |")
+    return min(ratios) >= 0.9
+
+
+def eviction(pack, magika, seconds):
+    directory = tempfile.mkdtemp()
+    weights = open(magika, "rb").read()
+    models = []
+    for index in range(3):
+        # ModelProto.doc_string (field 6): the same graph under another digest.
+        path = os.path.join(directory, f"m{index}.onnx")
+        open(path, "wb").write(weights + bytes([0x32, 1, ord("a") + index]))
+        models.append((f"m{index}", path))
+    skewed = lambda generator, choices: choices[generator.choices([0, 1, 2], weights=[0.6, 0.3, 0.1])[0]]
+    results = {}
+    for label in ["all resident", "budget for two"]:
+        extra = ()
+        if label == "budget for two":
+            footprints = sorted(results["footprints"])
+            budget = footprints[-1] + footprints[-2] + footprints[0] // 2
+            extra = ("--model-memory", f"cuda:0={budget}")
+        server = Server(pack, [(f"{n}-gpu", p) for n, p in models], extra)
+        try:
+            bodies = [(f"/v2/models/{n}-gpu/infer", body_of(inputs_for(call(f"/v2/models/{n}-gpu"), 1, seed=1)))
+                      for n, _ in models]
+            for path, body in bodies:
+                call(path, body)
+            if label == "all resident":
+                results["footprints"] = [call(f"/control/v1/models/{n}-gpu")["footprint_bytes"] for n, _ in models]
+            results[label] = closed_loop(bodies, 4, seconds, skewed) / seconds
+            results[label + " evictions"] = metric_sum("sluice_model_evictions_total")
+        finally:
+            server.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+    ratio = results["budget for two"] / results["all resident"]
+    print("\n| magika x3, skewed 0.6/0.3/0.1 | requests/s | evictions |\n| --- | --- | --- |")
+    print(f"| all resident | {results['all resident']:.0f} | {results['all resident evictions']:.0f} |")
+    print(f"| cuda:0 budget for two | {results['budget for two']:.0f} | {results['budget for two evictions']:.0f} |")
+    print(f"| ratio | {ratio:.2f} | |")
+    return ratio >= 0.8
+
+
+def main():
+    pack = os.path.abspath(sys.argv[1])
+    seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10
+    models = [(os.path.splitext(f)[0].replace("_", "-"), os.path.join(pack, "models", f))
+              for f in sorted(os.listdir(os.path.join(pack, "models")))]
+    goals = {"outputs": correctness(pack, models)}
+    for name, path in models:
+        goals[f"throughput {name}"] = throughput(pack, name, path, seconds)
+    magika = [path for name, path in models if name.startswith("magika")]
+    if magika:
+        goals["eviction"] = eviction(pack, magika[0], seconds)
+    print("\ngoals met: " + ", ".join(f"{goal} {'yes' if met else 'NO'}" for goal, met in goals.items()))
+    return 0 if all(goals.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
