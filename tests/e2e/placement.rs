@@ -168,6 +168,14 @@ async fn webgpu_instances_answer_as_the_cpu_does() {
     let (code, devices) = server.send(reqwest::Method::GET, "/admin/v1/devices", "root-token", Vec::new()).await;
     assert_eq!(code, 200, "{devices}");
     assert_eq!(devices["webgpu"]["available"], true, "{devices}");
+    // wgpu's own enumeration sees the same software adapter through Vulkan.
+    let adapters = devices["portable"].as_array().expect("portable adapters");
+    assert!(
+        adapters
+            .iter()
+            .any(|a| a["name"].as_str().is_some_and(|n| n.contains("SwiftShader")) && a["device_type"] == "cpu"),
+        "{devices}"
+    );
     let budgets: Vec<&str> =
         devices["model_memory"].as_array().expect("budgets").iter().filter_map(|d| d["device"].as_str()).collect();
     assert!(budgets.contains(&"webgpu"), "{devices}");

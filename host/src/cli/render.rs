@@ -132,6 +132,16 @@ pub fn devices(devices: &Value) -> String {
     if let Some(why) = devices["cuda_absent"].as_str() {
         let _ = writeln!(text, "no CUDA device: {why}");
     }
+    for adapter in devices["portable"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            text,
+            "portable {} ({}, {}, driver {})",
+            adapter["name"].as_str().unwrap_or("?"),
+            adapter["backend"].as_str().unwrap_or("?"),
+            adapter["device_type"].as_str().unwrap_or("?"),
+            adapter["driver"].as_str().unwrap_or("?"),
+        );
+    }
     match devices["webgpu"]["reason"].as_str() {
         Some(why) => {
             let _ = writeln!(text, "no WebGPU adapter: {why}");

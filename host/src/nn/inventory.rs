@@ -1,7 +1,8 @@
-//! What devices this machine has: the host CPU (cores, memory) and CUDA GPUs through the
-//! driver API (`cudarc`, loaded at run time, so the server builds and runs without CUDA).
-//! Probed at start, where the result is logged once, and again for `GET /admin/v1/devices`.
-//! A machine without a driver library or without GPUs has the CPU only, and says why.
+//! What devices this machine has: the host CPU (cores, memory), CUDA GPUs through the driver
+//! API (`cudarc`, loaded at run time, so the server builds and runs without CUDA) and portable
+//! GPUs through `wgpu`'s adapter enumeration (Vulkan, its loader opened at run time). Probed at
+//! start, where the result is logged once, and again for `GET /admin/v1/devices`. A machine
+//! without a driver library or without GPUs has the CPU only, and says why.
 
 use serde::Serialize;
 
@@ -13,6 +14,21 @@ pub struct Inventory {
     /// Why `cuda` is empty (no driver library, no device, an error), if it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cuda_absent: Option<String>,
+    /// Portable GPU adapters (what ONNX Runtime's WebGPU provider may run on).
+    pub portable: Vec<PortableInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub portable_absent: Option<String>,
+}
+
+/// A portable GPU adapter as `wgpu` reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PortableInfo {
+    pub name: String,
+    /// The API it is reached through (`vulkan`).
+    pub backend: String,
+    /// `discrete_gpu`, `integrated_gpu`, `virtual_gpu`, `cpu` (a software rasteriser) or `other`.
+    pub device_type: String,
+    pub driver: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -45,7 +61,14 @@ impl Inventory {
             Ok(devices) => (devices, None),
             Err(why) => (Vec::new(), Some(why)),
         };
-        Self { cpu, cuda, cuda_absent }
+        let (portable, portable_absent) = match portable_adapters() {
+            Ok(adapters) if adapters.is_empty() => {
+                (adapters, Some("no Vulkan adapter (no Vulkan driver, or no loader libvulkan.so.1)".to_string()))
+            }
+            Ok(adapters) => (adapters, None),
+            Err(why) => (Vec::new(), Some(why)),
+        };
+        Self { cpu, cuda, cuda_absent, portable, portable_absent }
     }
 
     /// One log line per device, and one saying why there is no GPU where there is none.
@@ -63,6 +86,9 @@ impl Inventory {
         }
         if let Some(why) = &self.cuda_absent {
             tracing::info!(reason = %why, "no CUDA device: models run on the CPU");
+        }
+        for adapter in &self.portable {
+            tracing::info!(name = %adapter.name, backend = %adapter.backend, device_type = %adapter.device_type, driver = %adapter.driver, "device portable gpu");
         }
     }
 }
@@ -110,6 +136,48 @@ fn cuda_devices() -> Result<Vec<CudaInfo>, String> {
     Err("built without the cuda feature".to_string())
 }
 
+/// The portable GPU adapters `wgpu` finds through Vulkan.
+#[cfg(feature = "wgpu")]
+fn portable_adapters() -> Result<Vec<PortableInfo>, String> {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let backends = wgpu::Backends::VULKAN;
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
+    // Native enumeration is ready at once; the future is the web's shape of the API.
+    let enumerate = std::pin::pin!(instance.enumerate_adapters(backends));
+    let Poll::Ready(adapters) = enumerate.poll(&mut Context::from_waker(Waker::noop())) else {
+        return Err("wgpu did not list adapters at once".to_string());
+    };
+    Ok(adapters
+        .iter()
+        .map(|adapter| {
+            let info = adapter.get_info();
+            PortableInfo {
+                name: info.name,
+                backend: info.backend.to_str().to_string(),
+                device_type: match info.device_type {
+                    wgpu::DeviceType::DiscreteGpu => "discrete_gpu",
+                    wgpu::DeviceType::IntegratedGpu => "integrated_gpu",
+                    wgpu::DeviceType::VirtualGpu => "virtual_gpu",
+                    wgpu::DeviceType::Cpu => "cpu",
+                    wgpu::DeviceType::Other => "other",
+                }
+                .to_string(),
+                driver: info.driver,
+            }
+        })
+        .collect())
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn portable_adapters() -> Result<Vec<PortableInfo>, String> {
+    Err("built without the wgpu feature".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +189,6 @@ mod tests {
         assert!(inventory.cpu.memory_bytes > 0);
         // Either devices, or the reason there are none; never both, never neither.
         assert_eq!(inventory.cuda.is_empty(), inventory.cuda_absent.is_some(), "{inventory:?}");
+        assert_eq!(inventory.portable.is_empty(), inventory.portable_absent.is_some(), "{inventory:?}");
     }
 }
