@@ -196,14 +196,17 @@ impl OnnxRuntime {
     }
 }
 
-/// Register the WebGPU plugin provider and check that it sees an adapter.
+/// Register the WebGPU plugin provider and check that it sees an adapter. The reason it
+/// gives names no path (it may reach a tenant through a model's placement); the log has them.
 fn register_webgpu(environment: &ort::environment::Environment, plugin: &Path) -> Result<(), String> {
     if !plugin.is_file() {
-        return Err(format!("the WebGPU execution provider library {} does not exist", plugin.display()));
+        tracing::warn!(plugin = %plugin.display(), "the WebGPU execution provider library does not exist");
+        return Err("the WebGPU execution provider library given does not exist".to_string());
     }
-    environment
-        .register_ep_library("webgpu", plugin)
-        .map_err(|e| format!("ONNX Runtime could not register the WebGPU execution provider: {e}"))?;
+    if let Err(err) = environment.register_ep_library("webgpu", plugin) {
+        tracing::warn!(plugin = %plugin.display(), error = %err, "ONNX Runtime could not register the WebGPU execution provider");
+        return Err("ONNX Runtime could not register the WebGPU execution provider library given".to_string());
+    }
     let found = environment.devices().any(|device| device.ep().is_ok_and(|ep| ep == WEBGPU_EP));
     if !found {
         return Err("the WebGPU execution provider sees no adapter (a Vulkan driver; for a software one set \
