@@ -191,9 +191,11 @@ impl LastUse {
         Self { micros: AtomicU64::new(0), epoch: std::time::Instant::now() }
     }
 
+    /// It served at `now` (an earlier time than the one kept changes nothing: the actor and
+    /// the batches touch it from different tasks).
     fn touch(&self, now: std::time::Instant) {
         let micros = u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX);
-        self.micros.store(micros, Ordering::Relaxed);
+        self.micros.fetch_max(micros, Ordering::Relaxed);
     }
 
     fn get(&self) -> std::time::Instant {
@@ -296,6 +298,7 @@ impl ModelQueue {
         let model: Arc<str> = model.into();
         let backlog = Arc::new(Backlog::default());
         let padding = settings.padding.map(Arc::new);
+        let last_use = Arc::new(LastUse::new());
         let execution = Execution {
             model: model.clone(),
             stats: stats.clone(),
@@ -305,9 +308,9 @@ impl ModelQueue {
             backend: backend.into(),
             instances: Arc::new(AtomicUsize::new(0)),
             events: Arc::new(Mutex::new(VecDeque::new())),
+            last_use: last_use.clone(),
         };
         let (instances, events) = (execution.instances.clone(), execution.events.clone());
-        let last_use = Arc::new(LastUse::new());
         let evictable = (!residence.evictable_from.is_empty() && residence.loader.is_some()).then(|| {
             let handle = Arc::new(EvictHandle {
                 controls: controls.clone(),
@@ -474,6 +477,10 @@ struct Execution {
     backend: Arc<str>,
     instances: Arc<AtomicUsize>,
     events: Arc<Mutex<VecDeque<ScaleEvent>>>,
+    /// When the model last served: a batch touches it as it answers, not when the actor
+    /// next looks (which, on a busy runtime, can be after another model's use: the wrong
+    /// model would look least recently used).
+    last_use: Arc<LastUse>,
 }
 
 impl Execution {
@@ -839,7 +846,6 @@ async fn run_queue(
                 resident.end_scale_up(&execution, added);
             }
             Some(done) = running.join_next(), if !running.is_empty() => {
-                resident.touch();
                 match done {
                     Ok((graph, busy)) => {
                         resident.busy += busy;
@@ -1034,6 +1040,7 @@ async fn execute_batch(
     metrics().batch(series, waits, rows.iter().sum(), infer_time);
     // Charged before anyone is answered, so a request's bill is complete once it has its outputs.
     charge(execution, (infer_time, &device), (&rows, &tenants, &bills));
+    execution.last_use.touch(std::time::Instant::now());
     match split {
         Ok(per_job) => {
             for (reply, outputs) in replies.into_iter().zip(per_job) {
