@@ -23,9 +23,7 @@ pub fn allowed_cores() -> Option<CpuList> {
         if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return None;
         }
-        let cores: Vec<String> =
-            (0..=MAX_PINNED_CORE).filter(|&core| libc::CPU_ISSET(core, &set)).map(|core| core.to_string()).collect();
-        CpuList::parse(&cores.join(",")).ok()
+        Some(CpuList::new((0..=MAX_PINNED_CORE).filter(|&core| libc::CPU_ISSET(core, &set)).collect()))
     }
 }
 

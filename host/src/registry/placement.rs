@@ -44,13 +44,21 @@ impl DeviceId {
     }
 }
 
+impl DeviceId {
+    /// Its name as metrics label it: allocated only for a GPU's ordinal (batches on the
+    /// CPU label their compute with it on every run).
+    pub fn label(self) -> std::borrow::Cow<'static, str> {
+        match self {
+            Self::Cpu => "cpu".into(),
+            Self::Cuda(index) => format!("cuda:{index}").into(),
+            Self::WebGpu => "webgpu".into(),
+        }
+    }
+}
+
 impl fmt::Display for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Cpu => f.write_str("cpu"),
-            Self::Cuda(index) => write!(f, "cuda:{index}"),
-            Self::WebGpu => f.write_str("webgpu"),
-        }
+        f.write_str(&self.label())
     }
 }
 
@@ -62,6 +70,13 @@ pub struct CpuList(Vec<usize>);
 const MAX_CPU: usize = 8191;
 
 impl CpuList {
+    /// These cores, sorted, each once.
+    pub fn new(mut cores: Vec<usize>) -> Self {
+        cores.sort_unstable();
+        cores.dedup();
+        Self(cores)
+    }
+
     pub fn parse(text: &str) -> Result<Self, String> {
         let invalid = || format!("invalid cpus '{text}': use core numbers and ranges such as \"2-3\" or \"0,2,4-5\"");
         let mut cores = Vec::new();
@@ -77,9 +92,7 @@ impl CpuList {
             }
             cores.extend(first..=last);
         }
-        cores.sort_unstable();
-        cores.dedup();
-        Ok(Self(cores))
+        Ok(Self::new(cores))
     }
 
     pub fn cores(&self) -> &[usize] {

@@ -977,7 +977,7 @@ async fn execute_batch(
     last_deadline: std::time::Instant,
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
-    let device = graph.device().to_string();
+    let device = graph.device().label();
     let started = std::time::Instant::now();
     let (mut inputs, replies): (Vec<NamedTensors>, Vec<_>) =
         batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
