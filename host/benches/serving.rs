@@ -262,6 +262,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         metrics_token: None,
         connections: Default::default(),
         body_timeouts: Default::default(),
+        drain: Default::default(),
     };
     let state = match build_state(&config).await {
         Ok(state) => state,

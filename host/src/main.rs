@@ -10,7 +10,7 @@ use sluice::nn::backend::BackendKind;
 use sluice::perf::{Protocol, TenantLoad};
 use sluice::registry::placement::DeviceId;
 use sluice::serve::listen::ConnectionSettings;
-use sluice::serve::{BodyTimeouts, ServeConfig, serve};
+use sluice::serve::{BodyTimeouts, DrainSettings, ServeConfig, serve};
 use sluice::telemetry::traces::OtlpExport;
 use tracing::Level;
 use tracing_subscriber::EnvFilter;
@@ -186,6 +186,13 @@ struct ServeArgs {
     /// Seconds a client has to send an upload (a model's weights or a component).
     #[arg(long, env = "SLUICE_UPLOAD_TIMEOUT_S", default_value_t = 300)]
     upload_timeout_s: u64,
+    /// Seconds after SIGTERM during which the server, already answering not-ready, still
+    /// accepts connections (while load balancers take it out); a second signal ends it early.
+    #[arg(long, env = "SLUICE_DRAIN_GRACE_S", default_value_t = 0)]
+    drain_grace_s: u64,
+    /// Seconds requests in flight get to finish once the listeners close; then the process exits.
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    drain_timeout_s: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SLUICE_LOG_JSON")]
     log_json: bool,
@@ -245,6 +252,10 @@ fn main() -> anyhow::Result<()> {
                 body_timeouts: BodyTimeouts {
                     request: Duration::from_millis(args.body_timeout_ms.max(1)),
                     upload: Duration::from_secs(args.upload_timeout_s.max(1)),
+                },
+                drain: DrainSettings {
+                    grace: Duration::from_secs(args.drain_grace_s),
+                    timeout: Duration::from_secs(args.drain_timeout_s),
                 },
             };
             let served = runtime.block_on(serve(config));

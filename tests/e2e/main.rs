@@ -11,6 +11,7 @@ mod control;
 mod cost;
 mod degradation;
 mod deploy;
+mod drain;
 mod drift;
 mod extensions;
 mod grpc;

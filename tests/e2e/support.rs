@@ -328,16 +328,26 @@ impl Server {
     /// Ask the server to stop (SIGTERM) and wait (up to 30 s) for it to exit; whether it
     /// exited cleanly.
     pub fn terminate(&mut self) -> bool {
+        self.send_sigterm();
+        self.wait_exit(Duration::from_secs(30)).is_some_and(|status| status.success())
+    }
+
+    /// Send SIGTERM without waiting.
+    pub fn send_sigterm(&self) {
         let signalled = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         assert!(signalled.is_ok_and(|status| status.success()), "kill -TERM {}", self.child.id());
+    }
+
+    /// The server's exit status, once it exits within `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(30) {
+        while started.elapsed() < within {
             if let Ok(Some(status)) = self.child.try_wait() {
-                return status.success();
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        false
+        None
     }
 
     /// The server's process id.

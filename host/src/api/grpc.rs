@@ -62,7 +62,7 @@ impl GrpcInferenceService for GrpcApi {
     }
 
     async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Result<Response<ServerReadyResponse>, Status> {
-        Ok(Response::new(ServerReadyResponse { ready: true }))
+        Ok(Response::new(ServerReadyResponse { ready: self.state.readiness.is_ready() }))
     }
 
     async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {

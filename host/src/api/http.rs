@@ -34,7 +34,7 @@ const INFERENCE_HEADER_CONTENT_LENGTH: header::HeaderName =
 pub fn router(state: Shared) -> axum::Router {
     axum::Router::new()
         .route("/v2/health/live", get(|| async { Json(serde_json::json!({ "live": true })) }))
-        .route("/v2/health/ready", get(|| async { Json(serde_json::json!({ "ready": true })) }))
+        .route("/v2/health/ready", get(server_ready))
         .route("/v2", get(|| async { Json(metadata::server()) }))
         .route("/v2/models/{model}", get(model_metadata))
         .route("/v2/models/{model}/versions/{version}", get(model_metadata))
@@ -136,6 +136,10 @@ async fn model_metadata(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     describe(&state, &headers, &path, metadata::model)
+}
+
+async fn server_ready(State(state): State<Shared>) -> Response {
+    super::metrics::readiness_answer(&state.readiness)
 }
 
 async fn model_ready(

@@ -5,22 +5,33 @@
 //! With a metrics token set, a scrape must send it (`Authorization: Bearer <token>`, as
 //! Prometheus' `authorization` scrape setting does); without it, the port is open.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use sha2::{Digest, Sha256};
 
+use crate::state::Readiness;
+
 use crate::telemetry::metrics::metrics;
 
 /// `token`: the scrape token, when the port requires one.
-pub fn router(token: Option<&str>) -> axum::Router {
+pub fn router(token: Option<&str>, readiness: Arc<Readiness>) -> axum::Router {
     let digest = token.map(|t| Sha256::digest(t.as_bytes()).to_vec());
     axum::Router::new()
-        .route("/metrics", get(scrape))
+        .route("/metrics", get(scrape).with_state(digest))
         .route("/v2/health/live", get(|| async { axum::Json(serde_json::json!({ "live": true })) }))
-        .route("/v2/health/ready", get(|| async { axum::Json(serde_json::json!({ "ready": true })) }))
-        .with_state(digest)
+        .route("/v2/health/ready", get(move || std::future::ready(readiness_answer(&readiness))))
+}
+
+/// `/v2/health/ready` on either port: 200 while the server takes new work, 503 from the
+/// start of a drain on (a failing probe takes the replica out of the load balancer).
+pub fn readiness_answer(readiness: &Readiness) -> Response {
+    let ready = readiness.is_ready();
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(serde_json::json!({ "ready": ready }))).into_response()
 }
 
 async fn scrape(State(digest): State<Option<Vec<u8>>>, headers: HeaderMap) -> Response {

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -99,11 +100,18 @@ impl Drop for Slot {
 pub struct Connection {
     stream: TcpStream,
     _slot: Slot,
+    /// Whether the client has sent anything yet (read by the drain).
+    sent_any: Arc<AtomicBool>,
 }
 
 impl AsyncRead for Connection {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before && !self.sent_any.load(Ordering::Relaxed) {
+            self.sent_any.store(true, Ordering::Relaxed);
+        }
+        polled
     }
 }
 
@@ -156,7 +164,7 @@ pub async fn accept(listener: &TcpListener, limits: &Arc<ConnectionLimits>, port
         match limits.admit(peer.ip()) {
             Some(slot) => {
                 let _ = stream.set_nodelay(true);
-                return Connection { stream, _slot: slot };
+                return Connection { stream, _slot: slot, sent_any: Arc::default() };
             }
             None => {
                 metrics().connection_refused(port);
@@ -198,33 +206,87 @@ pub fn incoming(
 }
 
 /// Serve HTTP/1 on `listener` until `stop` resolves, then let the connections finish the
-/// requests they are serving (at most `grace`).
+/// requests they are serving (at most `timeout`); idle keep-alive connections close.
 pub async fn serve_http(
     listener: TcpListener,
     router: axum::Router,
     limits: Arc<ConnectionLimits>,
     stop: impl Future<Output = ()>,
-    grace: Duration,
+    timeout: Duration,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.settings.header_timeout).keep_alive(true);
+    let first_request_window = limits.settings.header_timeout.min(FIRST_REQUEST_WINDOW);
+    let serve = |connection: Connection| {
+        let service = TowerToHyperService::new(router.clone());
+        let sent_any = connection.sent_any.clone();
+        let served = builder.serve_connection(TokioIo::new(connection), service);
+        tokio::spawn(serve_until_drained(served, sent_any, stopped.clone(), first_request_window));
+    };
     let mut stop = std::pin::pin!(stop);
     loop {
-        let connection = tokio::select! {
-            connection = accept(&listener, &limits, "http") => connection,
+        tokio::select! {
+            connection = accept(&listener, &limits, "http") => serve(connection),
             () = &mut stop => break,
-        };
-        let service = TowerToHyperService::new(router.clone());
-        let served = graceful.watch(builder.serve_connection(TokioIo::new(connection), service));
-        tokio::spawn(async move {
-            if let Err(err) = served.await {
-                tracing::debug!(error = %err, "HTTP connection ended");
-            }
-        });
+        }
+    }
+    // Connections the kernel completed before the stop are served their request, not reset.
+    while let Some(connection) = futures::FutureExt::now_or_never(accept(&listener, &limits, "http")) {
+        serve(connection);
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        tracing::warn!("connections still open after the shutdown grace period; closing them");
+    drop(stopped);
+    let _ = stopping.send(true);
+    // Every connection holds a receiver until it ends.
+    if tokio::time::timeout(timeout, stopping.closed()).await.is_err() {
+        tracing::warn!("HTTP requests still open after the drain timeout; closing them");
+    }
+}
+
+/// How long a connection accepted before the stop, that has sent nothing yet, gets to send
+/// its request: its client may have written it just as the listener closed.
+const FIRST_REQUEST_WINDOW: Duration = Duration::from_secs(1);
+
+/// Serve one connection; once `stopped` turns true, finish the request in progress (or the
+/// first one, within `first_request_window`, where none came yet) and close.
+async fn serve_until_drained<S>(
+    served: hyper::server::conn::http1::Connection<TokioIo<Connection>, S>,
+    sent_any: Arc<AtomicBool>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+    first_request_window: Duration,
+) where
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut served = std::pin::pin!(served);
+    let ended = tokio::select! {
+        ended = served.as_mut() => Some(ended),
+        _ = stopped.wait_for(|stop| *stop) => None,
+    };
+    let ended = match ended {
+        Some(ended) => ended,
+        None => {
+            // hyper closes a connection that has sent nothing at once: wait for the first bytes.
+            let deadline = tokio::time::Instant::now() + first_request_window;
+            let mut ended = None;
+            while ended.is_none() && !sent_any.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
+                tokio::select! {
+                    done = served.as_mut() => ended = Some(done),
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+            }
+            match ended {
+                Some(ended) => ended,
+                None => {
+                    served.as_mut().graceful_shutdown();
+                    served.await
+                }
+            }
+        }
+    };
+    if let Err(err) = ended {
+        tracing::debug!(error = %err, "HTTP connection ended");
     }
 }

@@ -64,12 +64,27 @@ pub struct ServeConfig {
     /// What clients may hold open: connections, and time to send a request.
     pub connections: ConnectionSettings,
     pub body_timeouts: BodyTimeouts,
+    pub drain: DrainSettings,
+}
+
+/// What happens on SIGTERM (or Ctrl-C): readiness answers 503 at once; the listeners keep
+/// accepting for `grace` (while load balancers take the replica out), then close; requests in
+/// flight get up to `timeout` to finish; then the process exits. A second signal ends the
+/// grace early.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainSettings {
+    pub grace: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for DrainSettings {
+    fn default() -> Self {
+        Self { grace: Duration::ZERO, timeout: Duration::from_secs(30) }
+    }
 }
 
 /// Descriptors kept free of client connections, for models, uploads and the store.
 const RESERVED_DESCRIPTORS: u64 = 256;
-/// How long connections get to finish their requests after SIGTERM.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Build everything, bind the listeners and serve HTTP and gRPC until Ctrl-C / SIGTERM.
 pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
@@ -85,7 +100,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             let listener = std::net::TcpListener::bind(address)
                 .with_context(|| format!("cannot listen on {address} for metrics"))?;
             println!("metrics listening on http://{}", listener.local_addr()?);
-            let router = crate::api::metrics::router(config.metrics_token.as_deref());
+            let router = crate::api::metrics::router(config.metrics_token.as_deref(), state.readiness.clone());
             serve_beside(listener, router).context("starting the metrics thread")?;
         }
         None => crate::telemetry::metrics::metrics().set_enabled(false),
@@ -105,6 +120,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
     let mut http_stop = stop.subscribe();
     let mut grpc_stop = stop.subscribe();
+    let mut grpc_deadline = stop.subscribe();
     let router = crate::api::http::router(state.clone());
     let http_server = listen::serve_http(
         http,
@@ -113,25 +129,53 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         async move {
             let _ = http_stop.recv().await;
         },
-        SHUTDOWN_GRACE,
+        config.drain.timeout,
     );
     let body_limits = crate::api::grpc_body::BodyLimits::new(
         state.clone(),
         config.grpc_max_message_bytes,
         config.body_timeouts.request,
     );
+    let readiness = state.readiness.clone();
     let grpc_server = tonic::transport::Server::builder()
         .layer(body_limits)
         .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes))
         .serve_with_incoming_shutdown(listen::incoming(grpc, limits, "grpc"), async move {
             let _ = grpc_stop.recv().await;
         });
+    // tonic waits for its connections without a bound: the drain timeout is the bound.
+    let grpc_server = async move {
+        tokio::select! {
+            served = grpc_server => served,
+            () = async {
+                let _ = grpc_deadline.recv().await;
+                tokio::time::sleep(config.drain.timeout).await;
+            } => {
+                tracing::warn!("gRPC calls still open after the drain timeout; closing them");
+                Ok(())
+            }
+        }
+    };
     tokio::spawn(async move {
         shutdown_signal().await;
+        readiness.start_drain();
+        tracing::info!(
+            grace_s = config.drain.grace.as_secs_f64(),
+            "draining: not ready; still accepting for the grace period"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(config.drain.grace) => {}
+            () = shutdown_signal() => tracing::info!("a second signal: the grace period ends now"),
+        }
+        tracing::info!(
+            timeout_s = config.drain.timeout.as_secs_f64(),
+            "closing the listeners; requests in flight finish"
+        );
         let _ = stop.send(());
     });
     let ((), grpc_result) = tokio::join!(http_server, grpc_server);
     grpc_result.context("gRPC server failed")?;
+    tracing::info!("drained");
     Ok(())
 }
 
@@ -323,5 +367,4 @@ async fn shutdown_signal() {
         () = ctrl_c => {}
         () = terminate => {}
     }
-    tracing::info!("shutting down");
 }

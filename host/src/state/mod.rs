@@ -5,7 +5,7 @@
 //! control plane and the API change and read it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -165,6 +165,23 @@ impl Default for BodyTimeouts {
     }
 }
 
+/// Whether the server takes new work. A drain (SIGTERM) ends it at once, so that load
+/// balancers and Kubernetes stop sending before the listeners close.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        !self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn start_drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Everything a request needs.
 pub struct ServingState {
     pub runtime: Arc<Runtime>,
@@ -188,6 +205,8 @@ pub struct ServingState {
     /// SHA-256 (hex) of the admin token; `None` turns the admin API off.
     pub admin_token_sha256: Option<String>,
     pub body_timeouts: BodyTimeouts,
+    /// Shared with the metrics port, which answers readiness too.
+    pub readiness: Arc<Readiness>,
 }
 
 impl ServingState {
@@ -325,6 +344,7 @@ impl ServingState {
             backends,
             model_defaults,
             body_timeouts: BodyTimeouts::default(),
+            readiness: Arc::default(),
         })
     }
 }
