@@ -2,7 +2,9 @@
 //! package) scraping a real server: every panel's query returns series, every rule evaluates
 //! and the alerts the traffic should raise are raised; `promtool` checks the rules and runs
 //! their unit tests; they reference only metrics `/metrics` exports, and the SLO alert rules
-//! are the ones `sluice slo-rules` generates. The GPU check's scripts pass shellcheck.
+//! are the ones `sluice slo-rules` generates. The GPU check's scripts pass shellcheck. The
+//! Kubernetes manifests pass `kubernetes-validate --strict`, hold together (names, keys, ports,
+//! targets), and the tenants their ConfigMaps carry serve from the image's layout.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -220,6 +222,9 @@ async fn dashboard_and_rules_reference_only_exported_metrics() {
     for rules in ["sluice-alerts.yml", "sluice-slo-alerts.yml"] {
         files.push((rules, std::fs::read_to_string(root.join("prometheus").join(rules)).expect("rules")));
     }
+    for autoscaling in ["hpa.yaml", "optional/prometheus-adapter.yaml", "optional/keda-scaledobject.yaml"] {
+        files.push((autoscaling, std::fs::read_to_string(root.join("kubernetes").join(autoscaling)).expect("k8s")));
+    }
     for (file, text) in &files {
         let names = referenced(text);
         assert!(!names.is_empty(), "{file} references no metric");
@@ -239,4 +244,87 @@ async fn dashboard_and_rules_reference_only_exported_metrics() {
         files[2].1,
         "deploy/prometheus/sluice-slo-alerts.yml is `sluice slo-rules` output; regenerate it"
     );
+}
+
+/// The Kubernetes resource files the schema validator knows (not kustomizations, not CRDs).
+fn kubernetes_resources(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("deploy/kubernetes") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&path).expect("yaml");
+                let crd = text.contains("apiVersion: keda.sh/") || text.contains("apiVersion: monitoring.coreos.com/");
+                if !crd && !text.contains("kind: Kustomization") {
+                    files.push(path);
+                }
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Lay the tenants of a ConfigMap out as the image and the Deployment do: the manifests in
+/// `tenants/`, the example models in `models/`, the components in `components/`.
+fn image_layout(configmap_tenants: &Path) -> tempfile::TempDir {
+    let image = tempfile::tempdir().expect("tmp");
+    for dir in ["tenants", "models", "components"] {
+        std::fs::create_dir(image.path().join(dir)).expect("dir");
+    }
+    for entry in std::fs::read_dir(configmap_tenants).expect("tenants") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, image.path().join("tenants").join(path.file_name().expect("name"))).expect("copy");
+    }
+    std::os::unix::fs::symlink(digits_model(), image.path().join("models/digits.onnx")).expect("link");
+    std::os::unix::fs::symlink(guest("digits"), image.path().join("components/digits.wasm")).expect("link");
+    image
+}
+
+#[tokio::test]
+async fn the_kubernetes_manifests_validate_and_their_tenants_serve() {
+    const ADMIN: &str = "test-admin-token-kubernetes";
+    let python = python_with(&["kubernetes-validate==1.37.0"]);
+    let root = repo_root().join("deploy/kubernetes");
+    let resources = kubernetes_resources(&root);
+    assert!(resources.len() >= 8, "{resources:?}");
+    let validated = Command::new(&python)
+        .args(["-m", "kubernetes_validate", "--strict", "--kubernetes-version", "1.37.0"])
+        .args(&resources)
+        .output()
+        .expect("runs kubernetes-validate");
+    let report = String::from_utf8_lossy(&validated.stdout).to_string() + &String::from_utf8_lossy(&validated.stderr);
+    assert!(validated.status.success(), "{report}");
+    assert_eq!(report.matches(" passed ").count(), resources.len(), "every file passes:\n{report}");
+
+    let configmaps = tempfile::tempdir().expect("tmp");
+    let checked = Command::new(&python)
+        .arg(repo_root().join("tests/clients/kubernetes_check.py"))
+        .arg(&root)
+        .arg(configmaps.path())
+        .output()
+        .expect("runs the check");
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+
+    // The CPU variant's tenants serve, and a key the admin issues calls the example app.
+    let image = image_layout(&configmaps.path().join("sluice-tenants"));
+    let server = Server::start(&image.path().join("tenants"), &["--admin-token", ADMIN]);
+    let (code, issued) = server.send(reqwest::Method::POST, "/admin/v1/tenants/example/keys", ADMIN, Vec::new()).await;
+    assert_eq!(code, 201, "{issued}");
+    let key = issued["key"].as_str().expect("a key");
+    let (pixels, label) = &heldout_digits()[0];
+    let (code, answer) = server.infer("digits", key, &image_request(pixels, &[1, 64])).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(i64s(&output(&answer, "label")["data"]), vec![*label]);
+
+    // The GPU variant's tenants refuse to serve from a machine without the GPU they ask for.
+    if !Path::new("/dev/nvidia0").exists() {
+        let image = image_layout(&configmaps.path().join("sluice-tenants-gpu"));
+        let data = tempfile::tempdir().expect("tmp");
+        let refused = Server::start_in(&image.path().join("tenants"), data.path(), &[]).err().expect("refuses");
+        assert!(refused.contains("cuda:0") && refused.contains("on_missing_device = \"refuse\""), "{refused}");
+    }
 }
