@@ -34,6 +34,7 @@ mod serving;
 mod slo;
 mod spans;
 mod startup;
+mod store;
 mod support;
 mod traces;
 mod uploads;

@@ -8,6 +8,7 @@
 pub mod ids;
 pub mod manifest;
 pub mod placement;
+pub mod shared;
 pub mod store;
 pub mod traffic;
 

@@ -1,0 +1,218 @@
+//! The store replicas share (`--store`): an object store, S3-compatible (`s3://bucket/prefix`,
+//! credentials and endpoint from the standard AWS variables) or a directory (`file:///dir`),
+//! through the `object_store` crate. It holds the blobs, by sha256 as in the data directory,
+//! and each tenant's control document.
+//!
+//! Control documents are versioned: `control/<tenant>/<sequence>.json`, and version n+1 is
+//! written only if no one has written it yet (a conditional create: S3's `If-None-Match: *`, a
+//! hard link in a directory; the one conditional write both support). Two replicas that
+//! change the same tenant from version n both try n+1; one wins, the other is told
+//! [`SharedError::Conflict`], reads the winner's version and tries again on it. No update is
+//! lost and no lock is held. Listing `control/` tells each replica the newest sequence of
+//! every tenant, which is how replicas notice each other's changes. Old versions beyond the
+//! last [`KEPT_VERSIONS`] are deleted by their writer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+/// Versions of a tenant's control document kept behind the newest (a replica reading while
+/// another writes still finds the version it listed).
+pub const KEPT_VERSIONS: u64 = 8;
+
+/// Why the shared store refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedError {
+    #[error("{0}")]
+    Url(String),
+    #[error("version {sequence} of tenant '{tenant}' was written through another replica first")]
+    Conflict { tenant: String, sequence: u64 },
+    #[error("the shared store ({location}): {source}")]
+    Store { location: String, source: object_store::Error },
+    #[error("the shared store ({location}): {path}: {message}")]
+    Invalid { location: String, path: String, message: String },
+}
+
+/// An opened shared store.
+#[derive(Debug)]
+pub struct SharedStore {
+    objects: Arc<dyn ObjectStore>,
+    root: ObjectPath,
+    /// The `--store` URL, for messages (it holds no secret: credentials come from variables).
+    location: String,
+}
+
+impl SharedStore {
+    /// Open `file:///dir` (created if missing) or `s3://bucket[/prefix]`. S3 settings come
+    /// from the standard variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_REGION`, `AWS_ENDPOINT_URL` for S3-compatible servers, `AWS_ALLOW_HTTP=true` for
+    /// a plain-HTTP endpoint).
+    pub fn open(url: &str) -> Result<Self, SharedError> {
+        Self::open_with(url, &[])
+    }
+
+    /// [`SharedStore::open`] with S3 settings (`aws_endpoint`, `aws_access_key_id`, ...) that
+    /// take precedence over the variables.
+    pub fn open_with(url: &str, s3_settings: &[(&str, &str)]) -> Result<Self, SharedError> {
+        let location = url.to_string();
+        let store_error = |source| SharedError::Store { location: location.clone(), source };
+        if let Some(dir) = url.strip_prefix("file://") {
+            if !dir.starts_with('/') {
+                return Err(SharedError::Url(format!("--store {url}: a file:// store needs an absolute path")));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| SharedError::Url(format!("--store {url}: {e}")))?;
+            let objects = LocalFileSystem::new_with_prefix(dir).map_err(store_error)?;
+            return Ok(Self { objects: Arc::new(objects), root: ObjectPath::default(), location });
+        }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(SharedError::Url(format!("--store {url}: no bucket")));
+            }
+            let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            for (key, value) in s3_settings {
+                let key = key.parse().map_err(|e| SharedError::Url(format!("S3 setting '{key}': {e}")))?;
+                builder = builder.with_config(key, *value);
+            }
+            let objects = builder.build().map_err(store_error)?;
+            return Ok(Self { objects: Arc::new(objects), root: ObjectPath::from(prefix), location });
+        }
+        Err(SharedError::Url(format!("--store must be file:///DIR or s3://BUCKET[/PREFIX], not '{url}'")))
+    }
+
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn error(&self, source: object_store::Error) -> SharedError {
+        SharedError::Store { location: self.location.clone(), source }
+    }
+
+    fn blob_path(&self, sha256: &str) -> ObjectPath {
+        self.root.clone().join("blobs").join("sha256").join(sha256)
+    }
+
+    fn control_root(&self) -> ObjectPath {
+        self.root.clone().join("control")
+    }
+
+    fn control_path(&self, tenant: &str, sequence: u64) -> ObjectPath {
+        self.control_root().join(tenant).join(format!("{sequence:020}.json").as_str())
+    }
+
+    /// Store a blob under its digest; one that is there already stays (same digest, same bytes).
+    pub async fn put_blob(&self, sha256: &str, bytes: Bytes) -> Result<(), SharedError> {
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.objects.put_opts(&self.blob_path(sha256), PutPayload::from(bytes), options).await {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(source) => Err(self.error(source)),
+        }
+    }
+
+    /// A blob's bytes, or `None` when it is not stored.
+    pub async fn get_blob(&self, sha256: &str) -> Result<Option<Bytes>, SharedError> {
+        match self.objects.get(&self.blob_path(sha256)).await {
+            Ok(found) => found.bytes().await.map(Some).map_err(|e| self.error(e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(source) => Err(self.error(source)),
+        }
+    }
+
+    /// The newest version of every tenant's control document.
+    pub async fn newest_versions(&self) -> Result<BTreeMap<String, u64>, SharedError> {
+        let root = self.control_root();
+        let listed: Vec<_> = self.objects.list(Some(&root)).try_collect().await.map_err(|e| self.error(e))?;
+        let mut newest = BTreeMap::new();
+        for meta in listed {
+            let Some(parts) = meta.location.prefix_match(&root) else { continue };
+            let parts: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
+            let [tenant, file] = parts.as_slice() else { continue };
+            let Some(sequence) = file.strip_suffix(".json").and_then(|s| s.parse::<u64>().ok()) else { continue };
+            let entry = newest.entry(tenant.clone()).or_insert(0);
+            *entry = (*entry).max(sequence);
+        }
+        Ok(newest)
+    }
+
+    /// Version `sequence` of a tenant's control document.
+    pub async fn read_control(&self, tenant: &str, sequence: u64) -> Result<Bytes, SharedError> {
+        let found = self.objects.get(&self.control_path(tenant, sequence)).await.map_err(|e| self.error(e))?;
+        found.bytes().await.map_err(|e| self.error(e))
+    }
+
+    /// Write version `sequence` of a tenant's control document, only if no one has: otherwise
+    /// [`SharedError::Conflict`]. Versions older than [`KEPT_VERSIONS`] behind it are deleted
+    /// (best effort: one left behind is only space).
+    pub async fn write_control(&self, tenant: &str, sequence: u64, document: Bytes) -> Result<(), SharedError> {
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+        let path = self.control_path(tenant, sequence);
+        match self.objects.put_opts(&path, PutPayload::from(document), options).await {
+            Ok(_) => {}
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                return Err(SharedError::Conflict { tenant: tenant.to_string(), sequence });
+            }
+            Err(source) => return Err(self.error(source)),
+        }
+        if let Some(old) = sequence.checked_sub(KEPT_VERSIONS)
+            && let Err(error) = self.objects.delete(&self.control_path(tenant, old)).await
+            && !matches!(error, object_store::Error::NotFound { .. })
+        {
+            tracing::debug!(tenant, sequence = old, %error, "an old control version was not deleted");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, SharedStore) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = SharedStore::open(&format!("file://{}", dir.path().display())).expect("opens");
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn a_version_is_written_once_and_the_second_writer_is_told() {
+        let (_dir, store) = store();
+        assert!(store.newest_versions().await.expect("lists").is_empty());
+        store.write_control("acme", 1, Bytes::from_static(b"{\"a\":1}")).await.expect("first");
+        let lost = store.write_control("acme", 1, Bytes::from_static(b"{\"a\":2}")).await;
+        assert!(matches!(lost, Err(SharedError::Conflict { sequence: 1, .. })), "{lost:?}");
+        assert_eq!(store.read_control("acme", 1).await.expect("reads").as_ref(), b"{\"a\":1}", "the winner stays");
+        store.write_control("acme", 2, Bytes::from_static(b"{\"a\":3}")).await.expect("the next version");
+        store.write_control("globex", 1, Bytes::from_static(b"{}")).await.expect("another tenant");
+        let newest = store.newest_versions().await.expect("lists");
+        assert_eq!(newest, BTreeMap::from([("acme".to_string(), 2), ("globex".to_string(), 1)]));
+    }
+
+    #[tokio::test]
+    async fn old_versions_are_pruned_and_blobs_are_stored_once() {
+        let (dir, store) = store();
+        for sequence in 1..=KEPT_VERSIONS + 3 {
+            store.write_control("acme", sequence, Bytes::from(sequence.to_string())).await.expect("writes");
+        }
+        let kept = std::fs::read_dir(dir.path().join("control/acme")).expect("dir").count() as u64;
+        assert_eq!(kept, KEPT_VERSIONS, "the newest {KEPT_VERSIONS} versions are kept");
+        assert_eq!(store.newest_versions().await.expect("lists")["acme"], KEPT_VERSIONS + 3);
+
+        assert_eq!(store.get_blob("ab12").await.expect("reads"), None);
+        store.put_blob("ab12", Bytes::from_static(b"weights")).await.expect("stores");
+        store.put_blob("ab12", Bytes::from_static(b"weights")).await.expect("stored already: fine");
+        assert_eq!(store.get_blob("ab12").await.expect("reads").as_deref(), Some(&b"weights"[..]));
+    }
+
+    #[test]
+    fn only_file_and_s3_urls_open() {
+        for bad in ["http://example.com/x", "file://relative/dir", "s3://", "gs://bucket"] {
+            assert!(matches!(SharedStore::open(bad), Err(SharedError::Url(_))), "{bad}");
+        }
+    }
+}
