@@ -263,6 +263,8 @@ async fn end_to_end() -> anyhow::Result<()> {
         connections: Default::default(),
         body_timeouts: Default::default(),
         drain: Default::default(),
+        store: None,
+        store_poll: Duration::from_secs(1),
     };
     let state = match build_state(&config).await {
         Ok(state) => state,

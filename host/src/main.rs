@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the tenants in a directory over HTTP and gRPC.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Drive an OIP server with load and report throughput and latency (like perf_analyzer).
     Perf(PerfArgs),
     /// Print the Prometheus alert rules for the apps' SLO burn rates (deploy/prometheus/).
@@ -193,6 +193,14 @@ struct ServeArgs {
     /// Seconds requests in flight get to finish once the listeners close; then the process exits.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_S", default_value_t = 30)]
     drain_timeout_s: u64,
+    /// The store replicas share: `s3://bucket/prefix` (any S3-compatible server; credentials,
+    /// region and endpoint from the AWS variables) or `file:///dir`. Without it: the data
+    /// directory alone.
+    #[arg(long, env = "SLUICE_STORE")]
+    store: Option<String>,
+    /// Milliseconds between checks of the shared store for other replicas' changes.
+    #[arg(long, env = "SLUICE_STORE_POLL_MS", default_value_t = 1000)]
+    store_poll_ms: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SLUICE_LOG_JSON")]
     log_json: bool,
@@ -257,6 +265,8 @@ fn main() -> anyhow::Result<()> {
                     grace: Duration::from_secs(args.drain_grace_s),
                     timeout: Duration::from_secs(args.drain_timeout_s),
                 },
+                store: args.store,
+                store_poll: Duration::from_millis(args.store_poll_ms.max(10)),
             };
             let served = runtime.block_on(serve(config));
             if let Some(export) = export {

@@ -62,7 +62,7 @@ def check_deployments(documents):
                     fail(f"deployment {name}: {probe} on an unnamed port {port}")
             for env in container.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
-                if ref and ref["key"] not in secrets.get(ref["name"], {}).get("stringData", {}):
+                if ref and not ref.get("optional") and ref["key"] not in secrets.get(ref["name"], {}).get("stringData", {}):
                     fail(f"deployment {name}: secret {ref['name']} has no key {ref['key']}")
             if "--drain-grace-s" not in " ".join(container.get("args", [])):
                 fail(f"deployment {name}: no --drain-grace-s")

@@ -99,3 +99,118 @@ async fn on_s3_one_of_many_concurrent_writers_of_a_version_wins() {
     }
     assert_eq!(store.newest_versions().await.expect("lists").get("acme"), Some(&3));
 }
+
+const ADMIN: &str = "test-admin-token-replicas";
+const KEY: &str = "test-key-replicas";
+
+/// A replica of `s3://fleet/sluice` on `moto`, following the store every 200 ms.
+fn replica(tenants: &std::path::Path, moto: &Moto) -> Server {
+    let env = [
+        ("AWS_ENDPOINT_URL", moto.endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let args = ["--store", "s3://fleet/sluice", "--store-poll-ms", "200", "--admin-token", ADMIN];
+    Server::start_with_env(tenants, &args, &env)
+}
+
+/// How long until `check` holds on `server` (panics after 10 s).
+async fn until(server: &Server, what: &str, check: impl AsyncFn(&Server) -> bool) -> Duration {
+    let started = Instant::now();
+    while !check(server).await {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what} never held:\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
+}
+
+fn plain_request() -> serde_json::Value {
+    serde_json::json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] })
+}
+
+async fn admin(
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    server.send(method, path, ADMIN, if body.is_null() { Vec::new() } else { body.to_string().into_bytes() }).await
+}
+
+#[tokio::test]
+async fn replicas_on_one_s3_store_converge_lose_no_update_and_restore_at_start() {
+    let moto = Moto::start().await;
+    moto.bucket("fleet").await;
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", KEY, "max_stored_bytes = 100000000");
+    manifest += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &manifest);
+    let replicas: Vec<Server> = (0..3).map(|_| replica(tenants.path(), &moto)).collect();
+
+    // An upload through replica 1 serves from replicas 2 and 3.
+    let weights = std::fs::read(digits_model()).expect("weights");
+    let (code, body) = replicas[0].send(reqwest::Method::PUT, "/control/v1/models/digits-mlp", KEY, weights).await;
+    assert_eq!(code, 201, "{body}");
+    for other in &replicas[1..] {
+        let took = until(other, "the uploaded model serves", async |s: &Server| {
+            s.infer("digits-mlp", KEY, &plain_request()).await.0 == 200
+        })
+        .await;
+        println!("upload converged in {took:?}");
+    }
+
+    // A new app version and a traffic change through replica 1 serve from replica 3.
+    let component = std::fs::read(guest("digits")).expect("component");
+    let (code, body) =
+        replicas[0].send(reqwest::Method::PUT, "/control/v1/apps/digits/versions/2", KEY, component).await;
+    assert_eq!(code, 201, "{body}");
+    let traffic = serde_json::json!({ "stable": "2" }).to_string().into_bytes();
+    let (code, body) = replicas[0].send(reqwest::Method::PUT, "/control/v1/apps/digits/traffic", KEY, traffic).await;
+    assert_eq!(code, 200, "{body}");
+    let (pixels, _) = &heldout_digits()[0];
+    let digit = image_request(pixels, &[1, 64]);
+    until(&replicas[2], "version 2 is stable", async |s: &Server| {
+        let (code, answer) = s.infer("digits", KEY, &digit).await;
+        code == 200 && answer["model_version"] == "2"
+    })
+    .await;
+
+    // Changes to one tenant through two replicas at once all survive: keys issued through
+    // replicas 1 and 2, and a quota change, concurrently.
+    let quotas = serde_json::json!({ "max_concurrent_requests": 7, "max_stored_bytes": 100_000_000 });
+    let (quota_change, issued) = tokio::join!(
+        admin(&replicas[1], reqwest::Method::PUT, "/admin/v1/tenants/acme/quotas", quotas),
+        futures::future::join_all((0..8).map(|i| {
+            admin(&replicas[i % 2], reqwest::Method::POST, "/admin/v1/tenants/acme/keys", serde_json::Value::Null)
+        })),
+    );
+    assert_eq!(quota_change.0, 200, "{}", quota_change.1);
+    let keys: Vec<String> = issued
+        .into_iter()
+        .map(|(code, body)| {
+            assert_eq!(code, 201, "{body}");
+            body["key"].as_str().expect("a key").to_string()
+        })
+        .collect();
+    for key in &keys {
+        until(&replicas[2], "every issued key works", async |s: &Server| {
+            s.infer("digits-mlp", key, &plain_request()).await.0 == 200
+        })
+        .await;
+    }
+    let (code, listed) = admin(&replicas[2], reqwest::Method::GET, "/admin/v1/tenants", serde_json::Value::Null).await;
+    assert_eq!(code, 200);
+    let acme = listed.as_array().expect("tenants").iter().find(|t| t["id"] == "acme").expect("acme").clone();
+    assert_eq!(acme["quotas"]["max_concurrent_requests"], 7, "the quota change survived beside the keys: {acme}");
+
+    let redone = replicas[..2].iter().map(|r| r.log().matches("the change made again").count()).sum::<usize>();
+    println!("saves made again on another replica's version: {redone}");
+
+    // A replica started afresh (empty data directory) serves it all from the store at once.
+    let fresh = replica(tenants.path(), &moto);
+    assert_eq!(fresh.infer("digits-mlp", &keys[0], &plain_request()).await.0, 200);
+    let (code, answer) = fresh.infer("digits", KEY, &digit).await;
+    assert_eq!((code, answer["model_version"].as_str()), (200, Some("2")), "{answer}");
+}

@@ -102,7 +102,7 @@ async fn create_tenant(
 ) -> Result<Response, ApiError> {
     admin(&state, &headers)?;
     let request: NewTenant = json(&body, r#"{"id": "acme", "quotas": {"max_concurrent_requests": 64}}"#)?;
-    let tenant = admin::create_tenant(&state, tenant_id(&request.id)?, request.quotas)?;
+    let tenant = admin::create_tenant(&state, tenant_id(&request.id)?, request.quotas).await?;
     let spec = tenant.spec();
     let created = serde_json::json!({ "id": spec.id, "quotas": spec.quotas });
     Ok((StatusCode::CREATED, Json(created)).into_response())
@@ -117,7 +117,7 @@ async fn set_quotas(
     admin(&state, &headers)?;
     let quotas: Quotas = json(&body, r#"{"max_concurrent_requests": 64, "compute_weight": 2}"#)?;
     let id = tenant_id(&tenant)?;
-    admin::set_quotas(&state, &id, quotas)?;
+    admin::set_quotas(&state, &id, quotas).await?;
     Ok(Json(serde_json::json!({ "id": id, "quotas": state.tenant(&id).map(|t| t.spec().quotas.clone()) }))
         .into_response())
 }
@@ -128,7 +128,7 @@ async fn issue_key(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     admin(&state, &headers)?;
-    let issued = admin::issue_key(&state, &tenant_id(&tenant)?)?;
+    let issued = admin::issue_key(&state, &tenant_id(&tenant)?).await?;
     Ok((StatusCode::CREATED, Json(issued)).into_response())
 }
 
@@ -139,6 +139,6 @@ async fn revoke_key(
 ) -> Result<Response, ApiError> {
     admin(&state, &headers)?;
     let id = tenant_id(&tenant)?;
-    admin::revoke_key(&state, &id, &key_id)?;
+    admin::revoke_key(&state, &id, &key_id).await?;
     Ok(Json(serde_json::json!({ "tenant": id, "revoked": key_id })).into_response())
 }

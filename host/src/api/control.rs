@@ -180,7 +180,7 @@ async fn delete_model(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
-    let name = apply::delete_model(&state, tenant, &model)?;
+    let name = apply::delete_model(&state, tenant, &model).await?;
     Ok(Json(serde_json::json!({ "model": name, "deleted": true })).into_response())
 }
 
@@ -192,7 +192,7 @@ async fn delete_version(
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
     let app = app_of(tenant, &app)?;
-    let version = apply::delete_version(&state, tenant, &app, &version)?;
+    let version = apply::delete_version(&state, tenant, &app, &version).await?;
     Ok(Json(serde_json::json!({ "app": app.spec.name, "version": version, "deleted": true })).into_response())
 }
 
@@ -212,7 +212,7 @@ async fn set_traffic(
         ))
     })?;
     traffic.sticky_header = traffic.sticky_header.map(|h| h.to_ascii_lowercase());
-    apply::set_traffic(&state, tenant, &app, traffic)?;
+    apply::set_traffic(&state, tenant, &app, traffic).await?;
     Ok(Json(status(&app)).into_response())
 }
 
@@ -222,7 +222,7 @@ async fn promote(
     Path(app): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    change_canary(&state, &headers, &app, true)
+    change_canary(&state, &headers, &app, true).await
 }
 
 /// `POST /control/v1/apps/{app}/rollback`: all traffic back to stable.
@@ -231,10 +231,15 @@ async fn rollback(
     Path(app): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    change_canary(&state, &headers, &app, false)
+    change_canary(&state, &headers, &app, false).await
 }
 
-fn change_canary(state: &ServingState, headers: &HeaderMap, app: &str, promote: bool) -> Result<Response, ApiError> {
+async fn change_canary(
+    state: &ServingState,
+    headers: &HeaderMap,
+    app: &str,
+    promote: bool,
+) -> Result<Response, ApiError> {
     let tenant = &authenticate(state, headers)?;
     let app = app_of(tenant, app)?;
     let mut traffic = app.traffic();
@@ -256,6 +261,6 @@ fn change_canary(state: &ServingState, headers: &HeaderMap, app: &str, promote: 
         }
         traffic.stable = canary.version;
     }
-    apply::set_traffic(state, tenant, &app, traffic)?;
+    apply::set_traffic(state, tenant, &app, traffic).await?;
     Ok(Json(status(&app)).into_response())
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::ControlError;
-use super::apply::save_control;
+use super::apply::change_and_save;
 use crate::registry::Tenant;
 use crate::registry::ids::TenantId;
 use crate::registry::manifest::Quotas;
@@ -72,7 +72,11 @@ fn check_quotas(state: &ServingState, quotas: &Quotas) -> Result<(), ControlErro
 }
 
 /// Create a tenant with no models, apps or keys.
-pub fn create_tenant(state: &ServingState, id: TenantId, quotas: Quotas) -> Result<Arc<TenantState>, ControlError> {
+pub async fn create_tenant(
+    state: &ServingState,
+    id: TenantId,
+    quotas: Quotas,
+) -> Result<Arc<TenantState>, ControlError> {
     check_quotas(state, &quotas)?;
     if state.tenant(&id).is_some() {
         return Err(ControlError::Conflict(format!("tenant '{id}' exists")));
@@ -80,61 +84,78 @@ pub fn create_tenant(state: &ServingState, id: TenantId, quotas: Quotas) -> Resu
     let spec = Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() };
     let tenant = state.insert_tenant(spec);
     tenant.admin_managed.store(true, Ordering::Relaxed);
-    save_control(state, &tenant)?;
+    change_and_save(state, &tenant, None, || Ok(()), |()| {}).await?;
     tracing::info!(tenant = %id, "tenant created");
     Ok(tenant)
 }
 
 /// Replace a tenant's quotas.
-pub fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> Result<(), ControlError> {
+pub async fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> Result<(), ControlError> {
     check_quotas(state, &quotas)?;
     let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
-    // A cap below what one of its models takes would leave that model unservable.
-    if let Some((model, footprint)) =
-        tenant.models.largest_footprint().filter(|(_, f)| *f > quotas.resident_model_bytes())
-    {
-        return Err(ControlError::Invalid(format!(
-            "max_resident_model_mib = {} is less than model '{model}' takes resident ({:.1} MiB)",
-            quotas.max_resident_model_mib,
-            footprint as f64 / f64::from(1 << 20)
-        )));
-    }
-    tenant.set_quotas(quotas);
-    tenant.admin_managed.store(true, Ordering::Relaxed);
-    save_control(state, &tenant)
+    let replace = || {
+        // A cap below what one of its models takes would leave that model unservable.
+        if let Some((model, footprint)) =
+            tenant.models.largest_footprint().filter(|(_, f)| *f > quotas.resident_model_bytes())
+        {
+            return Err(ControlError::Invalid(format!(
+                "max_resident_model_mib = {} is less than model '{model}' takes resident ({:.1} MiB)",
+                quotas.max_resident_model_mib,
+                footprint as f64 / f64::from(1 << 20)
+            )));
+        }
+        let previous = (tenant.spec().quotas.clone(), tenant.admin_managed.swap(true, Ordering::Relaxed));
+        tenant.set_quotas(quotas.clone());
+        Ok(previous)
+    };
+    let undo = |(quotas, managed): &(Quotas, bool)| {
+        tenant.set_quotas(quotas.clone());
+        tenant.admin_managed.store(*managed, Ordering::Relaxed);
+    };
+    change_and_save(state, &tenant, None, replace, undo).await?;
+    Ok(())
 }
 
 /// Issue a new random key for a tenant; only its digest is kept.
-pub fn issue_key(state: &ServingState, id: &TenantId) -> Result<IssuedKey, ControlError> {
+pub async fn issue_key(state: &ServingState, id: &TenantId) -> Result<IssuedKey, ControlError> {
     let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| ControlError::Internal(format!("no randomness for a key: {e}")))?;
     let key = format!("sk-{}", hex::encode(secret));
     let digest = hex::encode(Sha256::digest(key.as_bytes()));
     let key_id = digest[..KEY_ID_DIGITS].to_string();
-    state.keys_write().insert(digest, id.clone());
-    tenant.admin_managed.store(true, Ordering::Relaxed);
-    save_control(state, &tenant)?;
+    let insert = || {
+        state.keys_write().insert(digest.clone(), id.clone());
+        Ok(tenant.admin_managed.swap(true, Ordering::Relaxed))
+    };
+    let undo = |managed: &bool| {
+        state.keys_write().remove(&digest);
+        tenant.admin_managed.store(*managed, Ordering::Relaxed);
+    };
+    change_and_save(state, &tenant, None, insert, undo).await?;
     tracing::info!(tenant = %id, %key_id, "API key issued");
     Ok(IssuedKey { tenant: id.to_string(), key, key_id })
 }
 
 /// Revoke a tenant's key by its id; requests with it get 401 from now on.
-pub fn revoke_key(state: &ServingState, id: &TenantId, key_id: &str) -> Result<(), ControlError> {
+pub async fn revoke_key(state: &ServingState, id: &TenantId, key_id: &str) -> Result<(), ControlError> {
     let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
-    let removed = {
+    let remove = || {
         let mut keys = state.keys_write();
         let digest = keys
             .iter()
             .find(|(digest, owner)| *owner == id && key_id.len() >= 8 && digest.starts_with(key_id))
             .map(|(digest, _)| digest.clone());
-        digest.and_then(|d| keys.remove(&d))
+        let Some(digest) = digest.filter(|d| keys.remove(d).is_some()) else {
+            return Err(ControlError::NotFound(format!("tenant '{id}' has no key with id '{key_id}'")));
+        };
+        Ok((digest, tenant.admin_managed.swap(true, Ordering::Relaxed)))
     };
-    if removed.is_none() {
-        return Err(ControlError::NotFound(format!("tenant '{id}' has no key with id '{key_id}'")));
-    }
-    tenant.admin_managed.store(true, Ordering::Relaxed);
-    save_control(state, &tenant)?;
+    let undo = |(digest, managed): &(String, bool)| {
+        state.keys_write().insert(digest.clone(), id.clone());
+        tenant.admin_managed.store(*managed, Ordering::Relaxed);
+    };
+    change_and_save(state, &tenant, None, remove, undo).await?;
     tracing::info!(tenant = %id, %key_id, "API key revoked");
     Ok(())
 }

@@ -1,13 +1,14 @@
 //! The control plane's effect on serving: uploaded models and app versions (kept as
 //! content-addressed blobs), traffic changes, and admin-managed tenants' keys and quotas,
-//! applied while serving and saved in the data directory, so a restart restores them over
-//! what the manifests describe.
+//! applied while serving and saved (in the data directory, or the shared store of replicas),
+//! so a restart restores them over what the manifests describe. With a shared store, a save
+//! another replica beat is taken back, that replica's version applied, and the change made
+//! again on it; versions other replicas save are applied as they appear ([`sync_control`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::ControlError;
@@ -15,7 +16,7 @@ use crate::nn::models::{CapFull, ModelCopy, ModelLoadError};
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
 use crate::registry::placement::{OnMissingDevice, Placement};
-use crate::registry::store::Uploaded;
+use crate::registry::store::{SaveError, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::traffic::Traffic;
@@ -48,32 +49,68 @@ fn internal(context: &str, error: impl std::fmt::Display) -> ControlError {
     ControlError::Internal(format!("{context}: {error}"))
 }
 
-/// Save a tenant's apps (versions and traffic), atomically.
-pub fn save_control(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
-    let _one_writer = state.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    write_control(state, tenant)
+/// How often a change is made again on another replica's newer version before giving up.
+const SAVE_ATTEMPTS: usize = 8;
+
+/// Save a tenant's state as it is now (a rollout decision already made in place). Losing
+/// to another replica's save takes its version instead; the decision is made again later.
+pub async fn save_control(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
+    let _one_writer = state.control_writes.lock().await;
+    match write_control(state, tenant).await {
+        Err(SaveError::Conflict(conflict)) => {
+            catch_up(state, tenant).await?;
+            Err(ControlError::Conflict(conflict.to_string()))
+        }
+        saved => saved.map_err(|e| internal("saving the control state", e)),
+    }
 }
 
 /// Make a change to a tenant's serving state and save it as one step: when saving fails,
 /// `undo` takes the change back, so what the client is answered (an error) and what
-/// serves, before and after a restart, agree.
-fn change_and_save<T>(
+/// serves, before and after a restart, agree. When another replica saved first, its version
+/// is applied and the change made again on it. `publish`: an upload the change references,
+/// stored (here and in the shared store) in the same critical section, so no deletion's
+/// blob collection sees it stored but unreferenced.
+pub(super) async fn change_and_save<T>(
     state: &ServingState,
     tenant: &TenantState,
-    change: impl FnOnce() -> Result<T, ControlError>,
-    undo: impl FnOnce(&T),
+    publish: Option<&Uploaded>,
+    mut change: impl FnMut() -> Result<T, ControlError>,
+    undo: impl Fn(&T),
 ) -> Result<T, ControlError> {
-    let _one_writer = state.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let changed = change()?;
-    if let Err(error) = write_control(state, tenant) {
-        undo(&changed);
-        return Err(error);
+    let _one_writer = state.control_writes.lock().await;
+    if let Some(uploaded) = publish {
+        state.store.publish(uploaded).await.map_err(|e| internal("storing the upload", e))?;
     }
-    Ok(changed)
+    for _ in 0..SAVE_ATTEMPTS {
+        let changed = change()?;
+        match write_control(state, tenant).await {
+            Ok(()) => return Ok(changed),
+            Err(SaveError::Conflict(conflict)) => {
+                undo(&changed);
+                catch_up(state, tenant).await?;
+                tracing::info!(%conflict, "another replica saved first: its version applied, the change made again on it");
+            }
+            Err(error) => {
+                undo(&changed);
+                return Err(internal("saving the control state", error));
+            }
+        }
+    }
+    Err(ControlError::Conflict(format!(
+        "tenant '{}' changed through other replicas while this change was saved, {SAVE_ATTEMPTS} times; retry",
+        tenant.spec().id
+    )))
 }
 
 /// Write a tenant's control state; the caller holds `control_writes`.
-fn write_control(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
+async fn write_control(state: &ServingState, tenant: &TenantState) -> Result<(), SaveError> {
+    let document = control_document(state, tenant);
+    state.store.save_state(tenant.spec().id.as_str(), &document).await
+}
+
+/// What is saved of a tenant.
+fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl {
     let apps = tenant
         .apps()
         .into_iter()
@@ -90,71 +127,131 @@ fn write_control(state: &ServingState, tenant: &TenantState) -> Result<(), Contr
     } else {
         (None, None)
     };
-    state
-        .store
-        .write_state(spec.id.as_str(), &TenantControl { quotas, keys, models, apps })
-        .map_err(|e| internal("saving the control state", e))
+    TenantControl { quotas, keys, models, apps }
 }
 
-/// Apply each tenant's saved state over what the manifests built: versions the
-/// manifests lack are prepared from their blobs, and the saved traffic replaces theirs.
-pub async fn restore_control(state: &ServingState) -> anyhow::Result<()> {
-    // Tenants created through the admin API have saved state and no manifest.
-    for id in state.store.saved_tenants()? {
-        let id = TenantId::new(&id).map_err(|e| anyhow::anyhow!("saved tenant '{id}': {e}"))?;
-        if state.tenant(&id).is_none() {
-            let quotas =
-                state.store.read_state::<TenantControl>(id.as_str())?.and_then(|s| s.quotas).unwrap_or_default();
-            let spec = Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() };
-            state.insert_tenant(spec);
+/// Apply the versions of tenants' control state this replica does not serve yet: at start
+/// every saved state (over what the manifests built), then what other replicas save. A
+/// tenant created through another replica's admin API is created here.
+pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
+    let _one_writer = state.control_writes.lock().await;
+    let newer = state.store.newer_states().await.map_err(|e| internal("reading the saved control state", e))?;
+    let count = newer.len();
+    for saved in newer {
+        let id = TenantId::new(&saved.tenant)
+            .map_err(|e| internal("the saved control state", format!("tenant '{}': {e}", saved.tenant)))?;
+        let document: TenantControl = serde_json::from_slice(&saved.document)
+            .map_err(|e| internal("the saved control state", format!("tenant '{id}': {e}")))?;
+        let tenant = match state.tenant(&id) {
+            Some(tenant) => tenant,
+            None => {
+                let quotas = document.quotas.clone().unwrap_or_default();
+                state.insert_tenant(Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() })
+            }
+        };
+        apply_saved(state, &tenant, document).await?;
+        state.store.set_applied(id.as_str(), saved.version);
+        tracing::info!(tenant = %id, version = saved.version, "control state applied");
+    }
+    Ok(count)
+}
+
+/// After losing a save to another replica: apply the tenant's newest saved version.
+async fn catch_up(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
+    let id = tenant.spec().id.clone();
+    let newer = state.store.newer_states().await.map_err(|e| internal("reading the saved control state", e))?;
+    for saved in newer.into_iter().filter(|saved| saved.tenant == id.as_str()) {
+        let document: TenantControl = serde_json::from_slice(&saved.document)
+            .map_err(|e| internal("the saved control state", format!("tenant '{id}': {e}")))?;
+        let tenant = state.tenant(&id).ok_or_else(|| internal("catching up", format!("tenant '{id}' is gone")))?;
+        apply_saved(state, &tenant, document).await?;
+        state.store.set_applied(id.as_str(), saved.version);
+    }
+    Ok(())
+}
+
+/// Make a tenant serve what a saved document says: its quotas and keys when admin-managed,
+/// its uploaded models, its apps' versions and traffic; what the document lacks and the
+/// manifest does not declare goes.
+async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantControl) -> Result<(), ControlError> {
+    let spec = tenant.spec();
+    let id = spec.id.clone();
+    if let Some(quotas) = saved.quotas {
+        if quotas != spec.quotas {
+            tenant.set_quotas(quotas);
+        }
+        tenant.admin_managed.store(true, Ordering::Relaxed);
+    }
+    if let Some(keys) = &saved.keys {
+        state.restore_keys(&id, keys);
+        tenant.admin_managed.store(true, Ordering::Relaxed);
+    }
+    for (name, sha256) in &saved.models {
+        if spec.models.contains_key(name) {
+            continue; // the manifest's model, from the manifest's file
+        }
+        match tenant.models.own(name.as_str()) {
+            Some((_, model)) if model.sha256 == *sha256 => continue,
+            Some(_) => drop(tenant.models.remove(name)),
+            None => {}
+        }
+        let bytes = read_blob(state, sha256).await?;
+        let model = load_model(state, tenant, name, sha256, bytes).await?;
+        tenant.models.add(name.clone(), model);
+    }
+    for (name, _) in tenant.models.own_digests() {
+        if !saved.models.contains_key(&name) && !spec.models.contains_key(&name) {
+            tenant.models.remove(&name);
         }
     }
-    for tenant in state.all_tenants() {
-        let spec = tenant.spec();
-        let id = spec.id.as_str();
-        let Some(saved) = state.store.read_state::<TenantControl>(id)? else { continue };
-        if let Some(quotas) = saved.quotas {
-            tenant.set_quotas(quotas);
-            tenant.admin_managed.store(true, Ordering::Relaxed);
-        }
-        if let Some(keys) = &saved.keys {
-            state.restore_keys(&spec.id, keys);
-            tenant.admin_managed.store(true, Ordering::Relaxed);
-        }
-        for (name, sha256) in &saved.models {
-            if tenant.models.own(name.as_str()).is_some() {
+    for (name, saved_app) in &saved.apps {
+        let app = match tenant.app(name.as_str()) {
+            Some(app) => app,
+            None => {
+                tenant.insert_app(name.clone(), AppState::new(new_app_spec(name, &saved_app.traffic), BTreeMap::new()))
+            }
+        };
+        for (version, sha256) in &saved_app.versions {
+            if app.version(version).is_some() {
                 continue;
             }
-            let bytes = state.store.read_blob(sha256).with_context(|| format!("tenant '{id}', model '{name}'"))?;
-            let model = load_model(state, &tenant, name, sha256, bytes).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-            tenant.models.add(name.clone(), model);
+            let bytes = read_blob(state, sha256).await?;
+            let path = state.store.blob_path(sha256);
+            let prepared = state.runtime.prepare(&path, sha256, &bytes).map_err(|e| {
+                internal("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
+            })?;
+            app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone()));
         }
-        for (name, saved_app) in saved.apps {
-            let app = match tenant.app(name.as_str()) {
-                Some(app) => app,
-                None => tenant
-                    .insert_app(name.clone(), AppState::new(new_app_spec(&name, &saved_app.traffic), BTreeMap::new())),
-            };
-            for (version, sha256) in &saved_app.versions {
-                if app.version(version).is_some() {
-                    continue;
-                }
-                let path = state.store.blob_path(sha256);
-                let bytes = std::fs::read(&path).map_err(|e| {
-                    anyhow::anyhow!("tenant '{id}', app '{name}', version '{version}': {}: {e}", path.display())
-                })?;
-                let prepared = state.runtime.prepare(&path, sha256, &bytes)?;
-                app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone()));
-            }
+        if app.traffic() != saved_app.traffic {
             let names = app.version_names();
             match saved_app.traffic.check(|v| names.contains(v)) {
-                Ok(()) => app.update_traffic(|traffic| *traffic = saved_app.traffic),
-                Err(e) => tracing::warn!(tenant = id, app = %name, error = %e, "saved traffic ignored"),
+                Ok(()) => {
+                    app.update_traffic(|traffic| *traffic = saved_app.traffic.clone());
+                    app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restart();
+                }
+                Err(e) => tracing::warn!(tenant = %id, app = %name, error = %e, "saved traffic ignored"),
             }
-            tracing::info!(tenant = id, app = %name, versions = names.len(), "control state restored");
+        }
+        let in_traffic = app.traffic();
+        for version in app.version_names() {
+            let declared = saved_app.versions.contains_key(&version) || app.spec.versions.contains_key(&version);
+            if !declared && !in_traffic.uses(&version) {
+                app.remove_version(&version);
+            }
+        }
+    }
+    for (name, _) in tenant.apps() {
+        if !saved.apps.contains_key(&name) && !spec.apps.contains_key(&name) {
+            tenant.remove_app(&name);
         }
     }
     Ok(())
+}
+
+/// A blob's bytes, from the local cache or the shared store.
+async fn read_blob(state: &ServingState, sha256: &str) -> Result<Vec<u8>, ControlError> {
+    let path = state.store.fetch_blob(sha256).await.map_err(|e| internal("reading a stored blob", e))?;
+    std::fs::read(path).map_err(|e| internal("reading a stored blob", e))
 }
 
 /// Make an uploaded component version `version` of `app_name` (creating the app, with
@@ -178,10 +275,7 @@ pub async fn add_app_version(
         .prepare_upload(label, uploaded.sha256.clone(), bytes)
         .await
         .map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
-    // Stored and added in one critical section, so a deletion's blob collection never sees
-    // a stored blob that is not yet referenced.
     let add = || {
-        state.store.commit(&uploaded).map_err(|e| internal("storing the component", e))?;
         let (app, created) = match tenant.app(app_name.as_str()) {
             Some(app) => (app, false),
             None => {
@@ -189,7 +283,7 @@ pub async fn add_app_version(
                 (tenant.insert_app(app_name.clone(), AppState::new(spec, BTreeMap::new())), true)
             }
         };
-        if !app.add_version(version.clone(), AppVersion::new(prepared, uploaded.sha256.clone())) {
+        if !app.add_version(version.clone(), AppVersion::new(prepared.clone(), uploaded.sha256.clone())) {
             return Err(ControlError::Conflict(format!("version '{version}' of app '{app_name}' exists")));
         }
         Ok((app, created))
@@ -200,7 +294,7 @@ pub async fn add_app_version(
             tenant.remove_app(&app_name);
         }
     };
-    let (app, _) = change_and_save(state, tenant, add, undo)?;
+    let (app, _) = change_and_save(state, tenant, Some(&uploaded), add, undo).await?;
     tracing::info!(tenant = %tenant.spec().id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
     Ok(app)
 }
@@ -264,20 +358,17 @@ pub async fn add_model(
     }
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
     let model = load_model(state, tenant, &name, &uploaded.sha256, bytes).await?;
-    let add = || {
-        state.store.commit(&uploaded).map_err(|e| internal("storing the model", e))?;
-        match tenant.models.add(name.clone(), model) {
-            true => Ok(()),
-            false => Err(ControlError::Conflict(format!("model '{name}' exists"))),
-        }
+    let add = || match tenant.models.add(name.clone(), model.clone()) {
+        true => Ok(()),
+        false => Err(ControlError::Conflict(format!("model '{name}' exists"))),
     };
-    change_and_save(state, tenant, add, |()| drop(tenant.models.remove(&name)))?;
+    change_and_save(state, tenant, Some(&uploaded), add, |()| drop(tenant.models.remove(&name))).await?;
     tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %uploaded.sha256, "model added");
     Ok(())
 }
 
 /// Replace an app's traffic after checking it, then save.
-pub fn set_traffic(
+pub async fn set_traffic(
     state: &ServingState,
     tenant: &TenantState,
     app: &AppState,
@@ -289,10 +380,10 @@ pub fn set_traffic(
         traffic
             .check(|v| names.contains(v))
             .map_err(|e| ControlError::Invalid(format!("app '{}': {e}", app.spec.name)))?;
-        Ok(app.update_traffic(|current| std::mem::replace(current, traffic)))
+        Ok(app.update_traffic(|current| std::mem::replace(current, traffic.clone())))
     };
     let undo = |previous: &Traffic| app.update_traffic(|current| *current = previous.clone());
-    change_and_save(state, tenant, replace, undo)?;
+    change_and_save(state, tenant, None, replace, undo).await?;
     app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restart();
     Ok(())
 }
@@ -301,7 +392,7 @@ pub fn set_traffic(
 /// on it; it is unloaded when the last one ends (unless another name serves the same
 /// weights), and its blob removed once nothing references it. A model the tenant's
 /// manifest declares is refused (the manifest would bring it back at the next start).
-pub fn delete_model(state: &ServingState, tenant: &TenantState, name: &str) -> Result<ModelName, ControlError> {
+pub async fn delete_model(state: &ServingState, tenant: &TenantState, name: &str) -> Result<ModelName, ControlError> {
     let not_found = || ControlError::NotFound(format!("model '{name}' not found in this tenant"));
     let (name, _) = tenant.models.own(name).ok_or_else(not_found)?;
     if tenant.spec().models.contains_key(&name) {
@@ -313,15 +404,15 @@ pub fn delete_model(state: &ServingState, tenant: &TenantState, name: &str) -> R
     let undo = |model: &Arc<ModelCopy>| {
         tenant.models.add(name.clone(), model.clone());
     };
-    let removed = change_and_save(state, tenant, remove, undo)?;
-    collect_blob(state, &removed.sha256);
+    let removed = change_and_save(state, tenant, None, remove, undo).await?;
+    collect_blob(state, &removed.sha256).await;
     tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %removed.sha256, "model deleted");
     Ok(name)
 }
 
 /// Delete an uploaded version of an app, then save. A version in the app's traffic (stable,
 /// canary or shadow) is refused, naming its role; so is one the manifest declares.
-pub fn delete_version(
+pub async fn delete_version(
     state: &ServingState,
     tenant: &TenantState,
     app: &AppState,
@@ -356,17 +447,18 @@ pub fn delete_version(
     let undo = |removed: &AppVersion| {
         app.add_version(version.clone(), removed.clone());
     };
-    let removed = change_and_save(state, tenant, remove, undo)?;
-    collect_blob(state, &removed.sha256);
+    let removed = change_and_save(state, tenant, None, remove, undo).await?;
+    collect_blob(state, &removed.sha256).await;
     tracing::info!(tenant = %tenant.spec().id, app = %app_name, %version, sha256 = %removed.sha256, "app version deleted");
     Ok(version)
 }
 
 /// Remove a blob no tenant's model or app version references any more. Under the control
 /// lock: uploads store and reference their blobs in one critical section, so a blob is
-/// never removed between being stored and being referenced.
-fn collect_blob(state: &ServingState, sha256: &str) {
-    let _one_writer = state.control_writes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+/// never removed between being stored and being referenced. Only this replica's copy: in a
+/// shared store, another replica may be adding a reference to it right now.
+async fn collect_blob(state: &ServingState, sha256: &str) {
+    let _one_writer = state.control_writes.lock().await;
     let referenced = state.all_tenants().iter().any(|tenant| {
         tenant.models.own_digests().iter().any(|(_, digest)| digest == sha256)
             || tenant.apps().iter().any(|(_, app)| {

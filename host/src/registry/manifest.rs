@@ -58,7 +58,7 @@ pub struct PlatformManifest {
 }
 
 /// A tenant's limits.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Quotas {
     /// Linear memory a guest instance may use.

@@ -4,23 +4,56 @@
 //! place, and the directory synced — so a process killed at any moment leaves the previous
 //! file or the new one, never a torn one. Uploads stream into `tmp/` (cleared at start) and
 //! become blobs only once complete and valid.
+//!
+//! With a shared store (`--store`, replicas), that store holds the control state and the
+//! blobs; the data directory keeps blobs as a local cache (engines load files), filled from
+//! the shared store on first use. [`Store::save_state`] writes the next version of a
+//! tenant's document there, and says [`SaveError::Conflict`] when another replica wrote it
+//! first; [`Store::newer_states`] hands over the versions this replica has not applied.
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
-/// The data directory's registry part.
+use super::shared::{SharedError, SharedStore};
+
+/// The data directory's registry part, and the shared store when replicas share one.
 #[derive(Debug)]
 pub struct Store {
     blobs: PathBuf,
     control: PathBuf,
     tmp: PathBuf,
     next_tmp: AtomicU64,
+    shared: Option<SharedStore>,
+    /// Per tenant, the version of its shared control document this replica serves.
+    applied: Mutex<HashMap<String, u64>>,
+}
+
+/// Why a tenant's control state was not saved.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// Another replica wrote the next version first: apply it, then try again.
+    #[error(transparent)]
+    Conflict(SharedError),
+    #[error(transparent)]
+    Shared(SharedError),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// A tenant's control document newer than the one this replica serves.
+#[derive(Debug)]
+pub struct NewerState {
+    pub tenant: String,
+    pub version: u64,
+    pub document: Vec<u8>,
 }
 
 /// Why an upload stopped.
@@ -93,14 +126,17 @@ impl Drop for Upload {
 }
 
 impl Store {
-    /// Open (creating) the store under `data_dir`; leftovers of interrupted uploads go.
-    pub fn open(data_dir: &Path) -> io::Result<Self> {
+    /// Open (creating) the store under `data_dir`, over `shared` when replicas share one;
+    /// leftovers of interrupted uploads go.
+    pub fn open(data_dir: &Path, shared: Option<SharedStore>) -> io::Result<Self> {
         let root = data_dir.join("registry");
         let store = Self {
             blobs: root.join("blobs").join("sha256"),
             control: root.join("control"),
             tmp: root.join("tmp"),
             next_tmp: AtomicU64::new(0),
+            shared,
+            applied: Mutex::new(HashMap::new()),
         };
         for dir in [&store.blobs, &store.control] {
             fs::create_dir_all(dir)?;
@@ -192,6 +228,92 @@ impl Store {
         sync_dir(&self.control)
     }
 
+    pub fn shared(&self) -> Option<&SharedStore> {
+        self.shared.as_ref()
+    }
+
+    /// Make a complete upload a blob here and, with a shared store, there too (before any
+    /// control document names it).
+    pub async fn publish(&self, uploaded: &Uploaded) -> Result<PathBuf, SaveError> {
+        let path = self.commit(uploaded)?;
+        if let Some(shared) = &self.shared {
+            let bytes = fs::read(&path)?;
+            shared.put_blob(&uploaded.sha256, bytes.into()).await.map_err(SaveError::Shared)?;
+        }
+        Ok(path)
+    }
+
+    /// The local file of a blob, fetched from the shared store into the cache when missing.
+    pub async fn fetch_blob(&self, sha256: &str) -> Result<PathBuf, SaveError> {
+        let path = self.blob_path(sha256);
+        if path.exists() {
+            return Ok(path);
+        }
+        let shared = self.shared.as_ref().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "blob not stored"))?;
+        let bytes = shared.get_blob(sha256).await.map_err(SaveError::Shared)?;
+        let bytes = bytes.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "blob not in the shared store"))?;
+        if hex::encode(Sha256::digest(&bytes)) != sha256 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a shared blob does not match its digest").into());
+        }
+        let temp = self.temp_path("fetch");
+        let written = File::create(&temp).and_then(|mut file| {
+            file.write_all(&bytes)?;
+            file.sync_all()
+        });
+        if let Err(error) = written.and_then(|()| fs::rename(&temp, &path)) {
+            let _ = fs::remove_file(&temp);
+            return Err(error.into());
+        }
+        Ok(path)
+    }
+
+    /// Save a tenant's control state: in the shared store as its next version, else in the
+    /// data directory.
+    pub async fn save_state<T: Serialize>(&self, tenant: &str, state: &T) -> Result<(), SaveError> {
+        let Some(shared) = &self.shared else { return Ok(self.write_state(tenant, state)?) };
+        let document = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
+        let next = self.applied_version(tenant) + 1;
+        match shared.write_control(tenant, next, document.into()).await {
+            Ok(()) => {
+                self.set_applied(tenant, next);
+                Ok(())
+            }
+            Err(conflict @ SharedError::Conflict { .. }) => Err(SaveError::Conflict(conflict)),
+            Err(error) => Err(SaveError::Shared(error)),
+        }
+    }
+
+    /// Tenants' control documents this replica has not applied (all of them the first time);
+    /// after applying one, the caller marks it with [`Store::set_applied`]. Without a shared
+    /// store: the saved states in the data directory, as version 0.
+    pub async fn newer_states(&self) -> Result<Vec<NewerState>, SaveError> {
+        let Some(shared) = &self.shared else {
+            let mut newer = Vec::new();
+            for tenant in self.saved_tenants()? {
+                let path = self.control.join(format!("{tenant}.json"));
+                newer.push(NewerState { document: fs::read(path)?, tenant, version: 0 });
+            }
+            return Ok(newer);
+        };
+        let mut newer = Vec::new();
+        for (tenant, version) in shared.newest_versions().await.map_err(SaveError::Shared)? {
+            if version > self.applied_version(&tenant) {
+                let document = shared.read_control(&tenant, version).await.map_err(SaveError::Shared)?;
+                newer.push(NewerState { tenant, version, document: document.to_vec() });
+            }
+        }
+        Ok(newer)
+    }
+
+    fn applied_version(&self, tenant: &str) -> u64 {
+        self.applied.lock().unwrap_or_else(PoisonError::into_inner).get(tenant).copied().unwrap_or(0)
+    }
+
+    /// Record that this replica serves `version` of a tenant's control document.
+    pub fn set_applied(&self, tenant: &str, version: u64) {
+        self.applied.lock().unwrap_or_else(PoisonError::into_inner).insert(tenant.to_string(), version);
+    }
+
     fn temp_path(&self, kind: &str) -> PathBuf {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         self.tmp.join(format!("{kind}-{}-{n}", std::process::id()))
@@ -210,7 +332,7 @@ mod tests {
     #[test]
     fn uploads_become_content_addressed_blobs() {
         let dir = tempfile::tempdir().expect("tmp");
-        let store = Store::open(dir.path()).expect("opens");
+        let store = Store::open(dir.path(), None).expect("opens");
         let mut upload = store.begin_upload(16).expect("begins");
         upload.write(b"hello ").expect("fits");
         upload.write(b"world").expect("fits");
@@ -224,7 +346,7 @@ mod tests {
     #[test]
     fn an_oversized_or_abandoned_upload_leaves_nothing() {
         let dir = tempfile::tempdir().expect("tmp");
-        let store = Store::open(dir.path()).expect("opens");
+        let store = Store::open(dir.path(), None).expect("opens");
         let mut upload = store.begin_upload(4).expect("begins");
         assert!(matches!(upload.write(b"too long"), Err(UploadError::TooLarge { max: 4 })));
         drop(upload);
@@ -238,13 +360,13 @@ mod tests {
     #[test]
     fn state_round_trips_and_leftovers_are_cleared_on_open() {
         let dir = tempfile::tempdir().expect("tmp");
-        let store = Store::open(dir.path()).expect("opens");
+        let store = Store::open(dir.path(), None).expect("opens");
         assert_eq!(store.read_state::<Vec<u32>>("acme").expect("reads"), None);
         store.write_state("acme", &vec![1u32, 2]).expect("writes");
         store.write_state("acme", &vec![3u32]).expect("replaces");
         assert_eq!(store.read_state::<Vec<u32>>("acme").expect("reads"), Some(vec![3]));
         fs::write(store.tmp.join("upload-crashed"), b"partial").expect("leftover");
-        let reopened = Store::open(dir.path()).expect("reopens");
+        let reopened = Store::open(dir.path(), None).expect("reopens");
         assert_eq!(fs::read_dir(&reopened.tmp).expect("tmp").count(), 0, "an interrupted upload is cleared");
         assert_eq!(reopened.read_state::<Vec<u32>>("acme").expect("reads"), Some(vec![3]));
     }

@@ -39,6 +39,13 @@ impl Traffic {
         Self { stable, canary: None, shadow: None, sticky_header: None }
     }
 
+    /// Whether `version` has a role in the split (stable, canary or shadow).
+    pub fn uses(&self, version: &VersionName) -> bool {
+        self.stable == *version
+            || self.canary.as_ref().is_some_and(|c| c.version == *version)
+            || self.shadow.as_ref().is_some_and(|s| s.version == *version)
+    }
+
     /// Check the split against the app's versions and the weight and sample ranges.
     pub fn check(&self, has_version: impl Fn(&VersionName) -> bool) -> Result<(), String> {
         let known = |version: &VersionName, role: &str| {

@@ -65,6 +65,11 @@ pub struct ServeConfig {
     pub connections: ConnectionSettings,
     pub body_timeouts: BodyTimeouts,
     pub drain: DrainSettings,
+    /// The store replicas share (`file:///dir` or `s3://bucket/prefix`); `None`: the data
+    /// directory alone.
+    pub store: Option<String>,
+    /// How often the shared store is checked for other replicas' changes.
+    pub store_poll: Duration,
 }
 
 /// What happens on SIGTERM (or Ctrl-C): readiness answers 503 at once; the listeners keep
@@ -109,6 +114,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
 
     // Canary analysis: each app's own interval is checked every tick.
     tokio::spawn(analyse_canaries(state.clone(), ANALYSIS_TICK));
+    if config.store.is_some() {
+        tokio::spawn(follow_store(state.clone(), config.store_poll));
+    }
     if config.metrics.is_some() {
         tokio::spawn(export_gauges(state.clone(), GAUGE_EXPORT_TICK));
     }
@@ -257,7 +265,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         turns => turns,
     };
     let turns = crate::tenancy::turns::Turns::new(cpu_turns, config.max_waiting_requests);
-    let store = crate::registry::store::Store::open(&config.data_dir)
+    let shared = config.store.as_deref().map(crate::registry::shared::SharedStore::open).transpose()?;
+    let store = crate::registry::store::Store::open(&config.data_dir, shared)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
     let inventory = crate::nn::inventory::Inventory::probe();
@@ -285,7 +294,13 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     };
     let mut state = ServingState::build(registry, runtime, backends, defaults, turns, store, admin_token).await?;
     state.body_timeouts = config.body_timeouts;
-    crate::control::apply::restore_control(&state).await.context("restoring the saved control state")?;
+    if config.store.is_none() {
+        crate::control::apply::sync_control(&state).await.context("restoring the saved control state")?;
+    } else if let Err(error) = crate::control::apply::sync_control(&state).await {
+        // It serves what its manifests declare meanwhile; ready once the store answers.
+        tracing::error!(%error, "the shared store could not be read; not ready until it can");
+        state.readiness.set_synced(false);
+    }
     Ok(state)
 }
 
@@ -317,11 +332,29 @@ async fn analyse_canaries(state: Arc<ServingState>, tick: Duration) {
                 if due {
                     last_window.insert(key, std::time::Instant::now());
                     if app.analyse()
-                        && let Err(error) = crate::control::apply::save_control(&state, &tenant)
+                        && let Err(error) = crate::control::apply::save_control(&state, &tenant).await
                     {
                         tracing::error!(app = %name, %error, "could not save a rollout decision");
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Apply what other replicas save to the shared store, every `poll`. A store that cannot be
+/// read is logged and counted; the replica serves what it has, and is ready as soon as it has
+/// read the store once.
+async fn follow_store(state: Arc<ServingState>, poll: Duration) {
+    let mut ticker = tokio::time::interval(poll);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match crate::control::apply::sync_control(&state).await {
+            Ok(_) => state.readiness.set_synced(true),
+            Err(error) => {
+                crate::telemetry::metrics::metrics().store_error();
+                tracing::warn!(%error, "the shared store could not be read; serving what this replica has");
             }
         }
     }

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -166,15 +166,21 @@ impl Default for BodyTimeouts {
 }
 
 /// Whether the server takes new work. A drain (SIGTERM) ends it at once, so that load
-/// balancers and Kubernetes stop sending before the listeners close.
+/// balancers and Kubernetes stop sending before the listeners close; a replica of a shared
+/// store is not ready until it has read the store once.
 #[derive(Debug, Default)]
 pub struct Readiness {
     draining: AtomicBool,
+    unsynced: AtomicBool,
 }
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        !self.draining.load(Ordering::Relaxed)
+        !self.draining.load(Ordering::Relaxed) && !self.unsynced.load(Ordering::Relaxed)
+    }
+
+    pub fn set_synced(&self, synced: bool) {
+        self.unsynced.store(!synced, Ordering::Relaxed);
     }
 
     pub fn start_drain(&self) {
@@ -195,7 +201,8 @@ pub struct ServingState {
     /// Blobs and saved control state in the data directory.
     pub store: Store,
     /// Serialises saves of control state, so a later save never loses to an earlier one.
-    pub control_writes: Mutex<()>,
+    /// Held across the shared store's writes and reads (a tokio lock: they are awaited).
+    pub control_writes: tokio::sync::Mutex<()>,
     /// Resident models by weights digest and backend, for models uploaded while serving.
     pub resident: tokio::sync::Mutex<ModelStore>,
     pub backends: Backends,
@@ -339,7 +346,7 @@ impl ServingState {
             turns,
             shadows,
             store,
-            control_writes: Mutex::new(()),
+            control_writes: tokio::sync::Mutex::new(()),
             resident: tokio::sync::Mutex::new(resident),
             backends,
             model_defaults,

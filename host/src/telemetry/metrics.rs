@@ -47,6 +47,7 @@ pub mod names {
     pub const OPEN_CONNECTIONS: &str = "sluice_open_connections";
     pub const DEGRADED_REQUESTS: &str = "sluice_degraded_requests_total";
     pub const REFUSED_CONNECTIONS: &str = "sluice_refused_connections_total";
+    pub const STORE_ERRORS: &str = "sluice_store_errors_total";
 }
 
 /// The protocol a request came in on.
@@ -157,6 +158,7 @@ pub struct Metrics {
     drift_ks: GaugeVec,
     open_connections: IntGauge,
     refused_connections: IntCounterVec,
+    store_errors: IntCounter,
     degraded: IntCounterVec,
 }
 
@@ -212,7 +214,12 @@ impl Metrics {
         let open_connections = IntGauge::new(OPEN_CONNECTIONS, "Client connections open on the HTTP and gRPC ports.")
             .expect("a valid gauge definition");
         registry.register(Box::new(open_connections.clone())).expect("each metric registered once");
+        let store_errors =
+            IntCounter::new(STORE_ERRORS, "Reads of the shared store (replicas following each other) that failed.")
+                .expect("a valid counter definition");
+        registry.register(Box::new(store_errors.clone())).expect("each metric registered once");
         Self {
+            store_errors,
             degraded: counter(
                 &registry,
                 DEGRADED_REQUESTS,
@@ -439,6 +446,11 @@ impl Metrics {
         if self.on() {
             self.degraded.with_label_values(&[tenant, app, reason]).inc();
         }
+    }
+
+    /// A failed read of the shared store.
+    pub fn store_error(&self) {
+        self.store_errors.inc();
     }
 
     /// The connections open now.
