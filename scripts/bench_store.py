@@ -4,17 +4,19 @@ another, and what the store costs on the request path.
 
 Starts moto's S3 server (from `.venv`, where the tests install `moto[server]`) and two replicas
 of the demo tenants on it (`--store s3://...`, `--store-poll-ms POLL`), plus one server without
-a store. Convergence: CHANGES traffic changes of the `digits` app through replica A, each timed
-from A's answer until replica B's control API shows it. Request path: 3000 sequential one-row
-requests to `digits-mlp` on replica B and on the server without a store, alternating blocks of
-500: median latency and server CPU per request (utime + stime from /proc). Standard library
-only; run after `cargo build --release` and one test run.
+a store. Idle first: CPU per second of a replica and of the server without a store over 10 s.
+Then the request path (the three serving the same state): 1,500 sequential one-row
+requests to `digits-mlp` per server, in turns of 500: median latency and server CPU per
+request (utime + stime from /proc). Convergence: CHANGES traffic changes of the `digits` app through replica A, each timed
+from A's answer until replica B's control API shows it (each change at a random point of the
+poll interval). Standard library only; run after `cargo build --release` and one test run.
 
 Usage: python3 scripts/bench_store.py [CHANGES] [POLL_MS]
 """
 
 import glob
 import json
+import random
 import os
 import re
 import socket
@@ -109,11 +111,35 @@ def main():
         alone, base_alone = start_server(library, None, poll_ms, env)
         servers = [a, b, alone]
 
+        # Idle: what following the store costs a replica by itself.
+        time.sleep(2)
+        before = [cpu_seconds(server.pid) for server in (a, alone)]
+        time.sleep(10)
+        idle = [(cpu_seconds(server.pid) - was) * 100 for server, was in zip((a, alone), before)]
+        print(f"### Idle for 10 s: replica A used {idle[0]:.1f} ms of CPU per second, the server without a store "
+              f"{idle[1]:.1f}\n")
+
+        # Measured first, while the three serve the same state.
+        results = {"replica A (--store)": ([], []), "replica B (--store)": ([], []), "without a store": ([], [])}
+        for _ in range(3):
+            for (name, (server, base)) in [("replica A (--store)", (a, base_a)), ("replica B (--store)", (b, base_b)),
+                                           ("without a store", (alone, base_alone))]:
+                requests(server, base, 50)  # warm
+                latencies, cpu = requests(server, base, 500)
+                results[name][0].extend(latencies)
+                results[name][1].append(cpu)
+        print("### Request path: sequential `digits-mlp` requests, 1,500 per server, in turns of 500\n")
+        print("| server | median latency | server CPU per request |\n| --- | --- | --- |")
+        for name, (latencies, cpus) in results.items():
+            print(f"| {name} | {statistics.median(latencies):.0f} µs | {statistics.median(cpus):.0f} µs |")
+        print()
         # Version 2 of digits, so the traffic can move between two versions.
         component = open(f"{ROOT}/target/guests/wasm32-wasip2/release/digits.wasm", "rb").read()
         call(base_a, "/control/v1/apps/digits/versions/2", component, "PUT")
         took = []
         for change in range(changes):
+            # At a random point of the poll interval, as a client's change would come.
+            time.sleep(random.uniform(0, poll_ms / 1000))
             weight = 1 + change % 99
             traffic = {"stable": "1", "canary": {"version": "2", "weight": weight}}
             call(base_a, "/control/v1/apps/digits/traffic", json.dumps(traffic).encode(), "PUT")
@@ -130,18 +156,6 @@ def main():
         print("| p50 | p99 | max |\n| --- | --- | --- |")
         print(f"| {percentile(took, 50):.0f} ms | {percentile(took, 99):.0f} ms | {max(took):.0f} ms |\n")
 
-        results = {"replica with --store": ([], []), "server without a store": ([], [])}
-        for _ in range(3):
-            for (name, (server, base)) in [("replica with --store", (b, base_b)),
-                                           ("server without a store", (alone, base_alone))]:
-                requests(server, base, 50)  # warm
-                latencies, cpu = requests(server, base, 500)
-                results[name][0].extend(latencies)
-                results[name][1].append(cpu)
-        print("### Request path: sequential `digits-mlp` requests, 1,500 each, alternating blocks\n")
-        print("| server | median latency | server CPU per request |\n| --- | --- | --- |")
-        for name, (latencies, cpus) in results.items():
-            print(f"| {name} | {statistics.median(latencies):.0f} µs | {statistics.median(cpus):.0f} µs |")
     finally:
         for server in servers:
             server.terminate()

@@ -22,8 +22,13 @@ pub struct Moto {
 
 impl Moto {
     pub async fn start() -> Self {
-        let python = python_with(&[MOTO]);
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("port").port();
+        Self::start_on(port).await
+    }
+
+    /// A fresh (empty) server on `port`.
+    pub async fn start_on(port: u16) -> Self {
+        let python = python_with(&[MOTO]);
         let child = Command::new(python)
             .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
@@ -213,4 +218,47 @@ async fn replicas_on_one_s3_store_converge_lose_no_update_and_restore_at_start()
     assert_eq!(fresh.infer("digits-mlp", &keys[0], &plain_request()).await.0, 200);
     let (code, answer) = fresh.infer("digits", KEY, &digit).await;
     assert_eq!((code, answer["model_version"].as_str()), (200, Some("2")), "{answer}");
+}
+
+#[tokio::test]
+async fn a_replica_serves_through_a_store_outage_and_one_that_never_read_the_store_is_not_ready() {
+    let moto = Moto::start().await;
+    moto.bucket("fleet").await;
+    let port: u16 = moto.endpoint.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", KEY, "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("acme.toml", &manifest);
+    let serving = replica(tenants.path(), &moto);
+    let ready = async |server: &Server| server.get("/v2/health/ready", None).await.0;
+    assert_eq!(ready(&serving).await, 200);
+
+    // The store goes away: the replica keeps serving and stays ready, and says so.
+    let endpoint = moto.endpoint.clone();
+    drop(moto);
+    until(&serving, "a failed read of the store is counted", async |s: &Server| {
+        s.metric("sluice_store_errors_total").await >= 1.0
+    })
+    .await;
+    assert_eq!(serving.infer("digits-mlp", KEY, &plain_request()).await.0, 200);
+    assert_eq!(ready(&serving).await, 200, "a replica that has read the store stays ready");
+    assert!(serving.log().contains("the shared store could not be read"), "{}", serving.log());
+
+    // A replica started now has never read it: it serves its manifests and is not ready.
+    let stranded = replica(tenants.path(), &Moto { child: dead_child(), endpoint });
+    assert_eq!(ready(&stranded).await, 503);
+    assert_eq!(stranded.infer("digits-mlp", KEY, &plain_request()).await.0, 200);
+
+    // The store comes back (empty, as moto starts): ready within a few polls.
+    let back = Moto::start_on(port).await;
+    back.bucket("fleet").await;
+    until(&stranded, "ready once the store is read", async |s: &Server| s.get("/v2/health/ready", None).await.0 == 200)
+        .await;
+}
+
+/// A child that has exited, for a `Moto` whose server is gone.
+fn dead_child() -> Child {
+    let mut child = Command::new("true").spawn().expect("true");
+    let _ = child.wait();
+    child
 }

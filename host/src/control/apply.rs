@@ -134,8 +134,14 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
 /// every saved state (over what the manifests built), then what other replicas save. A
 /// tenant created through another replica's admin API is created here.
 pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
-    let _one_writer = state.control_writes.lock().await;
+    // Read without the lock (the store may be slow); applied under it, unless a save of this
+    // replica's has moved past the version meanwhile.
     let newer = state.store.newer_states().await.map_err(|e| internal("reading the saved control state", e))?;
+    let _one_writer = state.control_writes.lock().await;
+    let newer: Vec<_> = newer
+        .into_iter()
+        .filter(|saved| saved.version == 0 || saved.version > state.store.applied_version(&saved.tenant))
+        .collect();
     let count = newer.len();
     for saved in newer {
         let id = TenantId::new(&saved.tenant)

@@ -17,14 +17,17 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
 
 /// Versions of a tenant's control document kept behind the newest (a replica reading while
 /// another writes still finds the version it listed).
 pub const KEPT_VERSIONS: u64 = 8;
+
+/// The longest one operation on the store takes, retries included.
+const STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Why the shared store refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +78,14 @@ impl SharedStore {
             if bucket.is_empty() {
                 return Err(SharedError::Url(format!("--store {url}: no bucket")));
             }
-            let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            // A store that does not answer fails a read in seconds, not after object_store's
+            // default three minutes of retries: the replica serves on meanwhile.
+            let retry = RetryConfig { max_retries: 2, retry_timeout: STORE_TIMEOUT, ..RetryConfig::default() };
+            let mut builder = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry)
+                .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "10s")
+                .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout), "3s");
             for (key, value) in s3_settings {
                 let key = key.parse().map_err(|e| SharedError::Url(format!("S3 setting '{key}': {e}")))?;
                 builder = builder.with_config(key, *value);

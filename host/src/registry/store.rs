@@ -305,7 +305,8 @@ impl Store {
         Ok(newer)
     }
 
-    fn applied_version(&self, tenant: &str) -> u64 {
+    /// The version of a tenant's shared control document this replica serves (0: none).
+    pub fn applied_version(&self, tenant: &str) -> u64 {
         self.applied.lock().unwrap_or_else(PoisonError::into_inner).get(tenant).copied().unwrap_or(0)
     }
 
