@@ -49,6 +49,13 @@ fn internal(context: &str, error: impl std::fmt::Display) -> ControlError {
     ControlError::Internal(format!("{context}: {error}"))
 }
 
+/// A failure of the data directory or the shared store: the cause goes to the log, since it
+/// can name the store's endpoint, bucket or paths; the client is told what failed.
+fn store_failure(context: &str, error: impl std::fmt::Display) -> ControlError {
+    tracing::error!(%error, "{context} failed");
+    ControlError::Internal(format!("{context} failed; the server's log has the cause"))
+}
+
 /// How often a change is made again on another replica's newer version before giving up.
 const SAVE_ATTEMPTS: usize = 8;
 
@@ -61,7 +68,7 @@ pub async fn save_control(state: &ServingState, tenant: &TenantState) -> Result<
             catch_up(state, tenant).await?;
             Err(ControlError::Conflict(conflict.to_string()))
         }
-        saved => saved.map_err(|e| internal("saving the control state", e)),
+        saved => saved.map_err(|e| store_failure("saving the control state", e)),
     }
 }
 
@@ -80,7 +87,7 @@ pub(super) async fn change_and_save<T>(
 ) -> Result<T, ControlError> {
     let _one_writer = state.control_writes.lock().await;
     if let Some(uploaded) = publish {
-        state.store.publish(uploaded).await.map_err(|e| internal("storing the upload", e))?;
+        state.store.publish(uploaded).await.map_err(|e| store_failure("storing the upload", e))?;
     }
     for _ in 0..SAVE_ATTEMPTS {
         let changed = change()?;
@@ -93,7 +100,7 @@ pub(super) async fn change_and_save<T>(
             }
             Err(error) => {
                 undo(&changed);
-                return Err(internal("saving the control state", error));
+                return Err(store_failure("saving the control state", error));
             }
         }
     }
@@ -132,11 +139,14 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
 
 /// Apply the versions of tenants' control state this replica does not serve yet: at start
 /// every saved state (over what the manifests built), then what other replicas save. A
-/// tenant created through another replica's admin API is created here.
+/// tenant created through another replica's admin API is created here. A version that
+/// cannot be applied here (a model over this replica's memory, say) is logged and tried
+/// again at the next poll, without holding up the other tenants; only a failure to read the
+/// store, or to restore the data directory's state at start, is an error.
 pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
     // Read without the lock (the store may be slow); applied under it, unless a save of this
     // replica's has moved past the version meanwhile.
-    let newer = state.store.newer_states().await.map_err(|e| internal("reading the saved control state", e))?;
+    let newer = state.store.newer_states().await.map_err(|e| store_failure("reading the saved control state", e))?;
     let _one_writer = state.control_writes.lock().await;
     let newer: Vec<_> = newer
         .into_iter()
@@ -155,9 +165,16 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
                 state.insert_tenant(Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() })
             }
         };
-        apply_saved(state, &tenant, document).await?;
-        state.store.set_applied(id.as_str(), saved.version);
-        tracing::info!(tenant = %id, version = saved.version, "control state applied");
+        match apply_saved(state, &tenant, document).await {
+            Ok(()) => {
+                state.store.set_applied(id.as_str(), saved.version);
+                tracing::info!(tenant = %id, version = saved.version, "control state applied");
+            }
+            Err(error) if saved.version == 0 => return Err(error),
+            Err(error) => {
+                tracing::warn!(tenant = %id, version = saved.version, %error, "a saved control state could not be applied here; trying again")
+            }
+        }
     }
     Ok(count)
 }
@@ -165,7 +182,7 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
 /// After losing a save to another replica: apply the tenant's newest saved version.
 async fn catch_up(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
     let id = tenant.spec().id.clone();
-    let newer = state.store.newer_states().await.map_err(|e| internal("reading the saved control state", e))?;
+    let newer = state.store.newer_states().await.map_err(|e| store_failure("reading the saved control state", e))?;
     for saved in newer.into_iter().filter(|saved| saved.tenant == id.as_str()) {
         let document: TenantControl = serde_json::from_slice(&saved.document)
             .map_err(|e| internal("the saved control state", format!("tenant '{id}': {e}")))?;
@@ -224,7 +241,7 @@ async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantCo
             let bytes = read_blob(state, sha256).await?;
             let path = state.store.blob_path(sha256);
             let prepared = state.runtime.prepare(&path, sha256, &bytes).map_err(|e| {
-                internal("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
+                store_failure("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
             })?;
             app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone()));
         }
@@ -256,8 +273,8 @@ async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantCo
 
 /// A blob's bytes, from the local cache or the shared store.
 async fn read_blob(state: &ServingState, sha256: &str) -> Result<Vec<u8>, ControlError> {
-    let path = state.store.fetch_blob(sha256).await.map_err(|e| internal("reading a stored blob", e))?;
-    std::fs::read(path).map_err(|e| internal("reading a stored blob", e))
+    let path = state.store.fetch_blob(sha256).await.map_err(|e| store_failure("reading a stored blob", e))?;
+    std::fs::read(path).map_err(|e| store_failure("reading a stored blob", e))
 }
 
 /// Make an uploaded component version `version` of `app_name` (creating the app, with

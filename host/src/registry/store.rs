@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use super::shared::{SharedError, SharedStore};
@@ -157,7 +156,8 @@ impl Store {
         fs::metadata(self.blob_path(sha256)).ok().map(|m| m.len())
     }
 
-    pub fn read_blob(&self, sha256: &str) -> io::Result<Vec<u8>> {
+    #[cfg(test)]
+    fn read_blob(&self, sha256: &str) -> io::Result<Vec<u8>> {
         fs::read(self.blob_path(sha256))
     }
 
@@ -187,7 +187,8 @@ impl Store {
     }
 
     /// A tenant's control-plane state, if any was saved.
-    pub fn read_state<T: DeserializeOwned>(&self, tenant: &str) -> io::Result<Option<T>> {
+    #[cfg(test)]
+    fn read_state<T: serde::de::DeserializeOwned>(&self, tenant: &str) -> io::Result<Option<T>> {
         let path = self.control.join(format!("{tenant}.json"));
         match fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
@@ -226,10 +227,6 @@ impl Store {
             return Err(error);
         }
         sync_dir(&self.control)
-    }
-
-    pub fn shared(&self) -> Option<&SharedStore> {
-        self.shared.as_ref()
     }
 
     /// Make a complete upload a blob here and, with a shared store, there too (before any
