@@ -26,8 +26,9 @@ pub fn router(token: Option<&str>, readiness: Arc<Readiness>) -> axum::Router {
         .route("/v2/health/ready", get(move || std::future::ready(readiness_answer(&readiness))))
 }
 
-/// `/v2/health/ready` on either port: 200 while the server takes new work, 503 from the
-/// start of a drain on (a failing probe takes the replica out of the load balancer).
+/// `/v2/health/ready` on either port: 200 while the server takes new work; 503 from the start
+/// of a drain on, or while a replica has never read its shared store (a failing probe takes
+/// the replica out of the load balancer).
 pub fn readiness_answer(readiness: &Readiness) -> Response {
     let ready = readiness.is_ready();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
