@@ -102,7 +102,7 @@ async fn on_s3_one_of_many_concurrent_writers_of_a_version_wins() {
         let stored = store.read_control("acme", sequence).await.expect("reads");
         assert_eq!(stored, Bytes::from(format!("{{\"writer\":{}}}", winners[0])), "the winner's document is stored");
     }
-    assert_eq!(store.newest_versions().await.expect("lists").get("acme"), Some(&3));
+    assert_eq!(store.newest_versions(None).await.expect("lists").get("acme"), Some(&3));
 }
 
 const ADMIN: &str = "test-admin-token-replicas";

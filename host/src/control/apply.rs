@@ -16,7 +16,7 @@ use crate::nn::models::{CapFull, ModelCopy, ModelLoadError};
 use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
 use crate::registry::placement::{OnMissingDevice, Placement};
-use crate::registry::store::{SaveError, Uploaded};
+use crate::registry::store::{NewerState, SaveError, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::traffic::Traffic;
@@ -146,7 +146,8 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
 pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
     // Read without the lock (the store may be slow); applied under it, unless a save of this
     // replica's has moved past the version meanwhile.
-    let newer = state.store.newer_states().await.map_err(|e| store_failure("reading the saved control state", e))?;
+    let newer =
+        state.store.newer_states(None).await.map_err(|e| store_failure("reading the saved control state", e))?;
     let _one_writer = state.control_writes.lock().await;
     let newer: Vec<_> = newer
         .into_iter()
@@ -156,8 +157,7 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
     for saved in newer {
         let id = TenantId::new(&saved.tenant)
             .map_err(|e| internal("the saved control state", format!("tenant '{}': {e}", saved.tenant)))?;
-        let document: TenantControl = serde_json::from_slice(&saved.document)
-            .map_err(|e| internal("the saved control state", format!("tenant '{id}': {e}")))?;
+        let document = parse_saved(&saved)?;
         let tenant = match state.tenant(&id) {
             Some(tenant) => tenant,
             None => {
@@ -182,15 +182,21 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
 /// After losing a save to another replica: apply the tenant's newest saved version.
 async fn catch_up(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
     let id = tenant.spec().id.clone();
-    let newer = state.store.newer_states().await.map_err(|e| store_failure("reading the saved control state", e))?;
-    for saved in newer.into_iter().filter(|saved| saved.tenant == id.as_str()) {
-        let document: TenantControl = serde_json::from_slice(&saved.document)
-            .map_err(|e| internal("the saved control state", format!("tenant '{id}': {e}")))?;
-        let tenant = state.tenant(&id).ok_or_else(|| internal("catching up", format!("tenant '{id}' is gone")))?;
-        apply_saved(state, &tenant, document).await?;
+    let newer = state
+        .store
+        .newer_states(Some(id.as_str()))
+        .await
+        .map_err(|e| store_failure("reading the saved control state", e))?;
+    for saved in newer {
+        apply_saved(state, tenant, parse_saved(&saved)?).await?;
         state.store.set_applied(id.as_str(), saved.version);
     }
     Ok(())
+}
+
+fn parse_saved(saved: &NewerState) -> Result<TenantControl, ControlError> {
+    serde_json::from_slice(&saved.document)
+        .map_err(|e| internal("the saved control state", format!("tenant '{}': {e}", saved.tenant)))
 }
 
 /// Make a tenant serve what a saved document says: its quotas and keys when admin-managed,

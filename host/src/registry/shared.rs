@@ -134,10 +134,11 @@ impl SharedStore {
         }
     }
 
-    /// The newest version of every tenant's control document.
-    pub async fn newest_versions(&self) -> Result<BTreeMap<String, u64>, SharedError> {
+    /// The newest version of every tenant's control document, or of `only` that tenant's.
+    pub async fn newest_versions(&self, only: Option<&str>) -> Result<BTreeMap<String, u64>, SharedError> {
         let root = self.control_root();
-        let listed: Vec<_> = self.objects.list(Some(&root)).try_collect().await.map_err(|e| self.error(e))?;
+        let listing = only.map_or_else(|| root.clone(), |tenant| root.clone().join(tenant));
+        let listed: Vec<_> = self.objects.list(Some(&listing)).try_collect().await.map_err(|e| self.error(e))?;
         let mut newest = BTreeMap::new();
         for meta in listed {
             let Some(parts) = meta.location.prefix_match(&root) else { continue };
@@ -192,14 +193,14 @@ mod tests {
     #[tokio::test]
     async fn a_version_is_written_once_and_the_second_writer_is_told() {
         let (_dir, store) = store();
-        assert!(store.newest_versions().await.expect("lists").is_empty());
+        assert!(store.newest_versions(None).await.expect("lists").is_empty());
         store.write_control("acme", 1, Bytes::from_static(b"{\"a\":1}")).await.expect("first");
         let lost = store.write_control("acme", 1, Bytes::from_static(b"{\"a\":2}")).await;
         assert!(matches!(lost, Err(SharedError::Conflict { sequence: 1, .. })), "{lost:?}");
         assert_eq!(store.read_control("acme", 1).await.expect("reads").as_ref(), b"{\"a\":1}", "the winner stays");
         store.write_control("acme", 2, Bytes::from_static(b"{\"a\":3}")).await.expect("the next version");
         store.write_control("globex", 1, Bytes::from_static(b"{}")).await.expect("another tenant");
-        let newest = store.newest_versions().await.expect("lists");
+        let newest = store.newest_versions(None).await.expect("lists");
         assert_eq!(newest, BTreeMap::from([("acme".to_string(), 2), ("globex".to_string(), 1)]));
     }
 
@@ -211,7 +212,7 @@ mod tests {
         }
         let kept = std::fs::read_dir(dir.path().join("control/acme")).expect("dir").count() as u64;
         assert_eq!(kept, KEPT_VERSIONS, "the newest {KEPT_VERSIONS} versions are kept");
-        assert_eq!(store.newest_versions().await.expect("lists")["acme"], KEPT_VERSIONS + 3);
+        assert_eq!(store.newest_versions(None).await.expect("lists")["acme"], KEPT_VERSIONS + 3);
 
         assert_eq!(store.get_blob("ab12").await.expect("reads"), None);
         store.put_blob("ab12", Bytes::from_static(b"weights")).await.expect("stores");

@@ -280,20 +280,21 @@ impl Store {
         }
     }
 
-    /// Tenants' control documents this replica has not applied (all of them the first time);
-    /// after applying one, the caller marks it with [`Store::set_applied`]. Without a shared
-    /// store: the saved states in the data directory, as version 0.
-    pub async fn newer_states(&self) -> Result<Vec<NewerState>, SaveError> {
+    /// Tenants' control documents this replica has not applied (all of them the first time),
+    /// or `only` that tenant's; after applying one, the caller marks it with
+    /// [`Store::set_applied`]. Without a shared store: the saved states in the data
+    /// directory, as version 0.
+    pub async fn newer_states(&self, only: Option<&str>) -> Result<Vec<NewerState>, SaveError> {
         let Some(shared) = &self.shared else {
             let mut newer = Vec::new();
-            for tenant in self.saved_tenants()? {
+            for tenant in self.saved_tenants()?.into_iter().filter(|t| only.is_none_or(|only| only == t)) {
                 let path = self.control.join(format!("{tenant}.json"));
                 newer.push(NewerState { document: fs::read(path)?, tenant, version: 0 });
             }
             return Ok(newer);
         };
         let mut newer = Vec::new();
-        for (tenant, version) in shared.newest_versions().await.map_err(SaveError::Shared)? {
+        for (tenant, version) in shared.newest_versions(only).await.map_err(SaveError::Shared)? {
             if version > self.applied_version(&tenant) {
                 let document = shared.read_control(&tenant, version).await.map_err(SaveError::Shared)?;
                 newer.push(NewerState { tenant, version, document: document.to_vec() });
