@@ -265,6 +265,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         drain: Default::default(),
         store: None,
         store_poll: Duration::from_secs(1),
+        replica: "local".to_string(),
     };
     let state = match build_state(&config).await {
         Ok(state) => state,

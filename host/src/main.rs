@@ -198,9 +198,15 @@ struct ServeArgs {
     /// directory alone.
     #[arg(long, env = "SLUICE_STORE")]
     store: Option<String>,
-    /// Milliseconds between checks of the shared store for other replicas' changes.
+    /// Milliseconds between checks of the shared store for other replicas' changes; each
+    /// replica publishes its counters as often, and the canary analysis' lease lasts ten.
     #[arg(long, env = "SLUICE_STORE_POLL_MS", default_value_t = 1000)]
     store_poll_ms: u64,
+    /// This replica's name in the shared store (unique among the replicas; a replica that
+    /// restarts under its name takes up its own counts). Default: the host name and the
+    /// process id with `--store`, `local` without.
+    #[arg(long, env = "SLUICE_REPLICA")]
+    replica: Option<String>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SLUICE_LOG_JSON")]
     log_json: bool,
@@ -265,6 +271,7 @@ fn main() -> anyhow::Result<()> {
                     grace: Duration::from_secs(args.drain_grace_s),
                     timeout: Duration::from_secs(args.drain_timeout_s),
                 },
+                replica: args.replica.unwrap_or_else(|| default_replica_name(args.store.is_some())),
                 store: args.store,
                 store_poll: Duration::from_millis(args.store_poll_ms.max(10)),
             };
@@ -385,4 +392,19 @@ fn parse_model_memory(value: &str) -> Result<ModelMemory, String> {
         }
     }
     Ok(ModelMemory(budgets))
+}
+
+/// `local` for a lone server; with a shared store, the host name (a Kubernetes pod's name)
+/// and the process id, so that replicas on one machine differ.
+fn default_replica_name(shared: bool) -> String {
+    if !shared {
+        return "local".to_string();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.')).collect())
+        .filter(|name: &String| !name.is_empty() && !name.starts_with('.'))
+        .unwrap_or_else(|| "replica".to_string());
+    format!("{host}-{}", std::process::id())
 }

@@ -157,3 +157,56 @@ async fn the_canary_analysis_waits_instead_of_promoting_while_the_budget_is_spen
 async fn send_post(server: &Server, path: &str) -> (u16, Value) {
     server.send(reqwest::Method::POST, path, KEY, Vec::new()).await
 }
+
+/// A lone server killed (SIGKILL) and started again on its data directory keeps its error
+/// budget's counts and its drift reference: both live in the data directory's store.
+#[tokio::test]
+async fn a_killed_server_restarts_with_its_error_budget_and_drift_reference() {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += "[models.digits-mlp.drift]\nsample_rate = 1.0\nmax_samples_per_second = 100000\nreference_rows = 8\nwindow_rows = 8\n\n";
+    acme += &app_entry("hostile", &guest("hostile_guest"));
+    acme += "[apps.hostile.slo]\navailability = 0.99\n";
+    tenants.write("acme.toml", &acme);
+    let data = tempfile::tempdir().expect("data directory");
+    let server = Server::start_in(tenants.path(), data.path(), &["--store-poll-ms", "100"]).expect("starts");
+    half_failing_traffic(&server).await;
+    let rows = |n: usize| {
+        let data: Vec<f32> =
+            heldout_digits().iter().take(n).flat_map(|(p, _)| p.iter().map(|&v| f32::from(v) / 255.0)).collect();
+        json!({ "inputs": [{ "name": "X", "shape": [n, 64], "datatype": "FP32", "data": data }] })
+    };
+    assert_eq!(server.infer("digits-mlp", KEY, &rows(10)).await.0, 200);
+    let budget = async |server: &Server| {
+        let (_, status) = server.get("/control/v1/apps/hostile", Some(KEY)).await;
+        (status["slo"][0]["requests"].as_u64(), status["slo"][0]["bad"].as_u64())
+    };
+    assert_eq!(budget(&server).await, (Some(20), Some(10)));
+    // A few rounds of the store: the counts and the completed reference are written.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(server);
+
+    let server = Server::start_in(tenants.path(), data.path(), &["--store-poll-ms", "100"]).expect("restarts");
+    let started = Instant::now();
+    while budget(&server).await != (Some(20), Some(10)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the budget's counts were lost: {:?}",
+            budget(&server).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // New rows would start a new reference; three calls of two rows cannot fill one of
+    // eight, so a full reference after them is the stored one, taken up.
+    let mut report = Value::Null;
+    for _ in 0..3 {
+        assert_eq!(server.infer("digits-mlp", KEY, &rows(2)).await.0, 200);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        report = server.get("/v2/models/digits-mlp/drift", Some(KEY)).await.1;
+        if report["reference_rows"] == 8 && report["status"] == "ready" {
+            return;
+        }
+    }
+    panic!("the drift reference was lost: {report}");
+}

@@ -262,3 +262,190 @@ fn dead_child() -> Child {
     let _ = child.wait();
     child
 }
+
+/// A canary app analysed across replicas, with an SLO, beside a model whose drift is tracked.
+fn fleet_manifest() -> String {
+    let mut manifest = tenant_header("acme", KEY, "max_concurrent_requests = 64");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    manifest += "[models.digits-mlp.drift]\nsample_rate = 1.0\nmax_samples_per_second = 100000\n\
+                 reference_rows = 20\nwindow_rows = 20\n\n";
+    // Both versions are the same component: only the request counts move the canary.
+    manifest += &format!(
+        "[apps.hostile]\nstable = \"1\"\nversions.\"1\".component = \"{0}\"\nversions.\"2\".component = \"{0}\"\n\
+         [apps.hostile.traffic]\ncanary = {{ version = \"2\", weight = 50 }}\n\
+         [apps.hostile.analysis]\ninterval_ms = 300\nmin_requests = 20\nsteps = [50, 60, 70, 80, 90, 100]\n\
+         max_error_rate_increase = 1.0\nmax_p99_ratio = 1000\n\
+         [apps.hostile.slo]\navailability = 0.99\nlatency_ms = 1000\n",
+        guest("hostile_guest").display()
+    );
+    manifest
+}
+
+fn echo() -> serde_json::Value {
+    serde_json::json!({ "inputs": [{ "name": "x", "shape": [1], "datatype": "INT32", "data": [1] }], "parameters": { "mode": "echo" } })
+}
+
+/// The index of the replica holding the analysis lease, once one does (the one that
+/// announced it last).
+async fn lease_holder(replicas: &[Server]) -> usize {
+    let started = Instant::now();
+    loop {
+        let holders: Vec<usize> = (0..replicas.len())
+            .filter(|&i| {
+                let log = replicas[i].log();
+                let took = log.rfind("holds the analysis lease");
+                took.is_some() && took > log.rfind("no longer holds the analysis lease")
+            })
+            .collect();
+        if let [holder] = holders.as_slice() {
+            return *holder;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "no single lease holder: {holders:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The app's status (traffic, events, SLO) as `server` reports it.
+async fn hostile_status(server: &Server) -> serde_json::Value {
+    let (code, status) = server.get("/control/v1/apps/hostile", Some(KEY)).await;
+    assert_eq!(code, 200, "{status}");
+    status
+}
+
+fn decisions_after(status: &serde_json::Value, unix_ms: u64) -> Vec<serde_json::Value> {
+    let events = status["events"].as_array().cloned().unwrap_or_default();
+    events.into_iter().filter(|e| e["action"] != "wait" && e["unix_ms"].as_u64() > Some(unix_ms)).collect()
+}
+
+/// Send echo requests to `targets` in turn until `done` holds on `watch` (20 s at most).
+async fn traffic_until(targets: &[&Server], watch: &Server, what: &str, done: impl Fn(&serde_json::Value) -> bool) {
+    let started = Instant::now();
+    let request = echo();
+    loop {
+        for target in targets {
+            let round = (0..10).map(|_| target.infer("hostile", KEY, &request));
+            for (code, body) in futures::future::join_all(round).await {
+                assert_eq!(code, 200, "{body}");
+            }
+        }
+        let status = hostile_status(watch).await;
+        if done(&status) {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{what} never held: {status}");
+    }
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
+}
+
+#[tokio::test]
+async fn the_lease_holder_analyses_every_replicas_traffic_and_a_killed_one_is_replaced_and_nothing_is_lost() {
+    let moto = Moto::start().await;
+    moto.bucket("fleet").await;
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &fleet_manifest());
+    let mut replicas: Vec<Server> = (0..3).map(|_| replica(tenants.path(), &moto)).collect();
+    let holder = lease_holder(&replicas).await;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != holder).collect();
+
+    // Traffic to the two followers only: the holder, which got none, promotes the canary on
+    // their counts, and the followers show its decision.
+    let started = unix_ms_now();
+    let targets = [&replicas[followers[0]], &replicas[followers[1]]];
+    traffic_until(&targets, targets[0], "a promotion on the followers' traffic", |status| {
+        !decisions_after(status, started).is_empty()
+    })
+    .await;
+    until(targets[1], "the other follower shows the decision", async |s: &Server| {
+        !decisions_after(&hostile_status(s).await, started).is_empty()
+    })
+    .await;
+    let first = decisions_after(&hostile_status(targets[1]).await, started)[0].clone();
+    assert_eq!((first["action"].as_str(), first["weight_after"].as_f64()), (Some("promote"), Some(60.0)), "{first}");
+    assert!(first["canary"]["requests"].as_u64() >= Some(20), "{first}");
+
+    // The holder is killed mid-traffic: a follower takes the lease within two lease periods
+    // (2 s each at a 200 ms poll) and the analysis goes on to completion.
+    let killed_at = unix_ms_now();
+    let stopped = Instant::now();
+    let load = {
+        let targets: Vec<String> = followers.iter().map(|&i| replicas[i].base.clone()).collect();
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let mut answered = 0;
+            while stopped.elapsed() < Duration::from_secs(5) {
+                for base in &targets {
+                    let sent =
+                        client.post(format!("{base}/v2/models/hostile/infer")).bearer_auth(KEY).json(&echo()).send();
+                    answered += usize::from(sent.await.is_ok_and(|r| r.status() == 200));
+                }
+            }
+            answered
+        })
+    };
+    drop(replicas.remove(holder));
+    let survivors: Vec<Server> = replicas;
+    let new_holder = lease_holder(&survivors).await;
+    let took_over = stopped.elapsed();
+    println!("the lease moved in {took_over:?}");
+    assert!(took_over < Duration::from_secs(4) + Duration::from_millis(500), "took {took_over:?}");
+    assert!(load.await.expect("joins") > 0, "the survivors served throughout");
+    let other = 1 - new_holder;
+    let both = [&survivors[0], &survivors[1]];
+    traffic_until(&both, &survivors[other], "completion after the takeover", |status| status["stable"] == "2").await;
+    until(&survivors[other], "the new holder's completion shows", async |s: &Server| {
+        decisions_after(&hostile_status(s).await, killed_at).iter().any(|e| e["action"] == "complete")
+    })
+    .await;
+
+    // SLO counts and the drift reference, then every replica gone: a fresh one restores both.
+    let trap = serde_json::json!({ "inputs": [], "parameters": { "mode": "trap" } });
+    for _ in 0..5 {
+        assert_eq!(survivors[other].infer("hostile", KEY, &trap).await.0, 500);
+    }
+    let rows: Vec<f32> =
+        heldout_digits().iter().take(25).flat_map(|(p, _)| p.iter().map(|&v| f32::from(v) / 255.0)).collect();
+    let drift_rows =
+        serde_json::json!({ "inputs": [{ "name": "X", "shape": [25, 64], "datatype": "FP32", "data": rows }] });
+    assert_eq!(survivors[other].infer("digits-mlp", KEY, &drift_rows).await.0, 200);
+    let slo_of = |status: &serde_json::Value| (status["slo"][0]["requests"].as_u64(), status["slo"][0]["bad"].as_u64());
+    // Both survivors agree on the fleet's counts once the holder has read both.
+    until(&survivors[new_holder], "the survivors agree on the SLO counts", async |s: &Server| {
+        let (mine, theirs) = (slo_of(&hostile_status(s).await), slo_of(&hostile_status(&survivors[other]).await));
+        mine == theirs && mine.1 == Some(5)
+    })
+    .await;
+    let agreed = slo_of(&hostile_status(&survivors[new_holder]).await);
+    assert!(agreed.0 > Some(100), "every replica's requests count: {agreed:?}");
+    until(&survivors[other], "the drift reference is complete", async |s: &Server| {
+        s.get("/v2/models/digits-mlp/drift", Some(KEY)).await.1["status"] == "ready"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    drop(survivors);
+
+    let fresh = replica(tenants.path(), &moto);
+    until(&fresh, "the SLO counts are restored", async |s: &Server| slo_of(&hostile_status(s).await) == agreed).await;
+    // Five rows would be a reference of five, still collecting; the stored one has twenty.
+    let rows: Vec<f32> =
+        heldout_digits().iter().take(5).flat_map(|(p, _)| p.iter().map(|&v| f32::from(v) / 255.0)).collect();
+    let five_rows =
+        serde_json::json!({ "inputs": [{ "name": "X", "shape": [5, 64], "datatype": "FP32", "data": rows }] });
+    // Three calls of five rows cannot fill a reference of twenty: a full one is the stored one.
+    let mut report = serde_json::Value::Null;
+    for _ in 0..3 {
+        assert_eq!(fresh.infer("digits-mlp", KEY, &five_rows).await.0, 200);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        report = fresh.get("/v2/models/digits-mlp/drift", Some(KEY)).await.1;
+        if report["reference_rows"] == 20 && report["status"] == "ready" {
+            break;
+        }
+    }
+    assert!(report["reference_rows"] == 20 && report["status"] == "ready", "the drift reference was lost: {report}");
+    until(&fresh, "the analysis' events are restored", async |s: &Server| {
+        decisions_after(&hostile_status(s).await, 0).iter().any(|e| e["action"] == "complete")
+    })
+    .await;
+}

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod apply;
+pub mod cluster;
 mod error;
 
 pub use error::ControlError;

@@ -435,6 +435,11 @@ impl SloManifest {
         let target = |t: f64| t > 0.0 && t < 1.0;
         target(self.availability) && target(self.latency_target) && (1..=90).contains(&self.window_days)
     }
+
+    /// Minutes the window spans.
+    pub fn window_minutes(&self) -> u32 {
+        self.window_days.saturating_mul(24 * 60)
+    }
 }
 
 /// `[apps.X.analysis]`: every `interval_ms`, the canary's window is compared with stable's.

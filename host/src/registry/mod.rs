@@ -6,6 +6,7 @@
 //! bytes of every model and component. Imports only `tensor`.
 
 pub mod ids;
+pub mod lease;
 pub mod manifest;
 pub mod placement;
 pub mod shared;

@@ -40,6 +40,17 @@ pub enum SharedError {
     Store { location: String, source: object_store::Error },
     #[error("the shared store ({location}): {path}: {message}")]
     Invalid { location: String, path: String, message: String },
+    #[error("'{key}' was created through another replica first")]
+    Exists { key: String },
+}
+
+/// An object found by [`SharedStore::list`]: its key below the store's root and what tells
+/// one version of it from the next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    pub e_tag: Option<String>,
+    pub last_modified_unix_ms: u64,
 }
 
 /// An opened shared store.
@@ -114,6 +125,63 @@ impl SharedStore {
 
     fn control_path(&self, tenant: &str, sequence: u64) -> ObjectPath {
         self.control_root().join(tenant).join(format!("{sequence:020}.json").as_str())
+    }
+
+    fn key_path(&self, key: &str) -> ObjectPath {
+        key.split('/').fold(self.root.clone(), |path, part| path.join(part))
+    }
+
+    /// Write (or replace) the object at `key`, a `/`-separated path below the store's root
+    /// whose parts are ids the server validated. Returns its entity tag, where the store
+    /// gives one.
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<Option<String>, SharedError> {
+        let written = self.objects.put(&self.key_path(key), PutPayload::from(bytes)).await;
+        written.map(|result| result.e_tag).map_err(|e| self.error(e))
+    }
+
+    /// Write the object at `key` only if there is none: [`SharedError::Exists`] otherwise.
+    pub async fn create(&self, key: &str, bytes: Bytes) -> Result<Option<String>, SharedError> {
+        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.objects.put_opts(&self.key_path(key), PutPayload::from(bytes), options).await {
+            Ok(result) => Ok(result.e_tag),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(SharedError::Exists { key: key.to_string() }),
+            Err(source) => Err(self.error(source)),
+        }
+    }
+
+    /// The object at `key`, or `None` when there is none.
+    pub async fn get(&self, key: &str) -> Result<Option<Bytes>, SharedError> {
+        match self.objects.get(&self.key_path(key)).await {
+            Ok(found) => found.bytes().await.map(Some).map_err(|e| self.error(e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(source) => Err(self.error(source)),
+        }
+    }
+
+    /// Every object below `prefix`, with keys relative to the store's root.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<Listed>, SharedError> {
+        let listed: Vec<_> =
+            self.objects.list(Some(&self.key_path(prefix))).try_collect().await.map_err(|e| self.error(e))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|meta| {
+                let parts: Vec<String> =
+                    meta.location.prefix_match(&self.root)?.map(|p| p.as_ref().to_string()).collect();
+                Some(Listed {
+                    key: parts.join("/"),
+                    e_tag: meta.e_tag,
+                    last_modified_unix_ms: u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0),
+                })
+            })
+            .collect())
+    }
+
+    /// Delete the object at `key`; one already gone is no error.
+    pub async fn delete(&self, key: &str) -> Result<(), SharedError> {
+        match self.objects.delete(&self.key_path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => Err(self.error(source)),
+        }
     }
 
     /// Store a blob under its digest; one that is there already stays (same digest, same bytes).

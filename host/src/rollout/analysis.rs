@@ -6,10 +6,13 @@
 //!
 //! [`decide`] is a pure function of the settings and the two windows; `AppState::analyse`
 //! closes one app's window and applies the decision (the serving loop calls it every tick).
+//! With replicas, one of them analyses (the holder of a lease) and a window holds every
+//! replica's requests: each publishes its counters, and the window is the sum of what each
+//! counted since the window opened ([`ReplicaCounters`]).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::traffic::Traffic;
 use crate::registry::manifest::Analysis;
@@ -32,7 +35,7 @@ pub enum Decision {
 }
 
 /// One window's numbers for one version.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct WindowFigures {
     pub requests: u64,
     pub errors: u64,
@@ -52,10 +55,10 @@ impl From<&VersionSnapshot> for WindowFigures {
 }
 
 /// A decision as the API reports it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub unix_ms: u64,
-    pub action: &'static str,
+    pub action: String,
     pub canary_version: String,
     pub weight_before: f64,
     pub weight_after: f64,
@@ -121,18 +124,74 @@ pub(super) fn apply(traffic: &mut Traffic, decision: &Decision) -> f64 {
     }
 }
 
+/// Another replica's counters of one app's versions, as it published them: cumulative since
+/// it started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaCounters {
+    pub replica: String,
+    pub started_unix_ms: u64,
+    pub versions: BTreeMap<String, VersionSnapshot>,
+}
+
+/// The replica key of this replica's own counters in a window.
+pub(super) const THIS_REPLICA: &str = "";
+
+/// An open window: when it opened and each replica's (canary, stable) counters then.
+#[derive(Debug, Default)]
+pub(super) struct Window {
+    pub(super) opened_unix_ms: u64,
+    pub(super) starts: HashMap<String, (VersionSnapshot, VersionSnapshot)>,
+}
+
+impl Window {
+    /// What the replicas counted since the window opened, summed: (canary, stable). A
+    /// replica seen for the first time counts from zero if it started after the window
+    /// opened, else from now.
+    pub(super) fn since_opened(
+        &mut self,
+        now: &[(String, u64, (VersionSnapshot, VersionSnapshot))],
+    ) -> (VersionSnapshot, VersionSnapshot) {
+        let mut sum = (VersionSnapshot::default(), VersionSnapshot::default());
+        for (replica, started_unix_ms, counters) in now {
+            let opened = self.opened_unix_ms;
+            let start = self
+                .starts
+                .entry(replica.clone())
+                .or_insert_with(|| if *started_unix_ms >= opened { Default::default() } else { *counters });
+            sum.0 = sum.0.plus(&counters.0.since(&start.0));
+            sum.1 = sum.1.plus(&counters.1.since(&start.1));
+        }
+        sum
+    }
+}
+
 /// Per-app analysis state kept between windows.
 #[derive(Debug, Default)]
 pub struct AnalysisState {
-    /// Snapshots at the start of the current window: (canary, stable).
-    pub(super) window_start: Option<(VersionSnapshot, VersionSnapshot)>,
+    pub(super) window: Option<Window>,
     pub events: VecDeque<Event>,
+    /// Events recorded so far (what tells the store that there are new ones).
+    pub events_recorded: u64,
 }
 
 impl AnalysisState {
-    /// Start over at the next interval (the traffic was changed by hand).
+    /// Start over at the next interval (the traffic was changed by hand, or another replica
+    /// analyses).
     pub fn restart(&mut self) {
-        self.window_start = None;
+        self.window = None;
+    }
+
+    pub(super) fn record(&mut self, event: Event) {
+        if self.events.len() == EVENTS_KEPT {
+            self.events.pop_front();
+        }
+        self.events.push_back(event);
+        self.events_recorded += 1;
+    }
+
+    /// The events of the replica that analyses, in place of this one's.
+    pub fn replace_events(&mut self, events: Vec<Event>) {
+        self.events = events.into_iter().rev().take(EVENTS_KEPT).rev().collect();
     }
 }
 
@@ -186,6 +245,23 @@ mod tests {
         let decision = decide(&settings(), 25.0, &window(200, 0, Duration::from_millis(40)), &window(200, 0, FAST));
         let Decision::Rollback { reason } = decision else { panic!("{decision:?}") };
         assert!(reason.contains("canary p99 50 ms exceeds 1.5x stable's 2.5 ms"), "{reason}");
+    }
+
+    #[test]
+    fn a_window_sums_every_replicas_counts_since_it_opened() {
+        let counts = |requests, errors| (window(requests, errors, FAST), window(requests, 0, FAST));
+        let mut open = Window { opened_unix_ms: 1_000, starts: HashMap::new() };
+        // At the start: this replica at 10, replica a (started before) at 50.
+        let at_start = [(THIS_REPLICA.to_string(), 0, counts(10, 0)), ("a".to_string(), 500, counts(50, 0))];
+        assert_eq!(open.since_opened(&at_start).0.requests, 0);
+        // Later: this replica at 30, a at 80 with 3 errors, b (started after) at 7.
+        let later = [
+            (THIS_REPLICA.to_string(), 0, counts(30, 0)),
+            ("a".to_string(), 500, counts(80, 3)),
+            ("b".to_string(), 2_000, counts(7, 1)),
+        ];
+        let (canary, stable) = open.since_opened(&later);
+        assert_eq!((canary.requests, canary.errors, stable.requests), (20 + 30 + 7, 4, 57));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use super::analysis::{self, AnalysisState, Decision, EVENTS_KEPT, Event, WindowFigures};
+use super::analysis::{self, AnalysisState, Decision, Event, ReplicaCounters, THIS_REPLICA, Window, WindowFigures};
 use super::shadow::ShadowStats;
 use super::traffic::Traffic;
 use crate::registry::AppSpec;
@@ -14,7 +14,7 @@ use crate::registry::ids::VersionName;
 use crate::runtime::Prepared;
 use crate::telemetry::slo::AppSlo;
 use crate::telemetry::stats::Counters;
-use crate::telemetry::versions::VersionStats;
+use crate::telemetry::versions::{VersionSnapshot, VersionStats};
 
 /// A pinned version the app does not have (the message names the versions it has).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -115,22 +115,40 @@ impl AppState {
         })
     }
 
-    /// Close one app's window and act on it; `true` if the traffic changed.
-    pub fn analyse(&self) -> bool {
+    /// This replica's counters of each of its versions, for the store.
+    pub fn version_counters(&self) -> BTreeMap<String, VersionSnapshot> {
+        let versions = self.versions.read().unwrap_or_else(PoisonError::into_inner);
+        versions.iter().map(|(name, version)| (name.to_string(), version.stats.snapshot())).collect()
+    }
+
+    /// Close one app's window and act on it; `true` if the traffic changed. `others`: what
+    /// the other replicas counted of this app (empty for a lone server).
+    pub fn analyse(&self, others: &[ReplicaCounters]) -> bool {
         let traffic = self.traffic();
-        let mut window = self.analysis.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.analysis.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(canary) = traffic.canary.clone() else {
-            window.window_start = None;
+            state.window = None;
             return false;
         };
         let snapshot = |version| self.version(version).map(|v| v.stats.snapshot()).unwrap_or_default();
-        let now = (snapshot(&canary.version), snapshot(&traffic.stable));
+        let of = |versions: &BTreeMap<String, VersionSnapshot>, version: &VersionName| {
+            versions.get(version.as_str()).copied().unwrap_or_default()
+        };
+        let mut now = vec![(THIS_REPLICA.to_string(), 0, (snapshot(&canary.version), snapshot(&traffic.stable)))];
+        now.extend(others.iter().map(|other| {
+            let counters = (of(&other.versions, &canary.version), of(&other.versions, &traffic.stable));
+            (other.replica.clone(), other.started_unix_ms, counters)
+        }));
+        let open_window = |now: &[(String, u64, _)]| Window {
+            opened_unix_ms: crate::registry::lease::unix_ms(),
+            starts: now.iter().map(|(replica, _, counters)| (replica.clone(), *counters)).collect(),
+        };
         // A window accumulates while the analysis waits for data; a decision starts a new one.
-        let Some((canary_start, stable_start)) = window.window_start else {
-            window.window_start = Some(now);
+        let Some(window) = state.window.as_mut() else {
+            state.window = Some(open_window(&now));
             return false;
         };
-        let (canary_window, stable_window) = (now.0.since(&canary_start), now.1.since(&stable_start));
+        let (canary_window, stable_window) = window.since_opened(&now);
         let mut decision = analysis::decide(&self.spec.analysis, canary.weight, &canary_window, &stable_window);
         if matches!(decision, Decision::Promote { .. } | Decision::Complete)
             && let Some(reason) = self.slo.as_ref().and_then(|slo| slo.blocks_promotion())
@@ -152,24 +170,18 @@ impl AppState {
         };
         if action != "wait" {
             tracing::info!(app = %self.spec.name, canary = %canary.version, action, %reason, "rollout decision");
-            window.window_start = Some(now);
+            state.window = Some(open_window(&now));
         }
-        let event = Event {
-            unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            action,
+        state.record(Event {
+            unix_ms: crate::registry::lease::unix_ms(),
+            action: action.to_string(),
             canary_version: canary.version.to_string(),
             weight_before: canary.weight,
             weight_after,
             reason,
             canary: WindowFigures::from(&canary_window),
             stable: WindowFigures::from(&stable_window),
-        };
-        if window.events.len() == EVENTS_KEPT {
-            window.events.pop_front();
-        }
-        window.events.push_back(event);
+        });
         action != "wait"
     }
 }

@@ -16,12 +16,14 @@ use tokio::net::TcpListener;
 pub use crate::state::BodyTimeouts;
 use crate::state::ServingState;
 
+use crate::control::cluster::Cluster;
 use crate::nn::backend::Backends;
 use crate::nn::backend::{self, BackendKind, BackendSettings};
 use crate::nn::devices::Devices;
 use crate::nn::models::ModelDefaults;
 use crate::registry::Registry;
 use crate::registry::placement::DeviceId;
+use crate::registry::shared::SharedStore;
 use crate::runtime::{Runtime, RuntimeSettings};
 use listen::{ConnectionLimits, ConnectionSettings};
 
@@ -68,8 +70,11 @@ pub struct ServeConfig {
     /// The store replicas share (`file:///dir` or `s3://bucket/prefix`); `None`: the data
     /// directory alone.
     pub store: Option<String>,
-    /// How often the shared store is checked for other replicas' changes.
+    /// How often the shared store is checked for other replicas' changes (and this
+    /// replica's counters published).
     pub store_poll: Duration,
+    /// This replica's name in the store.
+    pub replica: String,
 }
 
 /// What happens on SIGTERM (or Ctrl-C): readiness answers 503 at once; the listeners keep
@@ -112,8 +117,12 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     }
     println!("grpc listening on {grpc_address}");
 
-    // Canary analysis: each app's own interval is checked every tick.
-    tokio::spawn(analyse_canaries(state.clone(), ANALYSIS_TICK));
+    // Shared decisions: counters, SLO minutes and drift references through the store (the
+    // data directory's for a lone server); the canary analysis where this replica holds the
+    // lease, each app's own interval checked every tick.
+    let cluster = Arc::new(Cluster::new(telemetry_store(&config)?, &config.replica, config.store_poll));
+    tokio::spawn(cluster.clone().run(state.clone(), config.store_poll));
+    tokio::spawn(analyse_canaries(state.clone(), cluster, ANALYSIS_TICK));
     if config.store.is_some() {
         tokio::spawn(follow_store(state.clone(), config.store_poll));
     }
@@ -265,7 +274,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         turns => turns,
     };
     let turns = crate::tenancy::turns::Turns::new(cpu_turns, config.max_waiting_requests);
-    let shared = config.store.as_deref().map(crate::registry::shared::SharedStore::open).transpose()?;
+    let shared = config.store.as_deref().map(SharedStore::open).transpose()?;
     let store = crate::registry::store::Store::open(&config.data_dir, shared)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
@@ -317,21 +326,43 @@ fn runs_on_webgpu(backends: &Backends) -> Result<(), String> {
     Err(why.unwrap_or_else(|| "no engine runs on a WebGPU adapter".to_string()))
 }
 
-/// Analyse every app with a canary whose interval has passed; run until the process ends.
-async fn analyse_canaries(state: Arc<ServingState>, tick: Duration) {
+/// The store of the fleet's counts: the shared one, or the data directory.
+fn telemetry_store(config: &ServeConfig) -> anyhow::Result<SharedStore> {
+    crate::control::cluster::check_replica_name(&config.replica).map_err(|why| anyhow::anyhow!("--replica: {why}"))?;
+    let url = match &config.store {
+        Some(url) => url.clone(),
+        None => {
+            let dir = std::fs::canonicalize(&config.data_dir)
+                .with_context(|| format!("cannot open the data directory {}", config.data_dir.display()))?;
+            format!("file://{}", dir.display())
+        }
+    };
+    Ok(SharedStore::open(&url)?)
+}
+
+/// Analyse every app with a canary whose interval has passed, while this replica holds the
+/// analysis lease; run until the process ends.
+async fn analyse_canaries(state: Arc<ServingState>, cluster: Arc<Cluster>, tick: Duration) {
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_window: std::collections::HashMap<(String, String), std::time::Instant> = Default::default();
     loop {
         ticker.tick().await;
+        let leader = cluster.is_leader();
         for tenant in state.all_tenants() {
             let tenant_id = tenant.spec().id.clone();
             for (name, app) in tenant.apps() {
+                if !leader {
+                    // The holder analyses; this replica opens a fresh window if it takes over.
+                    app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).restart();
+                    continue;
+                }
                 let key = (tenant_id.to_string(), name.to_string());
                 let due = last_window.get(&key).is_none_or(|at| at.elapsed() >= app.spec.analysis.interval());
                 if due {
                     last_window.insert(key, std::time::Instant::now());
-                    if app.analyse()
+                    let others = cluster.counters_of(tenant_id.as_str(), name.as_str());
+                    if app.analyse(&others)
                         && let Err(error) = crate::control::apply::save_control(&state, &tenant).await
                     {
                         tracing::error!(app = %name, %error, "could not save a rollout decision");

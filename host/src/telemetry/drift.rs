@@ -13,13 +13,16 @@
 //! for continuous features, one bin per class for categorical ones) and, for continuous
 //! features, the two-sample Kolmogorov–Smirnov statistic. PSI at or above `psi_moderate`
 //! (0.1) is moderate drift, at or above `psi_significant` (0.25) significant.
+//!
+//! A complete reference is kept in the store ([`StoredReference`], written by
+//! `control::cluster`), so a restarted server, and every replica, compares with the same one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::registry::manifest::Drift as DriftSettings;
 use crate::tensor::Tensor;
@@ -40,7 +43,7 @@ pub const MAX_SAMPLE_BYTES: usize = 1 << 20;
 /// How often the drift thread takes in what is waiting.
 const DRAIN_EVERY: Duration = Duration::from_millis(50);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     Continuous,
@@ -82,6 +85,73 @@ pub struct DriftState {
     rows_observed: u64,
     /// The reference is a baseline the tenant set, not the first rows seen.
     baseline: bool,
+    /// Changes each time the reference becomes complete or is replaced.
+    generation: u64,
+}
+
+/// A complete reference, as the store keeps it: a JSON line naming the features, then every
+/// feature's values as little-endian f64s in that order (a reference holds up to
+/// `reference_rows` values per feature: text would be several times larger).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredReference {
+    pub baseline: bool,
+    pub features: Vec<(String, Kind, Vec<f64>)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredHeader {
+    baseline: bool,
+    features: Vec<StoredFeature>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredFeature {
+    name: String,
+    kind: Kind,
+    rows: usize,
+}
+
+impl StoredReference {
+    pub fn encode(&self) -> Vec<u8> {
+        let header = StoredHeader {
+            baseline: self.baseline,
+            features: self
+                .features
+                .iter()
+                .map(|(name, kind, values)| StoredFeature { name: name.clone(), kind: *kind, rows: values.len() })
+                .collect(),
+        };
+        let mut bytes = serde_json::to_vec(&header).expect("a header serializes");
+        bytes.push(b'\n');
+        for (_, _, values) in &self.features {
+            values.iter().for_each(|value| bytes.extend_from_slice(&value.to_le_bytes()));
+        }
+        bytes
+    }
+
+    /// Decode a stored reference, refusing one whose features hold more than `max_rows`
+    /// rows or whose values do not match its header.
+    pub fn decode(bytes: &[u8], max_rows: usize) -> Result<Self, String> {
+        let split = bytes.iter().position(|&b| b == b'\n').ok_or("no header line")?;
+        let header: StoredHeader = serde_json::from_slice(&bytes[..split]).map_err(|e| format!("header: {e}"))?;
+        let mut values = bytes[split + 1..].chunks_exact(8);
+        if values.len() != header.features.iter().map(|f| f.rows).sum::<usize>() || !values.remainder().is_empty() {
+            return Err("the values do not match the header".to_string());
+        }
+        if header.features.iter().any(|f| f.rows > max_rows) {
+            return Err(format!("more than reference_rows = {max_rows} rows"));
+        }
+        let features = header
+            .features
+            .into_iter()
+            .map(|feature| {
+                let column =
+                    values.by_ref().take(feature.rows).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")));
+                (feature.name, feature.kind, column.collect())
+            })
+            .collect();
+        Ok(Self { baseline: header.baseline, features })
+    }
 }
 
 /// Whether a baseline of `rows` rows fits the reference window (checked before the model
@@ -145,7 +215,43 @@ impl DriftReport {
 
 impl DriftState {
     pub fn new(settings: DriftSettings) -> Self {
-        Self { settings, features: BTreeMap::new(), rows_observed: 0, baseline: false }
+        Self { settings, features: BTreeMap::new(), rows_observed: 0, baseline: false, generation: 0 }
+    }
+
+    /// Whether the reference is complete: a baseline, or the first `reference_rows` rows.
+    fn reference_complete(&self) -> bool {
+        self.baseline
+            || self
+                .features
+                .values()
+                .next()
+                .is_some_and(|series| series.reference.len() >= self.settings.reference_rows)
+    }
+
+    /// The complete reference, with its generation; `None` while it is being collected.
+    pub fn stored_reference(&self) -> Option<(u64, StoredReference)> {
+        self.reference_complete().then(|| {
+            let features = self
+                .features
+                .iter()
+                .map(|(name, series)| (name.clone(), series.kind, series.reference.clone()))
+                .collect();
+            (self.generation, StoredReference { baseline: self.baseline, features })
+        })
+    }
+
+    /// Take a reference from the store in place of this one; the sliding window keeps its
+    /// rows. Returns the new generation.
+    pub fn adopt(&mut self, reference: StoredReference) -> u64 {
+        self.features.retain(|name, _| reference.features.iter().any(|(stored, _, _)| stored == name));
+        for (name, kind, values) in reference.features {
+            let series = self.features.entry(name).or_insert_with(|| Series::new(kind, Vec::new()));
+            series.kind = kind;
+            series.reference = values;
+        }
+        self.baseline = reference.baseline;
+        self.generation += 1;
+        self.generation
     }
 
     /// Add rows: each feature with one value per row.
@@ -153,6 +259,7 @@ impl DriftState {
         // Once a baseline is set, every row goes to the sliding window.
         let reference_rows = if self.baseline { 0 } else { self.settings.reference_rows };
         let window_rows = self.settings.window_rows;
+        let was_complete = self.reference_complete();
         self.rows_observed += features.first().map_or(0, |(_, _, values)| values.len() as u64);
         for (name, kind, values) in features {
             let series = self
@@ -162,6 +269,9 @@ impl DriftState {
             for value in values {
                 series.push(value, reference_rows, window_rows);
             }
+        }
+        if !was_complete && self.reference_complete() {
+            self.generation += 1;
         }
     }
 
@@ -181,6 +291,7 @@ impl DriftState {
             series.reference = reference;
         }
         self.baseline = true;
+        self.generation += 1;
         Ok(rows)
     }
 
@@ -466,6 +577,28 @@ impl DriftMonitor {
         Ok(rows)
     }
 
+    /// The complete reference and its generation (see [`DriftState::stored_reference`]).
+    pub fn stored_reference(&self) -> Option<(u64, StoredReference)> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).stored_reference()
+    }
+
+    /// The reference's generation now (it changes whenever the reference does).
+    pub fn generation(&self) -> u64 {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).generation
+    }
+
+    /// Use `reference` (from the store) from now on; returns its generation here.
+    pub fn adopt(&self, reference: StoredReference) -> u64 {
+        let generation = self.state.lock().unwrap_or_else(PoisonError::into_inner).adopt(reference);
+        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        generation
+    }
+
+    /// The settings it was made with.
+    pub fn max_reference_rows(&self) -> usize {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).settings.reference_rows
+    }
+
     /// Samples the drift thread has taken in so far.
     pub fn observed(&self) -> u64 {
         self.observed.load(Ordering::Relaxed)
@@ -554,6 +687,34 @@ mod tests {
 
     fn settings(reference_rows: usize, window_rows: usize) -> DriftSettings {
         DriftSettings { reference_rows, window_rows, ..DriftSettings::default() }
+    }
+
+    #[test]
+    fn a_complete_reference_round_trips_through_the_store_and_is_adopted() {
+        let mut first = DriftState::new(settings(3, 4));
+        let rows = |values: &[f64]| {
+            vec![
+                ("x".to_string(), Kind::Continuous, values.to_vec()),
+                ("y:class".to_string(), Kind::Categorical, vec![1.0; values.len()]),
+            ]
+        };
+        first.observe(rows(&[1.0, 2.0]));
+        assert_eq!(first.stored_reference(), None, "still collecting");
+        first.observe(rows(&[3.0, 50.0]));
+        let (generation, reference) = first.stored_reference().expect("complete");
+        assert_eq!((generation, reference.baseline), (1, false));
+        let bytes = reference.encode();
+        assert_eq!(StoredReference::decode(&bytes, 3).as_ref(), Ok(&reference));
+        assert!(StoredReference::decode(&bytes, 2).is_err(), "more rows than this server keeps");
+        assert!(StoredReference::decode(&bytes[..bytes.len() - 3], 3).is_err(), "cut short");
+
+        // A restarted server adopts it: its report compares with the stored first rows.
+        let mut restarted = DriftState::new(settings(3, 4));
+        restarted.observe(rows(&[7.0]));
+        assert_eq!(restarted.adopt(reference), 1);
+        restarted.observe(rows(&[1.0, 2.0]));
+        let report = restarted.report();
+        assert_eq!((report.status, report.reference_rows, report.window_rows), ("ready", 3, 2), "{report:?}");
     }
 
     #[test]

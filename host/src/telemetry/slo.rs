@@ -6,13 +6,18 @@
 //! the multi-window, multi-burn-rate alert conditions of the SRE workbook (page at 14.4× over
 //! 1h and 5m or 6× over 6h and 30m; ticket at 3× over 1d and 2h or 1× over 3d and 6h).
 //!
-//! Counts start when the server starts; Prometheus keeps the history across restarts.
+//! Minutes are wall-clock minutes (since the Unix epoch), so every replica and every restart
+//! counts the same minute alike. Each replica counts its own requests; where the store
+//! carries every replica's finished minutes (`control::cluster`), those replace the
+//! replica's own for the minutes they cover ([`AppSlo::fold`]) and the other replicas' recent
+//! minutes are added to its own ([`AppSlo::set_others`]): the budgets are the fleet's, and
+//! a restart keeps them.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::registry::manifest::SloManifest;
 
@@ -54,17 +59,38 @@ impl Sli {
 }
 
 /// Requests of one minute.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Bucket {
-    minute: u32,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MinuteBucket {
+    /// Minutes since the Unix epoch.
+    pub minute: u32,
     /// Requests that count for availability (all but client errors).
-    valid: u32,
+    pub valid: u32,
     /// Of those, server errors.
-    errors: u32,
+    pub errors: u32,
     /// Answered requests (the latency SLI's population).
-    answered: u32,
+    pub answered: u32,
     /// Of those, slower than the threshold.
-    slow: u32,
+    pub slow: u32,
+}
+
+impl MinuteBucket {
+    pub fn is_empty(&self) -> bool {
+        self.valid == 0 && self.answered == 0
+    }
+
+    /// The counts of both, in `self`'s minute.
+    pub fn add(&mut self, other: &MinuteBucket) {
+        self.valid = self.valid.saturating_add(other.valid);
+        self.errors = self.errors.saturating_add(other.errors);
+        self.answered = self.answered.saturating_add(other.answered);
+        self.slow = self.slow.saturating_add(other.slow);
+    }
+}
+
+/// The current minute since the Unix epoch.
+pub fn minute_now() -> u32 {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    u32::try_from(secs / 60).unwrap_or(u32::MAX)
 }
 
 /// Totals over a span of minutes.
@@ -100,20 +126,43 @@ pub enum Outcome {
 /// Minute buckets over a window: a ring indexed by minute, a stale bucket reset on reuse.
 #[derive(Debug)]
 pub struct MinuteCounts {
-    buckets: Vec<Bucket>,
+    buckets: Vec<MinuteBucket>,
 }
 
 impl MinuteCounts {
     pub fn new(minutes: u32) -> Self {
-        Self { buckets: vec![Bucket::default(); minutes.max(1) as usize] }
+        Self { buckets: vec![MinuteBucket::default(); minutes.max(1) as usize] }
     }
 
-    pub fn record(&mut self, minute: u32, outcome: Outcome) {
+    fn bucket_mut(&mut self, minute: u32) -> &mut MinuteBucket {
         let len = self.buckets.len();
         let bucket = &mut self.buckets[minute as usize % len];
         if bucket.minute != minute {
-            *bucket = Bucket { minute, ..Bucket::default() };
+            *bucket = MinuteBucket { minute, ..MinuteBucket::default() };
         }
+        bucket
+    }
+
+    /// Replace a minute's counts.
+    pub fn set(&mut self, bucket: MinuteBucket) {
+        *self.bucket_mut(bucket.minute) = bucket;
+    }
+
+    /// Add counts to a minute's.
+    pub fn add(&mut self, bucket: &MinuteBucket) {
+        self.bucket_mut(bucket.minute).add(bucket);
+    }
+
+    /// The minutes from `first` to `last` (inclusive) that saw requests, oldest first.
+    pub fn buckets_between(&self, first: u32, last: u32) -> Vec<MinuteBucket> {
+        let mut found: Vec<MinuteBucket> =
+            self.buckets.iter().filter(|b| (first..=last).contains(&b.minute) && !b.is_empty()).copied().collect();
+        found.sort_by_key(|b| b.minute);
+        found
+    }
+
+    pub fn record(&mut self, minute: u32, outcome: Outcome) {
+        let bucket = self.bucket_mut(minute);
         match outcome {
             Outcome::Answered { slow } => {
                 bucket.valid += 1;
@@ -130,13 +179,38 @@ impl MinuteCounts {
 
     /// Totals of the `minutes` minutes up to and including `now`.
     pub fn totals(&self, now: u32, minutes: u32) -> Totals {
-        let first = now.saturating_sub(minutes.saturating_sub(1));
-        self.buckets.iter().filter(|b| (first..=now).contains(&b.minute)).fold(Totals::default(), |t, b| Totals {
-            valid: t.valid + u64::from(b.valid),
-            errors: t.errors + u64::from(b.errors),
-            answered: t.answered + u64::from(b.answered),
-            slow: t.slow + u64::from(b.slow),
-        })
+        self.totals_between(first_of(now, minutes), now)
+    }
+
+    /// Totals of the minutes from `first` to `last`, inclusive.
+    pub fn totals_between(&self, first: u32, last: u32) -> Totals {
+        totals_of(self.buckets.iter().filter(|b| (first..=last).contains(&b.minute)))
+    }
+}
+
+/// The first of the `minutes` minutes that end with `now`.
+fn first_of(now: u32, minutes: u32) -> u32 {
+    now.saturating_sub(minutes.saturating_sub(1))
+}
+
+fn totals_of<'a>(buckets: impl Iterator<Item = &'a MinuteBucket>) -> Totals {
+    buckets.fold(Totals::default(), |t, b| Totals {
+        valid: t.valid + u64::from(b.valid),
+        errors: t.errors + u64::from(b.errors),
+        answered: t.answered + u64::from(b.answered),
+        slow: t.slow + u64::from(b.slow),
+    })
+}
+
+impl std::ops::Add for Totals {
+    type Output = Totals;
+    fn add(self, other: Totals) -> Totals {
+        Totals {
+            valid: self.valid + other.valid,
+            errors: self.errors + other.errors,
+            answered: self.answered + other.answered,
+            slow: self.slow + other.slow,
+        }
     }
 }
 
@@ -185,18 +259,78 @@ impl ObjectiveReport {
 #[derive(Debug)]
 pub struct AppSlo {
     spec: SloManifest,
-    started: Instant,
+    /// This replica's requests.
     counts: Mutex<MinuteCounts>,
+    /// What the store holds of every replica's.
+    fleet: Mutex<FleetMinutes>,
+}
+
+/// Every replica's requests, as the store has them.
+#[derive(Debug)]
+struct FleetMinutes {
+    /// The finished minutes up to `folded_through`, every replica's requests summed; they
+    /// replace this replica's own counts of those minutes.
+    folded: MinuteCounts,
+    folded_through: Option<u32>,
+    /// The other replicas' requests in the minutes after `folded_through`.
+    others: Vec<MinuteBucket>,
 }
 
 impl AppSlo {
     pub fn new(spec: SloManifest) -> Self {
-        let minutes = spec.window_days.saturating_mul(24 * 60);
-        Self { spec, started: Instant::now(), counts: Mutex::new(MinuteCounts::new(minutes)) }
+        let minutes = spec.window_minutes();
+        let fleet = FleetMinutes { folded: MinuteCounts::new(minutes), folded_through: None, others: Vec::new() };
+        Self { spec, counts: Mutex::new(MinuteCounts::new(minutes)), fleet: Mutex::new(fleet) }
     }
 
     fn minute(&self) -> u32 {
-        u32::try_from(self.started.elapsed().as_secs() / 60).unwrap_or(u32::MAX)
+        minute_now()
+    }
+
+    /// Minutes the objectives' window spans.
+    pub fn window_minutes(&self) -> u32 {
+        self.spec.window_minutes()
+    }
+
+    /// This replica's own requests in the `minutes` minutes up to `now`, for the store.
+    pub fn recent(&self, now: u32, minutes: u32) -> Vec<MinuteBucket> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner).buckets_between(first_of(now, minutes), now)
+    }
+
+    /// Counts this replica made in an earlier life (the store kept them), added to its own.
+    pub fn restore_recent(&self, buckets: &[MinuteBucket]) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        buckets.iter().for_each(|bucket| counts.add(bucket));
+    }
+
+    /// Every replica's requests in finished minutes, through `through`: they replace this
+    /// replica's own view of those minutes.
+    pub fn fold(&self, buckets: &[MinuteBucket], through: Option<u32>) {
+        let mut fleet = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
+        buckets.iter().for_each(|bucket| fleet.folded.set(*bucket));
+        fleet.folded_through = fleet.folded_through.max(through);
+    }
+
+    /// The last minute folded, if any.
+    pub fn folded_through(&self) -> Option<u32> {
+        self.fleet.lock().unwrap_or_else(PoisonError::into_inner).folded_through
+    }
+
+    /// The other replicas' requests in the minutes not folded yet.
+    pub fn set_others(&self, others: Vec<MinuteBucket>) {
+        self.fleet.lock().unwrap_or_else(PoisonError::into_inner).others = others;
+    }
+
+    /// Totals over the `minutes` minutes up to `now`: folded minutes from the store, later
+    /// ones this replica's plus the others'.
+    fn totals(&self, counts: &MinuteCounts, fleet: &FleetMinutes, now: u32, minutes: u32) -> Totals {
+        let first = first_of(now, minutes);
+        let (folded, live_from) = match fleet.folded_through {
+            Some(through) if through >= first => (fleet.folded.totals_between(first, through.min(now)), through + 1),
+            _ => (Totals::default(), first),
+        };
+        let others = totals_of(fleet.others.iter().filter(|b| (live_from..=now).contains(&b.minute)));
+        folded + counts.totals_between(live_from, now) + others
     }
 
     /// Count one request by its HTTP status and duration.
@@ -216,10 +350,11 @@ impl AppSlo {
     pub fn report(&self) -> Vec<ObjectiveReport> {
         let now = self.minute();
         let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let window = counts.totals(now, self.spec.window_days.saturating_mul(24 * 60));
+        let fleet = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
+        let window = self.totals(&counts, &fleet, now, self.spec.window_minutes());
         let spans: Vec<(&'static str, Totals)> =
-            WINDOWS.iter().map(|&(name, minutes)| (name, counts.totals(now, minutes))).collect();
-        drop(counts);
+            WINDOWS.iter().map(|&(name, minutes)| (name, self.totals(&counts, &fleet, now, minutes))).collect();
+        drop((fleet, counts));
         let mut objectives = vec![(Sli::Availability, self.spec.availability, None)];
         if let Some(ms) = self.spec.latency_ms {
             objectives.push((Sli::Latency, self.spec.latency_target, Some(ms)));
@@ -357,6 +492,36 @@ mod tests {
         let latency = &report[1];
         assert_eq!((latency.sli, latency.requests, latency.bad, latency.threshold_ms), (Sli::Latency, 91, 1, Some(50)));
         assert_eq!(slo.exhausted().map(|o| o.sli), Some(Sli::Availability));
+    }
+
+    #[test]
+    fn folded_minutes_replace_the_replicas_own_and_the_others_add_to_the_recent_ones() {
+        let slo = AppSlo::new(SloManifest { availability: 0.99, ..SloManifest::default() });
+        for _ in 0..10 {
+            slo.record(200, Duration::from_millis(1));
+        }
+        let now = minute_now();
+        assert_eq!(
+            slo.recent(now, 3),
+            vec![MinuteBucket { minute: now, valid: 10, answered: 10, ..Default::default() }]
+        );
+        // Another replica failed 5 requests this minute; the fleet's earlier minutes hold 100
+        // requests and 2 errors.
+        slo.set_others(vec![MinuteBucket { minute: now, valid: 5, errors: 5, ..Default::default() }]);
+        let earlier = MinuteBucket { minute: now - 2, valid: 100, errors: 2, answered: 98, slow: 0 };
+        slo.fold(&[earlier], Some(now - 1));
+        let report = slo.report();
+        assert_eq!((report[0].requests, report[0].bad), (115, 7), "{report:?}");
+        // Once the current minute is folded too, the fleet's figure replaces the replica's.
+        let this_minute = MinuteBucket { minute: now, valid: 20, errors: 5, answered: 15, slow: 0 };
+        slo.fold(&[this_minute], Some(now));
+        let report = slo.report();
+        assert_eq!((report[0].requests, report[0].bad), (120, 7), "{report:?}");
+        // A restarted replica adds what it counted in its earlier life.
+        let restarted = AppSlo::new(SloManifest { availability: 0.99, ..SloManifest::default() });
+        restarted.restore_recent(&slo.recent(now, 3));
+        restarted.record(500, Duration::from_millis(1));
+        assert_eq!((restarted.report()[0].requests, restarted.report()[0].bad), (11, 1));
     }
 
     #[test]

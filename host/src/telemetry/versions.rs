@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 /// Upper bounds of the latency buckets, in milliseconds (one more bucket holds the rest).
 pub const LATENCY_BOUNDS_MS: [f64; 15] =
     [0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0];
@@ -18,7 +20,7 @@ pub struct VersionStats {
 }
 
 /// The counters at one moment; the difference of two is a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct VersionSnapshot {
     pub requests: u64,
     pub errors: u64,
@@ -53,6 +55,15 @@ impl VersionSnapshot {
             requests: self.requests.saturating_sub(earlier.requests),
             errors: self.errors.saturating_sub(earlier.errors),
             buckets: std::array::from_fn(|i| self.buckets[i].saturating_sub(earlier.buckets[i])),
+        }
+    }
+
+    /// Both windows' requests together.
+    pub fn plus(&self, other: &VersionSnapshot) -> VersionSnapshot {
+        VersionSnapshot {
+            requests: self.requests + other.requests,
+            errors: self.errors + other.errors,
+            buckets: std::array::from_fn(|i| self.buckets[i] + other.buckets[i]),
         }
     }
 
