@@ -89,6 +89,9 @@ struct AppView {
     events: u64,
 }
 
+/// Replicas' reports by key, each with the entity tag it was read at.
+type ReportsRead = BTreeMap<String, (Option<String>, Arc<ReplicaReport>)>;
+
 /// What a replica last took of a stored drift reference.
 #[derive(Debug, Clone, PartialEq)]
 struct DriftSeen {
@@ -114,8 +117,9 @@ pub struct Cluster {
     started_unix_ms: u64,
     lease: tokio::sync::Mutex<Lease>,
     held_until: Mutex<Option<Instant>>,
-    /// The other replicas' reports, as the lease holder last read them.
-    others: Mutex<Vec<ReplicaReport>>,
+    /// The other replicas' reports, as the lease holder last read them, by key with the
+    /// entity tag of each (a report that has not changed is not read again).
+    others: Mutex<ReportsRead>,
     /// Per app, the events this replica last wrote (holding the lease) or read.
     events: Mutex<HashMap<String, u64>>,
     /// The fleet document last written, to skip writing it unchanged.
@@ -162,8 +166,8 @@ impl Cluster {
         let key = app_key(tenant, app);
         let others = self.others.lock().unwrap_or_else(PoisonError::into_inner);
         others
-            .iter()
-            .filter_map(|report| {
+            .values()
+            .filter_map(|(_, report)| {
                 report.apps.get(&key).map(|counts| ReplicaCounters {
                     replica: report.replica.clone(),
                     started_unix_ms: report.started_unix_ms,
@@ -263,7 +267,8 @@ impl Cluster {
     /// The holder's round: read every replica's counters, fold finished minutes, keep the
     /// events, and tell the others.
     async fn lead(&self, state: &ServingState) -> Result<(), SharedError> {
-        let mut others = Vec::new();
+        let known = self.others.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut others = BTreeMap::new();
         for listed in self.store.list(REPLICAS).await? {
             if listed.key == format!("{REPLICAS}/{}.json", self.replica) {
                 continue;
@@ -272,8 +277,15 @@ impl Cluster {
                 self.store.delete(&listed.key).await?;
                 continue;
             }
+            // Replicas that stopped keep their last report: it is read once.
+            if let Some(report) = known.get(&listed.key).filter(|(tag, _)| tag.is_some() && *tag == listed.e_tag) {
+                others.insert(listed.key, report.clone());
+                continue;
+            }
             match self.read_json::<ReplicaReport>(&listed.key).await {
-                Ok(Some(report)) => others.push(report),
+                Ok(Some(report)) => {
+                    others.insert(listed.key, (listed.e_tag, Arc::new(report)));
+                }
                 Ok(None) => {}
                 Err(error) => tracing::warn!(%error, "a replica's counters could not be read"),
             }
@@ -285,8 +297,8 @@ impl Cluster {
             let mut view = AppView::default();
             if let Some(slo) = &app.slo {
                 let mut recent: BTreeMap<String, Vec<MinuteBucket>> = others
-                    .iter()
-                    .filter_map(|other| {
+                    .values()
+                    .filter_map(|(_, other)| {
                         other.apps.get(&key).map(|counts| (other.replica.clone(), counts.minutes.clone()))
                     })
                     .collect();
