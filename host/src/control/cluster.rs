@@ -180,8 +180,14 @@ impl Cluster {
     /// Restore what this replica and the fleet kept, then go round every `poll` until the
     /// process ends. A store that fails is logged and counted; the next round tries again.
     pub async fn run(self: Arc<Self>, state: Arc<ServingState>, poll: Duration) {
-        if let Err(error) = self.restore(&state).await {
+        // Until the store answers, nothing is published: this replica's own counts from an
+        // earlier life would be overwritten before they were read.
+        while let Err(error) = self.restore(&state).await {
             self.failed("restoring the fleet's counts", &error);
+            if !matches!(error, SharedError::Store { .. }) {
+                break;
+            }
+            tokio::time::sleep(poll).await;
         }
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -136,11 +136,12 @@ pub struct ReplicaCounters {
 /// The replica key of this replica's own counters in a window.
 pub(super) const THIS_REPLICA: &str = "";
 
-/// An open window: when it opened and each replica's (canary, stable) counters then.
+/// An open window: when it opened and each replica's (canary, stable) counters then, by
+/// replica and when it started (a replica restarted under its name counts afresh).
 #[derive(Debug, Default)]
 pub(super) struct Window {
     pub(super) opened_unix_ms: u64,
-    pub(super) starts: HashMap<String, (VersionSnapshot, VersionSnapshot)>,
+    pub(super) starts: HashMap<(String, u64), (VersionSnapshot, VersionSnapshot)>,
 }
 
 impl Window {
@@ -156,7 +157,7 @@ impl Window {
             let opened = self.opened_unix_ms;
             let start = self
                 .starts
-                .entry(replica.clone())
+                .entry((replica.clone(), *started_unix_ms))
                 .or_insert_with(|| if *started_unix_ms >= opened { Default::default() } else { *counters });
             sum.0 = sum.0.plus(&counters.0.since(&start.0));
             sum.1 = sum.1.plus(&counters.1.since(&start.1));
@@ -262,6 +263,9 @@ mod tests {
         ];
         let (canary, stable) = open.since_opened(&later);
         assert_eq!((canary.requests, canary.errors, stable.requests), (20 + 30 + 7, 4, 57));
+        // b restarts under its name: its new life's 2 requests count, its old life's 7 stay.
+        let restarted = [("b".to_string(), 2_000, counts(7, 1)), ("b".to_string(), 3_000, counts(2, 0))];
+        assert_eq!(open.since_opened(&restarted).0.requests, 9);
     }
 
     #[test]

@@ -141,7 +141,7 @@ impl AppState {
         }));
         let open_window = |now: &[(String, u64, _)]| Window {
             opened_unix_ms: crate::registry::lease::unix_ms(),
-            starts: now.iter().map(|(replica, _, counters)| (replica.clone(), *counters)).collect(),
+            starts: now.iter().map(|(replica, started, counters)| ((replica.clone(), *started), *counters)).collect(),
         };
         // A window accumulates while the analysis waits for data; a decision starts a new one.
         let Some(window) = state.window.as_mut() else {
