@@ -61,6 +61,26 @@ async fn tenants_keys_and_quotas_change_while_serving_and_survive_a_restart() {
     let quotas = json!({ "max_concurrent_requests": 3, "compute_weight": 2 });
     let (code, body) = admin(&server, Method::PUT, "/admin/v1/tenants/initech/quotas", quotas).await;
     assert_eq!((code, &body["quotas"]["compute_weight"]), (200, &json!(2)), "{body}");
+    // PATCH changes the quotas it names and keeps the others; a bad one changes nothing.
+    let patch = json!({ "max_requests_per_second": 500 });
+    let (code, body) = admin(&server, Method::PATCH, "/admin/v1/tenants/initech/quotas", patch).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        (&body["quotas"]["max_requests_per_second"], &body["quotas"]["compute_weight"]),
+        (&json!(500), &json!(2))
+    );
+    for bad in [json!({ "no_such_quota": 1 }), json!({ "compute_weight": "heavy" }), json!([1])] {
+        let (code, body) = admin(&server, Method::PATCH, "/admin/v1/tenants/initech/quotas", bad.clone()).await;
+        assert_eq!(code, 400, "{bad}: {body}");
+    }
+    let (code, _) = admin(&server, Method::PATCH, "/admin/v1/tenants/nobody/quotas", json!({})).await;
+    assert_eq!(code, 404);
+    let (_, listed) = admin(&server, Method::GET, "/admin/v1/tenants", Value::Null).await;
+    let initech = listed.as_array().expect("tenants").iter().find(|t| t["id"] == "initech").expect("initech").clone();
+    assert_eq!(
+        (&initech["quotas"]["compute_weight"], &initech["quotas"]["max_requests_per_second"]),
+        (&json!(2), &json!(500))
+    );
 
     // Revoke acme's manifest key: it stops working at once.
     let (_, listed) = admin(&server, Method::GET, "/admin/v1/tenants", Value::Null).await;

@@ -183,15 +183,19 @@ async fn replicas_on_one_s3_store_converge_lose_no_update_and_restore_at_start()
     .await;
 
     // Changes to one tenant through two replicas at once all survive: keys issued through
-    // replicas 1 and 2, and a quota change, concurrently.
-    let quotas = serde_json::json!({ "max_concurrent_requests": 7, "max_stored_bytes": 100_000_000 });
-    let (quota_change, issued) = tokio::join!(
-        admin(&replicas[1], reqwest::Method::PUT, "/admin/v1/tenants/acme/quotas", quotas),
+    // replicas 1 and 2, and two quota changes, one through each, concurrently.
+    let quota = async |server: &Server, fields: serde_json::Value| {
+        admin(server, reqwest::Method::PATCH, "/admin/v1/tenants/acme/quotas", fields).await
+    };
+    let (first_quota, second_quota, issued) = tokio::join!(
+        quota(&replicas[0], serde_json::json!({ "max_concurrent_requests": 7 })),
+        quota(&replicas[1], serde_json::json!({ "max_requests_per_second": 5000 })),
         futures::future::join_all((0..8).map(|i| {
             admin(&replicas[i % 2], reqwest::Method::POST, "/admin/v1/tenants/acme/keys", serde_json::Value::Null)
         })),
     );
-    assert_eq!(quota_change.0, 200, "{}", quota_change.1);
+    assert_eq!(first_quota.0, 200, "{}", first_quota.1);
+    assert_eq!(second_quota.0, 200, "{}", second_quota.1);
     let keys: Vec<String> = issued
         .into_iter()
         .map(|(code, body)| {
@@ -208,7 +212,12 @@ async fn replicas_on_one_s3_store_converge_lose_no_update_and_restore_at_start()
     let (code, listed) = admin(&replicas[2], reqwest::Method::GET, "/admin/v1/tenants", serde_json::Value::Null).await;
     assert_eq!(code, 200);
     let acme = listed.as_array().expect("tenants").iter().find(|t| t["id"] == "acme").expect("acme").clone();
-    assert_eq!(acme["quotas"]["max_concurrent_requests"], 7, "the quota change survived beside the keys: {acme}");
+    let quotas = &acme["quotas"];
+    assert_eq!(
+        (&quotas["max_concurrent_requests"], &quotas["max_requests_per_second"], &quotas["max_stored_bytes"]),
+        (&serde_json::json!(7), &serde_json::json!(5000), &serde_json::json!(100_000_000)),
+        "both quota changes survived beside the keys, and the manifest's other quotas: {acme}"
+    );
 
     let redone = replicas[..2].iter().map(|r| r.log().matches("the change made again").count()).sum::<usize>();
     println!("saves made again on another replica's version: {redone}");

@@ -26,7 +26,7 @@ pub fn routes() -> axum::Router<Shared> {
     axum::Router::new()
         .route("/admin/v1/devices", get(devices))
         .route("/admin/v1/tenants", get(list_tenants).post(create_tenant))
-        .route("/admin/v1/tenants/{tenant}/quotas", put(set_quotas))
+        .route("/admin/v1/tenants/{tenant}/quotas", put(set_quotas).patch(patch_quotas))
         .route("/admin/v1/tenants/{tenant}/keys", post(issue_key))
         .route("/admin/v1/tenants/{tenant}/keys/{key_id}", delete(revoke_key))
 }
@@ -120,6 +120,20 @@ async fn set_quotas(
     admin::set_quotas(&state, &id, quotas).await?;
     Ok(Json(serde_json::json!({ "id": id, "quotas": state.tenant(&id).map(|t| t.spec().quotas.clone()) }))
         .into_response())
+}
+
+/// `PATCH .../quotas`: the quotas named in the body change, the others stay.
+async fn patch_quotas(
+    State(state): State<Shared>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    admin(&state, &headers)?;
+    let fields: serde_json::Map<String, serde_json::Value> = json(&body, r#"{"max_concurrent_requests": 64}"#)?;
+    let id = tenant_id(&tenant)?;
+    let quotas = admin::patch_quotas(&state, &id, &fields).await?;
+    Ok(Json(serde_json::json!({ "id": id, "quotas": quotas })).into_response())
 }
 
 async fn issue_key(

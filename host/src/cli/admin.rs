@@ -171,16 +171,12 @@ async fn keys(command: KeysCommand) -> anyhow::Result<()> {
 
 async fn quotas(command: QuotasCommand) -> anyhow::Result<()> {
     let QuotasCommand::Set { tenant, changes, connection } = command;
-    let client = client(&connection)?;
-    let listed = client.send("GET", "/admin/v1/tenants", None).await?;
-    let current = listed
-        .as_array()
-        .and_then(|tenants| tenants.iter().find(|t| t["id"] == tenant.as_str()))
-        .with_context(|| format!("no tenant '{tenant}'; `sluice tenants list` shows them"))?;
-    let mut quotas = current["quotas"].as_object().cloned().unwrap_or_default();
-    apply_changes(&mut quotas, &changes)?;
+    // Only the named quotas are sent: the server changes them on its newest state, so a
+    // change made meanwhile by someone else to other quotas stays.
+    let mut changed = Map::new();
+    apply_changes(&mut changed, &changes)?;
     let path = format!("/admin/v1/tenants/{tenant}/quotas");
-    let answer = client.send("PUT", &path, Some(Value::Object(quotas))).await?;
+    let answer = client(&connection)?.send("PATCH", &path, Some(Value::Object(changed))).await?;
     print(connection.output, &answer, format!("quotas of tenant {tenant} set\n"))
 }
 

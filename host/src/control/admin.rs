@@ -92,8 +92,40 @@ pub async fn create_tenant(
 /// Replace a tenant's quotas.
 pub async fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> Result<(), ControlError> {
     check_quotas(state, &quotas)?;
+    change_quotas(state, id, |_| Ok(quotas.clone())).await.map(drop)
+}
+
+/// Change some of a tenant's quotas: `fields` (quota names and values) over the current ones.
+/// The change is made on the newest saved version, so two replicas changing different quotas
+/// of one tenant at once both keep theirs. Returns the quotas now.
+pub async fn patch_quotas(
+    state: &ServingState,
+    id: &TenantId,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Quotas, ControlError> {
+    change_quotas(state, id, |current| {
+        let mut merged = match serde_json::to_value(current) {
+            Ok(serde_json::Value::Object(merged)) => merged,
+            _ => return Err(ControlError::Internal("quotas did not serialize as an object".to_string())),
+        };
+        merged.extend(fields.iter().map(|(name, value)| (name.clone(), value.clone())));
+        let quotas: Quotas = serde_json::from_value(serde_json::Value::Object(merged))
+            .map_err(|e| ControlError::Invalid(format!("quotas: {e}")))?;
+        check_quotas(state, &quotas)?;
+        Ok(quotas)
+    })
+    .await
+}
+
+/// Set a tenant's quotas to what `make` makes of the current ones, and save them.
+async fn change_quotas(
+    state: &ServingState,
+    id: &TenantId,
+    make: impl Fn(&Quotas) -> Result<Quotas, ControlError>,
+) -> Result<Quotas, ControlError> {
     let tenant = state.tenant(id).ok_or_else(|| not_found(id.as_str()))?;
     let replace = || {
+        let quotas = make(&tenant.spec().quotas)?;
         // A cap below what one of its models takes would leave that model unservable.
         if let Some((model, footprint)) =
             tenant.models.largest_footprint().filter(|(_, f)| *f > quotas.resident_model_bytes())
@@ -105,7 +137,7 @@ pub async fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> 
             )));
         }
         let previous = (tenant.spec().quotas.clone(), tenant.admin_managed.swap(true, Ordering::Relaxed));
-        tenant.set_quotas(quotas.clone());
+        tenant.set_quotas(quotas);
         Ok(previous)
     };
     let undo = |(quotas, managed): &(Quotas, bool)| {
@@ -113,7 +145,7 @@ pub async fn set_quotas(state: &ServingState, id: &TenantId, quotas: Quotas) -> 
         tenant.admin_managed.store(*managed, Ordering::Relaxed);
     };
     change_and_save(state, &tenant, None, replace, undo).await?;
-    Ok(())
+    Ok(tenant.spec().quotas.clone())
 }
 
 /// Issue a new random key for a tenant; only its digest is kept.
