@@ -251,6 +251,14 @@ async fn a_replica_serves_through_a_store_outage_and_one_that_never_read_the_sto
     .await;
     assert_eq!(serving.infer("digits-mlp", KEY, &plain_request()).await.0, 200);
     assert_eq!(ready(&serving).await, 200, "a replica that has read the store stays ready");
+    // A change it cannot save is refused and leaves nothing behind: a tenant created now
+    // is not there after the failure.
+    let initech = serde_json::json!({ "id": "initech", "quotas": {} });
+    let (code, body) = admin(&serving, reqwest::Method::POST, "/admin/v1/tenants", initech).await;
+    assert_eq!(code, 500, "{body}");
+    assert!(!body.to_string().contains("127.0.0.1"), "the store's endpoint stays in the log: {body}");
+    let (_, listed) = admin(&serving, reqwest::Method::GET, "/admin/v1/tenants", serde_json::Value::Null).await;
+    assert!(listed.as_array().expect("tenants").iter().all(|t| t["id"] != "initech"), "{listed}");
 
     // A replica started now has never read it: it serves its manifests and is not ready.
     let stranded = replica(tenants.path(), &Moto { child: dead_child(), endpoint });

@@ -78,13 +78,15 @@ pub async fn create_tenant(
     quotas: Quotas,
 ) -> Result<Arc<TenantState>, ControlError> {
     check_quotas(state, &quotas)?;
-    if state.tenant(&id).is_some() {
-        return Err(ControlError::Conflict(format!("tenant '{id}' exists")));
-    }
     let spec = Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() };
-    let tenant = state.insert_tenant(spec);
+    let tenant =
+        state.insert_new_tenant(spec).ok_or_else(|| ControlError::Conflict(format!("tenant '{id}' exists")))?;
     tenant.admin_managed.store(true, Ordering::Relaxed);
-    change_and_save(state, &tenant, None, || Ok(()), |()| {}).await?;
+    if let Err(error) = change_and_save(state, &tenant, None, || Ok(()), |()| {}).await {
+        // Not saved, not created: a restart or another replica would not know it.
+        state.remove_tenant_if_same(&tenant);
+        return Err(error);
+    }
     tracing::info!(tenant = %id, "tenant created");
     Ok(tenant)
 }

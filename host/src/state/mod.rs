@@ -258,17 +258,40 @@ impl ServingState {
         digests
     }
 
-    /// Add a tenant's serving state from its spec.
+    /// Add a tenant's serving state from its spec (the one there already, if any).
     pub fn insert_tenant(&self, spec: Tenant) -> Arc<TenantState> {
-        let raw_backend = self.raw_backend();
+        let id = spec.id.clone();
+        let tenant = self.new_tenant(spec);
+        self.tenants_write().entry(id).or_insert(tenant).clone()
+    }
+
+    /// Add a tenant that is not there yet; `None` if one of that id is.
+    pub fn insert_new_tenant(&self, spec: Tenant) -> Option<Arc<TenantState>> {
+        let id = spec.id.clone();
+        let tenant = self.new_tenant(spec);
+        match self.tenants_write().entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => None,
+            std::collections::hash_map::Entry::Vacant(vacant) => Some(vacant.insert(tenant).clone()),
+        }
+    }
+
+    /// Take out a tenant added by [`ServingState::insert_new_tenant`] whose creation failed
+    /// (only that one: not one of the same id that replaced it meanwhile).
+    pub fn remove_tenant_if_same(&self, tenant: &Arc<TenantState>) {
+        let id = tenant.spec().id.clone();
+        let mut tenants = self.tenants_write();
+        if tenants.get(&id).is_some_and(|current| Arc::ptr_eq(current, tenant)) {
+            tenants.remove(&id);
+        }
+    }
+
+    fn new_tenant(&self, spec: Tenant) -> Arc<TenantState> {
         let models = Arc::new(TenantModels::new(
             BTreeMap::new(),
             self.shared_models.clone(),
             spec.quotas.resident_model_bytes(),
         ));
-        let id = spec.id.clone();
-        let tenant = Arc::new(TenantState::new(Arc::new(spec), models, BTreeMap::new(), raw_backend));
-        self.tenants_write().entry(id).or_insert(tenant).clone()
+        Arc::new(TenantState::new(Arc::new(spec), models, BTreeMap::new(), self.raw_backend()))
     }
 
     /// Replace a tenant's keys with saved digests (at start, for admin-managed tenants).
