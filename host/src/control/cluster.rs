@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::apply::TenantControl;
 use crate::registry::lease::{Lease, unix_ms};
 use crate::registry::shared::{SharedError, SharedStore};
 use crate::rollout::analysis::{Event, ReplicaCounters};
@@ -47,6 +48,11 @@ const FOLD_AFTER_MINUTES: u32 = 2;
 const GONE_AFTER_MS: u64 = 3_600_000;
 /// A lease term, in polls of the store.
 const LEASE_POLLS: u32 = 10;
+/// How often the lease holder deletes blobs no control document names.
+const BLOB_SWEEP_EVERY: Duration = Duration::from_secs(600);
+/// A blob younger than this is kept even if nothing names it yet: an upload writes its blob
+/// before the control document that names it.
+const BLOB_GRACE_MS: u64 = 3_600_000;
 const MINUTES_PER_DAY: u32 = 24 * 60;
 
 const REPLICAS: &str = "telemetry/replicas";
@@ -125,6 +131,8 @@ pub struct Cluster {
     /// The fleet document last written, to skip writing it unchanged.
     fleet_written: Mutex<Option<FleetView>>,
     drift_seen: Mutex<HashMap<String, DriftSeen>>,
+    /// When the lease holder last swept unnamed blobs.
+    swept: Mutex<Option<Instant>>,
 }
 
 fn app_key(tenant: &str, app: &str) -> String {
@@ -153,6 +161,7 @@ impl Cluster {
             events: Mutex::default(),
             fleet_written: Mutex::default(),
             drift_seen: Mutex::default(),
+            swept: Mutex::default(),
         }
     }
 
@@ -332,6 +341,15 @@ impl Cluster {
             }
         }
         *self.others.lock().unwrap_or_else(PoisonError::into_inner) = others;
+        let sweep_due =
+            self.swept.lock().unwrap_or_else(PoisonError::into_inner).is_none_or(|at| at.elapsed() >= BLOB_SWEEP_EVERY);
+        if sweep_due {
+            *self.swept.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            let deleted = self.sweep_blobs(unix_ms()).await?;
+            if deleted > 0 {
+                tracing::info!(deleted, "blobs no control document names were deleted from the store");
+            }
+        }
         if self.fleet_written.lock().unwrap_or_else(PoisonError::into_inner).as_ref() != Some(&fleet) {
             self.write_json(FLEET, &fleet).await?;
             *self.fleet_written.lock().unwrap_or_else(PoisonError::into_inner) = Some(fleet);
@@ -425,6 +443,33 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Delete the blobs that no kept version of any tenant's control document names and that
+    /// are older than [`BLOB_GRACE_MS`] at `now_unix_ms`; returns how many. A document that
+    /// cannot be read stops the sweep (a blob it names must not go).
+    async fn sweep_blobs(&self, now_unix_ms: u64) -> Result<usize, SharedError> {
+        let mut named = std::collections::HashSet::new();
+        for listed in self.store.list("control").await? {
+            let Some(document) = self.read_json::<TenantControl>(&listed.key).await? else { continue };
+            named.extend(document.models.into_values());
+            named.extend(document.apps.into_values().flat_map(|app| app.versions.into_values()));
+        }
+        let mut deleted = 0;
+        for listed in self.store.list("blobs/sha256").await? {
+            let digest = listed.key.rsplit('/').next().unwrap_or_default();
+            let old = |at: u64| at + BLOB_GRACE_MS < now_unix_ms;
+            if named.contains(digest) || !old(listed.last_modified_unix_ms) {
+                continue;
+            }
+            // Looked at again just before: an upload of the same bytes since the listing
+            // wrote it anew.
+            if self.store.head(&listed.key).await?.is_some_and(|now| old(now.last_modified_unix_ms)) {
+                self.store.delete(&listed.key).await?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     /// Write references this replica completed (or a baseline set through it) and take up
@@ -527,6 +572,33 @@ mod tests {
 
     fn bucket(minute: u32, valid: u32, errors: u32) -> MinuteBucket {
         MinuteBucket { minute, valid, errors, answered: valid - errors, slow: 0 }
+    }
+
+    #[tokio::test]
+    async fn the_sweep_deletes_only_old_blobs_no_kept_control_version_names() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = SharedStore::open(&format!("file://{}", dir.path().display())).expect("opens");
+        let cluster = Cluster::new(store, "r1", Duration::from_millis(100));
+        // Version 1 names the model "aa"; version 2 the app version "bb" (both kept).
+        let named = |models: serde_json::Value, apps: serde_json::Value| {
+            Bytes::from(serde_json::json!({ "models": models, "apps": apps }).to_string())
+        };
+        cluster
+            .store
+            .write_control("acme", 1, named(serde_json::json!({ "m": "aa" }), serde_json::json!({})))
+            .await
+            .expect("writes");
+        let app = serde_json::json!({ "app": { "versions": { "1": "bb" }, "traffic": { "stable": "1" } } });
+        cluster.store.write_control("acme", 2, named(serde_json::json!({}), app)).await.expect("writes");
+        for digest in ["aa", "bb", "cc"] {
+            cluster.store.put_blob(digest, Bytes::from_static(b"bytes")).await.expect("stores");
+        }
+        let hour = BLOB_GRACE_MS;
+        assert_eq!(cluster.sweep_blobs(unix_ms()).await.expect("sweeps"), 0, "an unnamed blob is young: it stays");
+        assert_eq!(cluster.sweep_blobs(unix_ms() + hour + 60_000).await.expect("sweeps"), 1, "an old unnamed one goes");
+        for (digest, kept) in [("aa", true), ("bb", true), ("cc", false)] {
+            assert_eq!(cluster.store.get_blob(digest).await.expect("reads").is_some(), kept, "{digest}");
+        }
     }
 
     #[tokio::test]

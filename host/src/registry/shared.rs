@@ -176,6 +176,19 @@ impl SharedStore {
             .collect())
     }
 
+    /// What the store says of the object at `key` now, or `None` when there is none.
+    pub async fn head(&self, key: &str) -> Result<Option<Listed>, SharedError> {
+        match self.objects.head(&self.key_path(key)).await {
+            Ok(meta) => Ok(Some(Listed {
+                key: key.to_string(),
+                e_tag: meta.e_tag,
+                last_modified_unix_ms: u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0),
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(source) => Err(self.error(source)),
+        }
+    }
+
     /// Delete the object at `key`; one already gone is no error.
     pub async fn delete(&self, key: &str) -> Result<(), SharedError> {
         match self.objects.delete(&self.key_path(key)).await {
@@ -184,13 +197,11 @@ impl SharedStore {
         }
     }
 
-    /// Store a blob under its digest; one that is there already stays (same digest, same bytes).
+    /// Store a blob under its digest. One stored already is written again (same digest, same
+    /// bytes): its time is then the upload's, which keeps a sweep of unnamed blobs from
+    /// deleting it before the control document that names it is written.
     pub async fn put_blob(&self, sha256: &str, bytes: Bytes) -> Result<(), SharedError> {
-        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
-        match self.objects.put_opts(&self.blob_path(sha256), PutPayload::from(bytes), options).await {
-            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
-            Err(source) => Err(self.error(source)),
-        }
+        self.objects.put(&self.blob_path(sha256), PutPayload::from(bytes)).await.map(drop).map_err(|e| self.error(e))
     }
 
     /// A blob's bytes, or `None` when it is not stored.
