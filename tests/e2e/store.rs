@@ -79,6 +79,12 @@ async fn on_s3_one_of_many_concurrent_writers_of_a_version_wins() {
     store.put_blob("cafe", Bytes::from_static(b"weights")).await.expect("stored already: fine");
     assert_eq!(store.get_blob("cafe").await.expect("reads").as_deref(), Some(&b"weights"[..]));
     assert_eq!(store.get_blob("beef").await.expect("reads"), None);
+    // A blob larger than one part (10 MiB) goes up in parts from its file and comes back whole.
+    let large: Vec<u8> = (0..12u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let file = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(file.path(), &large).expect("writes");
+    store.put_blob_file("large", file.path()).await.expect("stores in parts");
+    assert!(store.get_blob("large").await.expect("reads").is_some_and(|bytes| bytes == large), "the same bytes");
 
     for sequence in 1..=3u64 {
         let writers: Vec<_> = (0..16)

@@ -18,9 +18,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::buffered::BufWriter;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
+use tokio::io::AsyncWriteExt;
 
 /// Versions of a tenant's control document kept behind the newest (a replica reading while
 /// another writes still finds the version it listed).
@@ -42,6 +44,8 @@ pub enum SharedError {
     Invalid { location: String, path: String, message: String },
     #[error("'{key}' was created through another replica first")]
     Exists { key: String },
+    #[error("the shared store ({location}): {source}")]
+    Transfer { location: String, source: std::io::Error },
 }
 
 /// An object found by [`SharedStore::list`]: its key below the store's root and what tells
@@ -197,11 +201,42 @@ impl SharedStore {
         }
     }
 
-    /// Store a blob under its digest. One stored already is written again (same digest, same
-    /// bytes): its time is then the upload's, which keeps a sweep of unnamed blobs from
-    /// deleting it before the control document that names it is written.
+    /// Store a blob under its digest, from the file at `path`, in parts (a model is not held
+    /// in memory whole). One stored already is written again (same digest, same bytes): its
+    /// time is then the upload's, which keeps a sweep of unnamed blobs from deleting it before
+    /// the control document that names it is written.
+    pub async fn put_blob_file(&self, sha256: &str, path: &std::path::Path) -> Result<(), SharedError> {
+        let transfer = |source| SharedError::Transfer { location: self.location.clone(), source };
+        let mut file = tokio::fs::File::open(path).await.map_err(transfer)?;
+        let mut writer = BufWriter::new(self.objects.clone(), self.blob_path(sha256));
+        let copied = tokio::io::copy(&mut file, &mut writer).await;
+        match copied {
+            Ok(_) => writer.shutdown().await.map_err(transfer),
+            Err(error) => {
+                let _ = writer.abort().await;
+                Err(transfer(error))
+            }
+        }
+    }
+
+    /// Store a blob held in memory (see [`SharedStore::put_blob_file`]).
     pub async fn put_blob(&self, sha256: &str, bytes: Bytes) -> Result<(), SharedError> {
         self.objects.put(&self.blob_path(sha256), PutPayload::from(bytes)).await.map(drop).map_err(|e| self.error(e))
+    }
+
+    /// A blob's bytes in parts as they arrive, or `None` when it is not stored.
+    pub async fn blob_chunks(
+        &self,
+        sha256: &str,
+    ) -> Result<Option<impl futures::Stream<Item = Result<Bytes, SharedError>> + use<>>, SharedError> {
+        let location = self.location.clone();
+        match self.objects.get(&self.blob_path(sha256)).await {
+            Ok(found) => Ok(Some(
+                found.into_stream().map_err(move |source| SharedError::Store { location: location.clone(), source }),
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(source) => Err(self.error(source)),
+        }
     }
 
     /// A blob's bytes, or `None` when it is not stored.

@@ -18,8 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use futures::TryStreamExt;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
 
 use super::shared::{SharedError, SharedStore};
 
@@ -234,32 +236,42 @@ impl Store {
     pub async fn publish(&self, uploaded: &Uploaded) -> Result<PathBuf, SaveError> {
         let path = self.commit(uploaded)?;
         if let Some(shared) = &self.shared {
-            let bytes = fs::read(&path)?;
-            shared.put_blob(&uploaded.sha256, bytes.into()).await.map_err(SaveError::Shared)?;
+            shared.put_blob_file(&uploaded.sha256, &path).await.map_err(SaveError::Shared)?;
         }
         Ok(path)
     }
 
-    /// The local file of a blob, fetched from the shared store into the cache when missing.
+    /// The local file of a blob, fetched from the shared store into the cache when missing
+    /// (in parts, checked against its digest before it is used).
     pub async fn fetch_blob(&self, sha256: &str) -> Result<PathBuf, SaveError> {
         let path = self.blob_path(sha256);
         if path.exists() {
             return Ok(path);
         }
         let shared = self.shared.as_ref().ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "blob not stored"))?;
-        let bytes = shared.get_blob(sha256).await.map_err(SaveError::Shared)?;
-        let bytes = bytes.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "blob not in the shared store"))?;
-        if hex::encode(Sha256::digest(&bytes)) != sha256 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "a shared blob does not match its digest").into());
-        }
+        let chunks = shared.blob_chunks(sha256).await.map_err(SaveError::Shared)?;
+        let chunks = chunks.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "blob not in the shared store"))?;
         let temp = self.temp_path("fetch");
-        let written = File::create(&temp).and_then(|mut file| {
-            file.write_all(&bytes)?;
-            file.sync_all()
-        });
-        if let Err(error) = written.and_then(|()| fs::rename(&temp, &path)) {
+        let fetched = async {
+            let mut chunks = std::pin::pin!(chunks);
+            let mut file = tokio::fs::File::create(&temp).await?;
+            let mut hasher = Sha256::new();
+            while let Some(chunk) = chunks.try_next().await.map_err(SaveError::Shared)? {
+                hasher.update(&chunk);
+                file.write_all(&chunk).await?;
+            }
+            file.sync_all().await?;
+            if hex::encode(hasher.finalize()) != sha256 {
+                return Err(
+                    io::Error::new(io::ErrorKind::InvalidData, "a shared blob does not match its digest").into()
+                );
+            }
+            tokio::fs::rename(&temp, &path).await?;
+            Ok(())
+        };
+        if let Err(error) = fetched.await {
             let _ = fs::remove_file(&temp);
-            return Err(error.into());
+            return Err(error);
         }
         Ok(path)
     }
