@@ -190,14 +190,20 @@ impl Cluster {
     /// process ends. A store that fails is logged and counted; the next round tries again.
     pub async fn run(self: Arc<Self>, state: Arc<ServingState>, poll: Duration) {
         // Until the store answers, nothing is published: this replica's own counts from an
-        // earlier life would be overwritten before they were read.
-        while let Err(error) = self.restore(&state).await {
-            self.failed("restoring the fleet's counts", &error);
-            if !matches!(error, SharedError::Store { .. }) {
-                break;
-            }
-            tokio::time::sleep(poll).await;
+        // earlier life would be overwritten before they were read, and the fleet's folded
+        // minutes would be missing from its budgets if it took the lease.
+        let own_key = format!("{REPLICAS}/{}.json", self.replica);
+        let own = self
+            .until_read(poll, "reading this replica's earlier counts", || self.read_json::<ReplicaReport>(&own_key))
+            .await;
+        if let Some(own) = own.flatten() {
+            for_each_app(&state, |key, app| {
+                if let (Some(slo), Some(counts)) = (&app.slo, own.apps.get(key)) {
+                    slo.restore_recent(&counts.minutes);
+                }
+            });
         }
+        self.until_read(poll, "restoring the fleet's counts", || self.follow(&state)).await;
         let mut ticker = tokio::time::interval(poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -216,16 +222,26 @@ impl Cluster {
         tracing::warn!(%error, "{what} failed");
     }
 
-    /// This replica's own counts from an earlier life (same name), and the fleet's.
-    async fn restore(&self, state: &ServingState) -> Result<(), SharedError> {
-        if let Some(own) = self.read_json::<ReplicaReport>(&format!("{REPLICAS}/{}.json", self.replica)).await? {
-            for_each_app(state, |key, app| {
-                if let (Some(slo), Some(counts)) = (&app.slo, own.apps.get(key)) {
-                    slo.restore_recent(&counts.minutes);
+    /// `read` again every `poll` while the store does not answer; `None` if it failed
+    /// otherwise (a document that does not parse: logged, not retried).
+    async fn until_read<T, F: Future<Output = Result<T, SharedError>>>(
+        &self,
+        poll: Duration,
+        what: &str,
+        read: impl Fn() -> F,
+    ) -> Option<T> {
+        loop {
+            match read().await {
+                Ok(value) => return Some(value),
+                Err(error) => {
+                    self.failed(what, &error);
+                    if !matches!(error, SharedError::Store { .. }) {
+                        return None;
+                    }
                 }
-            });
+            }
+            tokio::time::sleep(poll).await;
         }
-        self.follow(state).await
     }
 
     async fn read_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, SharedError> {

@@ -241,11 +241,7 @@ impl SharedStore {
 
     /// A blob's bytes, or `None` when it is not stored.
     pub async fn get_blob(&self, sha256: &str) -> Result<Option<Bytes>, SharedError> {
-        match self.objects.get(&self.blob_path(sha256)).await {
-            Ok(found) => found.bytes().await.map(Some).map_err(|e| self.error(e)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(source) => Err(self.error(source)),
-        }
+        self.get(&format!("blobs/sha256/{sha256}")).await
     }
 
     /// The newest version of every tenant's control document, or of `only` that tenant's.
