@@ -1,7 +1,8 @@
 //! The store replicas share (`--store`): an object store, S3-compatible (`s3://bucket/prefix`,
 //! credentials and endpoint from the standard AWS variables) or a directory (`file:///dir`),
 //! through the `object_store` crate. It holds the blobs, by sha256 as in the data directory,
-//! and each tenant's control document.
+//! each tenant's control document, and under `telemetry/` what the replicas decide together
+//! (`control::cluster`; its lease is [`super::lease`]).
 //!
 //! Control documents are versioned: `control/<tenant>/<sequence>.json`, and version n+1 is
 //! written only if no one has written it yet (a conditional create: S3's `If-None-Match: *`, a
