@@ -120,20 +120,18 @@ impl SharedStore {
         SharedError::Store { location: self.location.clone(), source }
     }
 
-    fn blob_path(&self, sha256: &str) -> ObjectPath {
-        self.root.clone().join("blobs").join("sha256").join(sha256)
-    }
-
-    fn control_root(&self) -> ObjectPath {
-        self.root.clone().join("control")
-    }
-
-    fn control_path(&self, tenant: &str, sequence: u64) -> ObjectPath {
-        self.control_root().join(tenant).join(format!("{sequence:020}.json").as_str())
-    }
-
     fn key_path(&self, key: &str) -> ObjectPath {
         key.split('/').fold(self.root.clone(), |path, part| path.join(part))
+    }
+
+    /// An object's metadata as [`Listed`], its key relative to the root.
+    fn listed(&self, meta: object_store::ObjectMeta) -> Option<Listed> {
+        let parts: Vec<String> = meta.location.prefix_match(&self.root)?.map(|p| p.as_ref().to_string()).collect();
+        Some(Listed {
+            key: parts.join("/"),
+            e_tag: meta.e_tag,
+            last_modified_unix_ms: u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0),
+        })
     }
 
     /// Write (or replace) the object at `key`, a `/`-separated path below the store's root
@@ -167,28 +165,13 @@ impl SharedStore {
     pub async fn list(&self, prefix: &str) -> Result<Vec<Listed>, SharedError> {
         let listed: Vec<_> =
             self.objects.list(Some(&self.key_path(prefix))).try_collect().await.map_err(|e| self.error(e))?;
-        Ok(listed
-            .into_iter()
-            .filter_map(|meta| {
-                let parts: Vec<String> =
-                    meta.location.prefix_match(&self.root)?.map(|p| p.as_ref().to_string()).collect();
-                Some(Listed {
-                    key: parts.join("/"),
-                    e_tag: meta.e_tag,
-                    last_modified_unix_ms: u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0),
-                })
-            })
-            .collect())
+        Ok(listed.into_iter().filter_map(|meta| self.listed(meta)).collect())
     }
 
     /// What the store says of the object at `key` now, or `None` when there is none.
     pub async fn head(&self, key: &str) -> Result<Option<Listed>, SharedError> {
         match self.objects.head(&self.key_path(key)).await {
-            Ok(meta) => Ok(Some(Listed {
-                key: key.to_string(),
-                e_tag: meta.e_tag,
-                last_modified_unix_ms: u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0),
-            })),
+            Ok(meta) => Ok(self.listed(meta)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(source) => Err(self.error(source)),
         }
@@ -209,7 +192,7 @@ impl SharedStore {
     pub async fn put_blob_file(&self, sha256: &str, path: &std::path::Path) -> Result<(), SharedError> {
         let transfer = |source| SharedError::Transfer { location: self.location.clone(), source };
         let mut file = tokio::fs::File::open(path).await.map_err(transfer)?;
-        let mut writer = BufWriter::new(self.objects.clone(), self.blob_path(sha256));
+        let mut writer = BufWriter::new(self.objects.clone(), self.key_path(&blob_key(sha256)));
         let copied = tokio::io::copy(&mut file, &mut writer).await;
         match copied {
             Ok(_) => writer.shutdown().await.map_err(transfer),
@@ -222,7 +205,7 @@ impl SharedStore {
 
     /// Store a blob held in memory (see [`SharedStore::put_blob_file`]).
     pub async fn put_blob(&self, sha256: &str, bytes: Bytes) -> Result<(), SharedError> {
-        self.objects.put(&self.blob_path(sha256), PutPayload::from(bytes)).await.map(drop).map_err(|e| self.error(e))
+        self.put(&blob_key(sha256), bytes).await.map(drop)
     }
 
     /// A blob's bytes in parts as they arrive, or `None` when it is not stored.
@@ -231,7 +214,7 @@ impl SharedStore {
         sha256: &str,
     ) -> Result<Option<impl futures::Stream<Item = Result<Bytes, SharedError>> + use<>>, SharedError> {
         let location = self.location.clone();
-        match self.objects.get(&self.blob_path(sha256)).await {
+        match self.objects.get(&self.key_path(&blob_key(sha256))).await {
             Ok(found) => Ok(Some(
                 found.into_stream().map_err(move |source| SharedError::Store { location: location.clone(), source }),
             )),
@@ -242,21 +225,18 @@ impl SharedStore {
 
     /// A blob's bytes, or `None` when it is not stored.
     pub async fn get_blob(&self, sha256: &str) -> Result<Option<Bytes>, SharedError> {
-        self.get(&format!("blobs/sha256/{sha256}")).await
+        self.get(&blob_key(sha256)).await
     }
 
     /// The newest version of every tenant's control document, or of `only` that tenant's.
     pub async fn newest_versions(&self, only: Option<&str>) -> Result<BTreeMap<String, u64>, SharedError> {
-        let root = self.control_root();
-        let listing = only.map_or_else(|| root.clone(), |tenant| root.clone().join(tenant));
-        let listed: Vec<_> = self.objects.list(Some(&listing)).try_collect().await.map_err(|e| self.error(e))?;
+        let prefix = only.map_or_else(|| CONTROL.to_string(), |tenant| format!("{CONTROL}/{tenant}"));
         let mut newest = BTreeMap::new();
-        for meta in listed {
-            let Some(parts) = meta.location.prefix_match(&root) else { continue };
-            let parts: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
-            let [tenant, file] = parts.as_slice() else { continue };
+        for listed in self.list(&prefix).await? {
+            let parts: Vec<&str> = listed.key.split('/').collect();
+            let [CONTROL, tenant, file] = parts.as_slice() else { continue };
             let Some(sequence) = file.strip_suffix(".json").and_then(|s| s.parse::<u64>().ok()) else { continue };
-            let entry = newest.entry(tenant.clone()).or_insert(0);
+            let entry = newest.entry(tenant.to_string()).or_insert(0);
             *entry = (*entry).max(sequence);
         }
         Ok(newest)
@@ -264,7 +244,8 @@ impl SharedStore {
 
     /// Version `sequence` of a tenant's control document.
     pub async fn read_control(&self, tenant: &str, sequence: u64) -> Result<Bytes, SharedError> {
-        let found = self.objects.get(&self.control_path(tenant, sequence)).await.map_err(|e| self.error(e))?;
+        let found =
+            self.objects.get(&self.key_path(&control_key(tenant, sequence))).await.map_err(|e| self.error(e))?;
         found.bytes().await.map_err(|e| self.error(e))
     }
 
@@ -272,23 +253,30 @@ impl SharedStore {
     /// [`SharedError::Conflict`]. Versions older than [`KEPT_VERSIONS`] behind it are deleted
     /// (best effort: one left behind is only space).
     pub async fn write_control(&self, tenant: &str, sequence: u64, document: Bytes) -> Result<(), SharedError> {
-        let options = PutOptions { mode: PutMode::Create, ..Default::default() };
-        let path = self.control_path(tenant, sequence);
-        match self.objects.put_opts(&path, PutPayload::from(document), options).await {
+        match self.create(&control_key(tenant, sequence), document).await {
             Ok(_) => {}
-            Err(object_store::Error::AlreadyExists { .. }) => {
+            Err(SharedError::Exists { .. }) => {
                 return Err(SharedError::Conflict { tenant: tenant.to_string(), sequence });
             }
-            Err(source) => return Err(self.error(source)),
+            Err(error) => return Err(error),
         }
         if let Some(old) = sequence.checked_sub(KEPT_VERSIONS)
-            && let Err(error) = self.objects.delete(&self.control_path(tenant, old)).await
-            && !matches!(error, object_store::Error::NotFound { .. })
+            && let Err(error) = self.delete(&control_key(tenant, old)).await
         {
             tracing::debug!(tenant, sequence = old, %error, "an old control version was not deleted");
         }
         Ok(())
     }
+}
+
+const CONTROL: &str = "control";
+
+fn blob_key(sha256: &str) -> String {
+    format!("blobs/sha256/{sha256}")
+}
+
+fn control_key(tenant: &str, sequence: u64) -> String {
+    format!("{CONTROL}/{tenant}/{sequence:020}.json")
 }
 
 #[cfg(test)]
