@@ -36,7 +36,7 @@ use crate::rollout::app::AppState;
 use crate::state::ServingState;
 use crate::telemetry::drift::{DriftMonitor, StoredReference};
 use crate::telemetry::metrics::metrics;
-use crate::telemetry::slo::{AppSlo, MinuteBucket, minute_now};
+use crate::telemetry::slo::{AppSlo, MinuteBucket, minute_now, sum_by_minute};
 use crate::telemetry::versions::VersionSnapshot;
 
 /// Minutes of its own SLO counts a replica publishes: the current one and those before.
@@ -194,7 +194,9 @@ impl Cluster {
         // minutes would be missing from its budgets if it took the lease.
         let own_key = format!("{REPLICAS}/{}.json", self.replica);
         let own = self
-            .until_read(poll, "reading this replica's earlier counts", || self.read_json::<ReplicaReport>(&own_key))
+            .until_read(poll, "reading this replica's earlier counts", || {
+                self.store.get_json::<ReplicaReport>(&own_key)
+            })
             .await;
         if let Some(own) = own.flatten() {
             for_each_app(&state, |key, app| {
@@ -242,15 +244,6 @@ impl Cluster {
             }
             tokio::time::sleep(poll).await;
         }
-    }
-
-    async fn read_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, SharedError> {
-        let Some(bytes) = self.store.get(key).await? else { return Ok(None) };
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| SharedError::Invalid {
-            location: self.store.location().to_string(),
-            path: key.to_string(),
-            message: e.to_string(),
-        })
     }
 
     async fn write_json<T: Serialize>(&self, key: &str, value: &T) -> Result<(), SharedError> {
@@ -313,7 +306,7 @@ impl Cluster {
                 others.insert(listed.key, report.clone());
                 continue;
             }
-            match self.read_json::<ReplicaReport>(&listed.key).await {
+            match self.store.get_json::<ReplicaReport>(&listed.key).await {
                 Ok(Some(report)) => {
                     others.insert(listed.key, (listed.e_tag, Arc::new(report)));
                 }
@@ -387,20 +380,14 @@ impl Cluster {
         if from > through {
             return Ok(());
         }
-        let mut sums: BTreeMap<u32, MinuteBucket> = BTreeMap::new();
-        for bucket in recent.values().flatten().filter(|b| (from..=through).contains(&b.minute)) {
-            sums.entry(bucket.minute)
-                .or_insert(MinuteBucket { minute: bucket.minute, ..Default::default() })
-                .add(bucket);
-        }
-        let sums: Vec<MinuteBucket> = sums.into_values().collect();
+        let sums = sum_by_minute(recent.values().flatten().filter(|b| (from..=through).contains(&b.minute)));
         for day in from / MINUTES_PER_DAY..=through / MINUTES_PER_DAY {
             let of_day: Vec<MinuteBucket> =
                 sums.iter().filter(|b| b.minute / MINUTES_PER_DAY == day).copied().collect();
             if of_day.is_empty() {
                 continue;
             }
-            let stored = self.read_json::<Vec<MinuteBucket>>(&day_key(key, day)).await?;
+            let stored = self.store.get_json::<Vec<MinuteBucket>>(&day_key(key, day)).await?;
             let is_new_day = stored.is_none();
             let mut minutes: BTreeMap<u32, MinuteBucket> =
                 stored.unwrap_or_default().into_iter().map(|b| (b.minute, b)).collect();
@@ -429,7 +416,7 @@ impl Cluster {
     /// A follower's round: take the holder's folded minutes, the other replicas' recent
     /// counts and the analysis' events.
     async fn follow(&self, state: &ServingState) -> Result<(), SharedError> {
-        let Some(fleet) = self.read_json::<FleetView>(FLEET).await? else { return Ok(()) };
+        let Some(fleet) = self.store.get_json::<FleetView>(FLEET).await? else { return Ok(()) };
         for (key, app) in apps_of(state) {
             let Some(view) = fleet.apps.get(&key) else { continue };
             if let Some(slo) = &app.slo {
@@ -441,7 +428,7 @@ impl Cluster {
                     let mut folded = Vec::new();
                     for day in from / MINUTES_PER_DAY..=through / MINUTES_PER_DAY {
                         let minutes =
-                            self.read_json::<Vec<MinuteBucket>>(&day_key(&key, day)).await?.unwrap_or_default();
+                            self.store.get_json::<Vec<MinuteBucket>>(&day_key(&key, day)).await?.unwrap_or_default();
                         folded.extend(minutes.into_iter().filter(|b| (from..=through).contains(&b.minute)));
                     }
                     slo.fold(&folded, Some(through));
@@ -450,7 +437,7 @@ impl Cluster {
             }
             let seen = self.events.lock().unwrap_or_else(PoisonError::into_inner).get(&key).copied();
             if view.events > 0 && seen != Some(view.events) {
-                let events = self.read_json::<Vec<Event>>(&events_key(&key)).await?.unwrap_or_default();
+                let events = self.store.get_json::<Vec<Event>>(&events_key(&key)).await?.unwrap_or_default();
                 let mut analysis = app.analysis.lock().unwrap_or_else(PoisonError::into_inner);
                 analysis.replace_events(events);
                 analysis.events_recorded = view.events;
@@ -467,7 +454,7 @@ impl Cluster {
     async fn sweep_blobs(&self, now_unix_ms: u64) -> Result<usize, SharedError> {
         let mut named = std::collections::HashSet::new();
         for listed in self.store.list("control").await? {
-            let Some(document) = self.read_json::<TenantControl>(&listed.key).await? else { continue };
+            let Some(document) = self.store.get_json::<TenantControl>(&listed.key).await? else { continue };
             named.extend(document.models.into_values());
             named.extend(document.apps.into_values().flat_map(|app| app.versions.into_values()));
         }
@@ -574,11 +561,7 @@ fn for_each_app(state: &ServingState, mut visit: impl FnMut(&str, &Arc<AppState>
 
 /// The other replicas' counts, summed per minute.
 fn sum_others(recent: &BTreeMap<String, Vec<MinuteBucket>>, this_replica: &str) -> Vec<MinuteBucket> {
-    let mut sums: BTreeMap<u32, MinuteBucket> = BTreeMap::new();
-    for bucket in recent.iter().filter(|(replica, _)| replica.as_str() != this_replica).flat_map(|(_, b)| b) {
-        sums.entry(bucket.minute).or_insert(MinuteBucket { minute: bucket.minute, ..Default::default() }).add(bucket);
-    }
-    sums.into_values().collect()
+    sum_by_minute(recent.iter().filter(|(replica, _)| replica.as_str() != this_replica).flat_map(|(_, b)| b))
 }
 
 #[cfg(test)]
@@ -633,7 +616,7 @@ mod tests {
             ("r2".to_string(), vec![bucket(through, 20, 2)]),
         ]);
         cluster.fold("acme/app", &slo, &recent, through).await.expect("folds");
-        let stored = cluster.read_json::<Vec<MinuteBucket>>(&day_key("acme/app", day)).await.expect("reads");
+        let stored = cluster.store.get_json::<Vec<MinuteBucket>>(&day_key("acme/app", day)).await.expect("reads");
         assert_eq!(
             stored,
             Some(vec![bucket(through - 1, 10, 1), bucket(through, 25, 2)]),
@@ -641,7 +624,11 @@ mod tests {
         );
         assert_eq!(slo.folded_through(), Some(through));
         assert_eq!(sum_others(&recent, "r1"), vec![bucket(through, 20, 2)]);
-        assert_eq!(cluster.read_json::<Vec<MinuteBucket>>(&old_day).await.expect("reads"), None, "past the window");
+        assert_eq!(
+            cluster.store.get_json::<Vec<MinuteBucket>>(&old_day).await.expect("reads"),
+            None,
+            "past the window"
+        );
 
         // Folding again across midnight: each minute goes to its day, once.
         let midnight = (day + 1) * MINUTES_PER_DAY;
@@ -650,9 +637,9 @@ mod tests {
             vec![bucket(through, 99, 0), bucket(midnight - 1, 3, 0), bucket(midnight, 4, 1)],
         )]);
         cluster.fold("acme/app", &slo, &recent, midnight).await.expect("folds");
-        let stored = cluster.read_json::<Vec<MinuteBucket>>(&day_key("acme/app", day)).await.expect("reads");
+        let stored = cluster.store.get_json::<Vec<MinuteBucket>>(&day_key("acme/app", day)).await.expect("reads");
         assert_eq!(stored, Some(vec![bucket(through - 1, 10, 1), bucket(through, 25, 2), bucket(midnight - 1, 3, 0)]));
-        let next = cluster.read_json::<Vec<MinuteBucket>>(&day_key("acme/app", day + 1)).await.expect("reads");
+        let next = cluster.store.get_json::<Vec<MinuteBucket>>(&day_key("acme/app", day + 1)).await.expect("reads");
         assert_eq!(next, Some(vec![bucket(midnight, 4, 1)]));
         assert_eq!(slo.folded_through(), Some(midnight));
     }

@@ -111,12 +111,7 @@ impl Lease {
         let Some(key) = listed.into_iter().map(|l| l.key).filter(|k| k.ends_with(".json")).max() else {
             return Ok(None);
         };
-        let Some(bytes) = store.get(&key).await? else { return Ok(None) };
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| SharedError::Invalid {
-            location: store.location().to_string(),
-            path: key,
-            message: e.to_string(),
-        })
+        store.get_json(&key).await
     }
 }
 

@@ -161,6 +161,17 @@ impl SharedStore {
         }
     }
 
+    /// The JSON document at `key`, or `None` when there is none; one that does not parse is
+    /// [`SharedError::Invalid`].
+    pub async fn get_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, SharedError> {
+        let Some(bytes) = self.get(key).await? else { return Ok(None) };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| SharedError::Invalid {
+            location: self.location.clone(),
+            path: key.to_string(),
+            message: e.to_string(),
+        })
+    }
+
     /// Every object below `prefix`, with keys relative to the store's root.
     pub async fn list(&self, prefix: &str) -> Result<Vec<Listed>, SharedError> {
         let listed: Vec<_> =

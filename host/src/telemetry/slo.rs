@@ -87,6 +87,17 @@ impl MinuteBucket {
     }
 }
 
+/// Buckets of the same minute added up, one per minute, oldest first.
+pub fn sum_by_minute<'a>(buckets: impl IntoIterator<Item = &'a MinuteBucket>) -> Vec<MinuteBucket> {
+    let mut sums: BTreeMap<u32, MinuteBucket> = BTreeMap::new();
+    for bucket in buckets {
+        sums.entry(bucket.minute)
+            .or_insert(MinuteBucket { minute: bucket.minute, ..MinuteBucket::default() })
+            .add(bucket);
+    }
+    sums.into_values().collect()
+}
+
 /// The current minute since the Unix epoch.
 pub fn minute_now() -> u32 {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -283,10 +294,6 @@ impl AppSlo {
         Self { spec, counts: Mutex::new(MinuteCounts::new(minutes)), fleet: Mutex::new(fleet) }
     }
 
-    fn minute(&self) -> u32 {
-        minute_now()
-    }
-
     /// Minutes the objectives' window spans.
     pub fn window_minutes(&self) -> u32 {
         self.spec.window_minutes()
@@ -342,13 +349,13 @@ impl AppSlo {
                 Outcome::Answered { slow: self.spec.latency_ms.is_some_and(|ms| duration > Duration::from_millis(ms)) }
             }
         };
-        let minute = self.minute();
+        let minute = minute_now();
         self.counts.lock().unwrap_or_else(PoisonError::into_inner).record(minute, outcome);
     }
 
     /// Every objective's budget, burn rates and alerts now.
     pub fn report(&self) -> Vec<ObjectiveReport> {
-        let now = self.minute();
+        let now = minute_now();
         let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let fleet = self.fleet.lock().unwrap_or_else(PoisonError::into_inner);
         let window = self.totals(&counts, &fleet, now, self.spec.window_minutes());
