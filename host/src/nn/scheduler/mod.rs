@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -633,6 +634,17 @@ impl Resident {
         }
     }
 
+    /// A batch's task ended: its instance is free again.
+    fn batch_ended(&mut self, execution: &Execution, done: Result<(Arc<dyn Graph>, Duration), JoinError>) {
+        match done {
+            Ok((graph, busy)) => {
+                self.busy += busy;
+                self.idle.push(graph);
+            }
+            Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
+        }
+    }
+
     /// A job arrived or a batch ended.
     fn touch(&self) {
         self.last_use.touch(std::time::Instant::now());
@@ -828,6 +840,11 @@ async fn run_queue(
                         resident.touch();
                         state.push(job);
                     }
+                    // Batches that ended before this look do not keep it busy (select! picks
+                    // among ready branches at random, so their ends may not be collected yet).
+                    while let Some(done) = running.try_join_next() {
+                        resident.batch_ended(&execution, done);
+                    }
                     let _ = reply.send(resident.evict(&execution, !running.is_empty() || !state.is_empty()));
                 }
                 None => controls_closed = true,
@@ -845,15 +862,7 @@ async fn run_queue(
                     added.unwrap_or_else(|join| Err(LoadError::Failed(format!("the loader thread failed: {join}"))));
                 resident.end_scale_up(&execution, added);
             }
-            Some(done) = running.join_next(), if !running.is_empty() => {
-                match done {
-                    Ok((graph, busy)) => {
-                        resident.busy += busy;
-                        resident.idle.push(graph);
-                    }
-                    Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
-                }
-            }
+            Some(done) = running.join_next(), if !running.is_empty() => resident.batch_ended(&execution, done),
             Some(loaded) = resident.loading.join_next(), if !resident.loading.is_empty() => {
                 let loaded =
                     loaded.unwrap_or_else(|join| Err(LoadError::Failed(format!("the loader thread failed: {join}"))));
