@@ -2,7 +2,8 @@
 //! install is needed), and builds what the demo tenants and the end-to-end tests run: the
 //! example and test guest components (compiled to wasm32-wasip2 components by a nested
 //! cargo), after fetching the Magika model that the magika component embeds a label table
-//! of.
+//! of; and fetches ONNX Runtime's library from its pinned wheel, so that `serve` runs on it
+//! without any other install step.
 //!
 //! Outputs land in `target/guests/wasm32-wasip2/release/`, which the demo manifests in
 //! `tenants/` reference; `SLUICE_GUEST_DIR` points tests at the same folder.
@@ -16,7 +17,8 @@ const TARGET: &str = "wasm32-wasip2";
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ sits in the workspace").to_path_buf();
     compile_proto(&root);
-    for watched in ["guest-sdk", "wit", "examples", "tests/guests", "scripts/fetch_magika.py"] {
+    let scripts = ["scripts/fetch_magika.py", "scripts/fetch_onnxruntime.py", "scripts/pinned_wheel.py"];
+    for watched in ["guest-sdk", "wit", "examples", "tests/guests"].into_iter().chain(scripts) {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 
@@ -24,6 +26,7 @@ fn main() {
     // The fuzz targets (`--cfg fuzzing`, a nightly build) need no guests and no model.
     if std::env::var_os("CARGO_CFG_FUZZING").is_none() {
         fetch_magika(&root);
+        fetch_onnxruntime(&root);
         ensure_target();
         build_guests(&root, &target_dir);
     }
@@ -53,6 +56,23 @@ fn fetch_magika(root: &Path) {
              Run `python3 scripts/fetch_magika.py` to see the error."
         ),
     }
+}
+
+/// ONNX Runtime's library into `target/onnxruntime/`, its path compiled into the server as
+/// where to look first. Without it (no network, an architecture with no pinned wheel) the
+/// build goes on: the server serves on tract and its log says why.
+fn fetch_onnxruntime(root: &Path) {
+    let library = root.join("target/onnxruntime/libonnxruntime.so.1.32.0");
+    // Fetched again when removed.
+    println!("cargo:rerun-if-changed={}", library.display());
+    let status = Command::new("python3").arg(root.join("scripts/fetch_onnxruntime.py")).status();
+    if !status.is_ok_and(|s| s.success()) {
+        println!(
+            "cargo:warning=fetching ONNX Runtime failed (run `python3 scripts/fetch_onnxruntime.py` to see why): \
+             `serve` will use tract unless it finds another ONNX Runtime library"
+        );
+    }
+    println!("cargo:rustc-env=SLUICE_BUILT_ONNXRUNTIME={}", library.display());
 }
 
 /// Install the wasm32-wasip2 target where rustup does not do it from rust-toolchain.toml.

@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 before=$1 after=$2 rounds=${3:-3}
 perf=target/release/sluice
-library=$(ls .venv/lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.* 2>/dev/null | tail -1)
-[ -n "$library" ] || { echo "no ONNX Runtime in .venv: run the tests once to create it" >&2; exit 1; }
+library=$(ls target/onnxruntime/libonnxruntime.so.* 2>/dev/null | tail -1)
+[ -n "$library" ] || { echo "no ONNX Runtime in target/onnxruntime: build once (cargo build --release)" >&2; exit 1; }
 log=$(mktemp)
 for round in $(seq "$rounds"); do
   for build in before after; do

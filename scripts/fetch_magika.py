@@ -8,13 +8,10 @@ when the files are present and intact. Needs only python3 with pip.
 Usage: python3 scripts/fetch_magika.py
 """
 
-import hashlib
 import json
 import pathlib
-import subprocess
-import sys
-import tempfile
-import zipfile
+
+import pinned_wheel
 
 VERSION = "1.0.3"
 WHEEL = f"magika-{VERSION}-py3-none-manylinux_2_28_x86_64.whl"
@@ -30,35 +27,8 @@ FILES = {
 OUT = pathlib.Path(__file__).resolve().parent.parent / "examples" / "magika" / "model"
 
 
-def sha256(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def intact():
-    return all(
-        (OUT / pathlib.Path(name).name).is_file()
-        and sha256(OUT / pathlib.Path(name).name) == digest
-        for name, digest in FILES.items()
-    ) and (OUT / "labels.tsv").is_file()
-
-
-def download(tmp):
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-         "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64",
-         "--python-version", "3.11", "-d", tmp, f"magika=={VERSION}"],
-        check=True,
-    )
-    wheel = pathlib.Path(tmp) / WHEEL
-    if sha256(wheel) != WHEEL_SHA256:
-        sys.exit(f"{wheel.name}: sha256 mismatch, refusing to use it")
-    OUT.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(wheel) as archive:
-        for name, digest in FILES.items():
-            target = OUT / pathlib.Path(name).name
-            target.write_bytes(archive.read(name))
-            if sha256(target) != digest:
-                sys.exit(f"{name}: sha256 mismatch inside {wheel.name}")
+    return pinned_wheel.intact(OUT, FILES) and (OUT / "labels.tsv").is_file()
 
 
 def write_label_table():
@@ -81,8 +51,7 @@ def write_label_table():
 def main():
     if intact():
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        download(tmp)
+    pinned_wheel.extract(f"magika=={VERSION}", "manylinux_2_28_x86_64", WHEEL, WHEEL_SHA256, FILES, OUT)
     write_label_table()
     print(f"magika {VERSION} model ready in {OUT}")
 

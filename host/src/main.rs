@@ -115,8 +115,9 @@ struct ServeArgs {
     /// Directory for server state (compiled-component cache).
     #[arg(long, env = "SLUICE_DATA_DIR", default_value = "data")]
     data_dir: PathBuf,
-    /// Path of the ONNX Runtime shared library (`libonnxruntime.so.*`). Without it, an
-    /// `onnxruntime` Python package is searched (./.venv, then python3).
+    /// Path of the ONNX Runtime shared library (`libonnxruntime.so.*`). Without it, the one
+    /// the build fetched (target/onnxruntime/), then an `onnxruntime` Python package
+    /// (./.venv, then python3).
     #[arg(long, env = "ORT_DYLIB_PATH")]
     onnxruntime_lib: Option<PathBuf>,
     /// Backend for models whose manifest pins none (default: onnxruntime if its library

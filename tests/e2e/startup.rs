@@ -55,6 +55,24 @@ fn a_restart_does_not_recompile_components() {
 }
 
 #[tokio::test]
+async fn a_server_started_without_settings_serves_on_the_onnxruntime_library_the_build_fetched() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", "k", "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("acme.toml", &manifest);
+
+    let data = tempfile::tempdir().expect("tmp");
+    // The project's .venv holds another copy: only the log's path tells them apart.
+    let server = Server::start_as_users_do(tenants.path(), data.path()).expect("starts");
+    let log = server.log();
+    let built = built_onnxruntime_library();
+    assert!(log.contains("ONNX Runtime loaded") && log.contains(&built.display().to_string()), "{log}");
+    assert!(!log.contains("not available"), "{log}");
+    let (status, model) = server.get("/v2/models/digits-mlp", Some("k")).await;
+    assert_eq!((status, model["platform"].as_str()), (200, Some("onnxruntime_onnx")));
+}
+
+#[tokio::test]
 async fn a_wrong_onnxruntime_library_falls_back_to_tract_with_a_clear_message() {
     let tenants = Tenants::new();
     let mut manifest = tenant_header("acme", "k", "");

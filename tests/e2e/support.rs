@@ -138,11 +138,19 @@ pub fn software_webgpu() -> (Vec<String>, Vec<(String, String)>) {
     (vec!["--webgpu-ep-lib".to_string(), plugin], env.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
-/// The ONNX Runtime library from the pinned `onnxruntime` wheel, installed into the
-/// project's `.venv` on first use.
+/// Where the build puts ONNX Runtime's library (`scripts/fetch_onnxruntime.py`).
+pub fn built_onnxruntime_library() -> PathBuf {
+    repo_root().join(format!("target/onnxruntime/libonnxruntime.so.{ONNXRUNTIME_VERSION}"))
+}
+
+/// The ONNX Runtime library from the pinned `onnxruntime` wheel: the one the build fetched,
+/// else the wheel installed into the project's `.venv` on first use.
 pub fn onnxruntime_library() -> &'static Path {
     static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
     LIBRARY.get_or_init(|| {
+        if built_onnxruntime_library().is_file() {
+            return built_onnxruntime_library();
+        }
         let venv = repo_root().join(".venv");
         let python = venv_python();
         let capi = venv.join("lib").read_dir().ok().into_iter().flatten().flatten().find_map(|entry| {
@@ -242,7 +250,7 @@ impl Server {
     /// [`Server::start`] with extra environment variables for the server process.
     pub fn start_with_env(tenants: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let data = tempfile::tempdir().expect("temporary data directory");
-        let mut server = Self::launch(tenants, data.path(), extra, env, None)
+        let mut server = Self::launch(tenants, data.path(), extra, env, None, true)
             .unwrap_or_else(|log| panic!("sluice serve did not start:\n{log}"));
         server._data = Some(data);
         server
@@ -251,13 +259,19 @@ impl Server {
     /// Start with a data directory the caller keeps; `Err` carries the log of a server
     /// that exited instead of serving.
     pub fn start_in(tenants: &Path, data: &Path, extra: &[&str]) -> Result<Self, String> {
-        Self::launch(tenants, data, extra, &[], None)
+        Self::launch(tenants, data, extra, &[], None, true)
     }
 
     /// [`Server::start_in`] with the server's working directory at `cwd` (where a relative
     /// data directory, the default `data`, would be); the server's log goes there too.
     pub fn start_in_dir(tenants: &Path, data: &Path, cwd: &Path, extra: &[&str]) -> Result<Self, String> {
-        Self::launch(tenants, data, extra, &[], Some(cwd))
+        Self::launch(tenants, data, extra, &[], Some(cwd), true)
+    }
+
+    /// [`Server::start_in`] as a user starts it: no ONNX Runtime library named (neither the
+    /// flag nor `ORT_DYLIB_PATH`), so the server finds one itself.
+    pub fn start_as_users_do(tenants: &Path, data: &Path) -> Result<Self, String> {
+        Self::launch(tenants, data, &[], &[], None, false)
     }
 
     fn launch(
@@ -266,6 +280,7 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
         cwd: Option<&Path>,
+        name_onnxruntime: bool,
     ) -> Result<Self, String> {
         // Beside the working directory when one is given, so a test can fill the data directory.
         let log = cwd.unwrap_or(data).join(format!(
@@ -283,12 +298,13 @@ impl Server {
             .arg(tenants)
             .arg("--data-dir")
             .arg(data)
-            .args(if extra.contains(&"--onnxruntime-lib") {
+            .args(if extra.contains(&"--onnxruntime-lib") || !name_onnxruntime {
                 Vec::new()
             } else {
                 vec!["--onnxruntime-lib".as_ref(), onnxruntime_library().as_os_str()]
             })
             .args(extra)
+            .env_remove("ORT_DYLIB_PATH")
             .env("SLUICE_LOG", "info")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())

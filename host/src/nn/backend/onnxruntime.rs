@@ -1,6 +1,7 @@
 //! The ONNX Runtime backend through `ort`, loading the native library at run time
 //! (`load-dynamic`: nothing is downloaded at build time). The library is found through
-//! the `--onnxruntime-lib` setting or `ORT_DYLIB_PATH`, then in an `onnxruntime` Python
+//! the `--onnxruntime-lib` setting or `ORT_DYLIB_PATH`, then where the build put it (the
+//! pinned wheel's library, `scripts/fetch_onnxruntime.py`), then in an `onnxruntime` Python
 //! package (the project's `.venv`, then the machine's `python3`).
 //!
 //! Graphs run where their placement says: on the CPU, on a CUDA GPU through the CUDA
@@ -44,8 +45,9 @@ impl OnnxRuntime {
             Some(path) => path.clone(),
             None => locate_library().ok_or_else(|| {
                 unavailable(
-                    "no ONNX Runtime library found: set ORT_DYLIB_PATH or --onnxruntime-lib, or \
-                     install the `onnxruntime` Python package"
+                    "no ONNX Runtime library found: the build could not fetch it (run `python3 \
+                     scripts/fetch_onnxruntime.py` to see why); set ORT_DYLIB_PATH or --onnxruntime-lib, \
+                     or install the `onnxruntime` Python package"
                         .to_string(),
                 )
             })?,
@@ -382,8 +384,14 @@ fn from_value(value: &DynValue) -> Result<Tensor, String> {
     Tensor::new(element, dims, data).map_err(|e| e.to_string())
 }
 
-/// Find `libonnxruntime.so.*` in an installed `onnxruntime` Python package.
+/// Find `libonnxruntime.so.*`: the one the build fetched, else one in an installed
+/// `onnxruntime` Python package.
 fn locate_library() -> Option<PathBuf> {
+    let built = option_env!("SLUICE_BUILT_ONNXRUNTIME").map(PathBuf::from).filter(|path| path.is_file());
+    built.or_else(locate_in_python)
+}
+
+fn locate_in_python() -> Option<PathBuf> {
     let venv = Path::new(".venv/lib");
     let from_venv = std::fs::read_dir(venv)
         .ok()
