@@ -1,0 +1,145 @@
+//! The floor server: what the protocols alone cost, as the same-run reference for Sluice's
+//! end-to-end figures (`scripts/bench_overhead.sh`). The same crates (axum on hyper's
+//! HTTP/1, tonic) and the same parsing and encoding as Sluice's front ends (OIP JSON with the
+//! binary extension, gRPC with raw contents), and nothing else: no tenant, no key, no queue,
+//! no model. Every infer request is parsed and validated and answered with ten FP32 values.
+//!
+//! Run: `cargo bench --bench floor -- HTTP_ADDRESS GRPC_ADDRESS` (serves until killed).
+
+use std::net::SocketAddr;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::serve::ListenerExt;
+use sluice::api::grpc::proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use sluice::api::grpc::proto::*;
+use sluice::api::{grpc, json};
+use sluice::oip::types::{Datatype, InferOutcome, Payload, TensorLimits, ValidTensor};
+use sluice::tensor::ElementType;
+use tonic::{Request, Status};
+
+const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 24 };
+
+/// Ten values, as the digits MLP answers.
+fn outcome(model: String) -> InferOutcome {
+    let values: Vec<u8> = (0..10).flat_map(|i| (i as f32 / 10.0).to_le_bytes()).collect();
+    InferOutcome {
+        model_name: model,
+        model_version: "1".to_string(),
+        id: None,
+        outputs: vec![ValidTensor {
+            name: "probabilities".to_string(),
+            datatype: Datatype::Fixed(ElementType::F32),
+            shape: vec![1, 10],
+            payload: Payload::Fixed(values),
+        }],
+        parameters: Vec::new(),
+        cost_us: None,
+    }
+}
+
+async fn infer(axum::extract::Path(model): axum::extract::Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    let json_length = headers
+        .get("inference-header-content-length")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse().ok());
+    let parsed = match json::parse_infer_request(&body, json_length, LIMITS) {
+        Ok(parsed) => parsed,
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("{error:?}")).into_response(),
+    };
+    let Ok(encoded) = json::encode_response(outcome(model), &parsed.encoding) else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let mut bytes = encoded.json;
+    bytes.extend_from_slice(&encoded.binary);
+    ([("content-type", "application/json")], bytes).into_response()
+}
+
+struct Floor;
+
+type Answer<T> = Result<tonic::Response<T>, Status>;
+
+fn unimplemented<T>() -> Answer<T> {
+    Err(Status::unimplemented("the floor server only infers"))
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Floor {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> Answer<ServerLiveResponse> {
+        Ok(tonic::Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Answer<ServerReadyResponse> {
+        Ok(tonic::Response::new(ServerReadyResponse { ready: true }))
+    }
+
+    async fn model_ready(&self, _: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
+        Ok(tonic::Response::new(ModelReadyResponse { ready: true }))
+    }
+
+    async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> Answer<ServerMetadataResponse> {
+        unimplemented()
+    }
+
+    async fn model_metadata(&self, _: Request<ModelMetadataRequest>) -> Answer<ModelMetadataResponse> {
+        unimplemented()
+    }
+
+    async fn model_infer(&self, request: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
+        let message = request.into_inner();
+        let model = message.model_name.clone();
+        grpc::parse_infer_request(message, LIMITS).map_err(|error| Status::invalid_argument(format!("{error:?}")))?;
+        Ok(tonic::Response::new(grpc::encode_response(outcome(model))))
+    }
+
+    async fn model_config(&self, _: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
+        unimplemented()
+    }
+
+    async fn model_statistics(&self, _: Request<ModelStatisticsRequest>) -> Answer<ModelStatisticsResponse> {
+        unimplemented()
+    }
+
+    async fn repository_index(&self, _: Request<RepositoryIndexRequest>) -> Answer<RepositoryIndexResponse> {
+        unimplemented()
+    }
+
+    async fn repository_model_load(
+        &self,
+        _: Request<RepositoryModelLoadRequest>,
+    ) -> Answer<RepositoryModelLoadResponse> {
+        unimplemented()
+    }
+
+    async fn repository_model_unload(
+        &self,
+        _: Request<RepositoryModelUnloadRequest>,
+    ) -> Answer<RepositoryModelUnloadResponse> {
+        unimplemented()
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let [http, grpc] = args.as_slice() else {
+        anyhow::bail!("usage: cargo bench --bench floor -- HTTP_ADDRESS GRPC_ADDRESS");
+    };
+    let (http, grpc): (SocketAddr, SocketAddr) = (http.parse()?, grpc.parse()?);
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
+        let router = axum::Router::new().route("/v2/models/{model}/infer", axum::routing::post(infer));
+        let listener = tokio::net::TcpListener::bind(http).await?.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let http_server = axum::serve(listener, router);
+        let grpc_server = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(GrpcInferenceServiceServer::new(Floor))
+            .serve(grpc);
+        println!("floor listening on {http} (HTTP) and {grpc} (gRPC)");
+        let (served, grpc_served) = tokio::join!(http_server.into_future(), grpc_server);
+        served?;
+        grpc_served?;
+        anyhow::Ok(())
+    })
+}

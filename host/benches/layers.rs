@@ -1,0 +1,343 @@
+//! What each layer of a request's path costs, for BENCHMARKS.md: the process's CPU time per
+//! operation (user + system from getrusage over many operations, so every thread a layer
+//! wakes counts, as in the server's CPU per request that `scripts/bench_overhead.sh`
+//! measures) beside the wall time per operation. Criterion measures wall time only, which
+//! misses the CPU of the threads a hand-off wakes; this is why the loop is our own.
+//!
+//! Layers, on the digits example (64 values in, the model's outputs back):
+//! - OIP JSON decode and encode (HTTP), and the binary tensor extension;
+//! - gRPC decode (protobuf bytes → validated request) and encode (→ protobuf bytes);
+//! - the queue hop: submit → batch → reply, with a graph that computes nothing, one request
+//!   at a time and 64 at once;
+//! - the backend call: the digits MLP on ONNX Runtime (1 intra-op thread), one row, and
+//!   64 rows in one batch;
+//! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
+//!   component (whose model call goes through the queue and the backend above).
+//!
+//! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox`: only those groups).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+use sluice::api::grpc::proto::ModelInferRequest;
+use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
+use sluice::nn::backend::{self, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
+use sluice::nn::host::{NnCtx, Unmetered};
+use sluice::nn::models::{ModelCopy, TenantModels};
+use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Residence, Share};
+use sluice::oip::types::{InferOutcome, TensorLimits, ValidTensor};
+use sluice::registry::ids::ModelName;
+use sluice::registry::placement::Placement;
+use sluice::runtime::{
+    Datatype, GuestCall, GuestLog, GuestTensor, InferRequest, Prepared, Runtime, RuntimeSettings, TensorData,
+};
+use sluice::tensor::{ElementType, Tensor};
+
+const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 24 };
+/// Requests in flight at once in the concurrent rows (the end-to-end runs' concurrency).
+const CONCURRENCY: usize = 64;
+
+/// CPU time of the whole process so far (every thread).
+fn process_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the pointer it is given.
+    #[allow(unsafe_code)]
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// CPU and wall time per operation.
+struct PerOp {
+    cpu: Duration,
+    wall: Duration,
+}
+
+impl PerOp {
+    fn row(&self, layer: &str) {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        println!("| {layer} | {:.2} | {:.2} |", us(self.cpu), us(self.wall));
+    }
+}
+
+/// Run `op` for `warmup` then `count` operations, `per_call` operations per call.
+fn measure(count: usize, per_call: usize, mut op: impl FnMut()) -> PerOp {
+    for _ in 0..(count / per_call / 10).max(1) {
+        op();
+    }
+    let (cpu, wall) = (process_cpu(), Instant::now());
+    for _ in 0..(count / per_call) {
+        op();
+    }
+    let done = (count / per_call * per_call) as u32;
+    PerOp { cpu: (process_cpu() - cpu) / done, wall: wall.elapsed() / done }
+}
+
+async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mut op: impl FnMut() -> F) -> PerOp {
+    for _ in 0..(count / per_call / 10).max(1) {
+        op().await;
+    }
+    let (cpu, wall) = (process_cpu(), Instant::now());
+    for _ in 0..(count / per_call) {
+        op().await;
+    }
+    let done = (count / per_call * per_call) as u32;
+    PerOp { cpu: (process_cpu() - cpu) / done, wall: wall.elapsed() / done }
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("SLUICE_REPO_ROOT"))
+}
+
+fn pixels() -> Vec<u8> {
+    (0..64).map(|i| ((i * 37) % 256) as u8).collect()
+}
+
+fn scaled() -> Vec<f32> {
+    pixels().iter().map(|&p| f32::from(p) / 255.0).collect()
+}
+
+fn digits_row() -> NamedTensors {
+    let data = scaled().iter().flat_map(|v| v.to_le_bytes()).collect();
+    vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], data).expect("a row"))]
+}
+
+/// A graph that answers its input at once: the queue's own cost.
+struct Echo(Signature);
+
+impl Graph for Echo {
+    fn signature(&self) -> &Signature {
+        &self.0
+    }
+
+    fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        Ok(inputs)
+    }
+}
+
+fn queue_settings() -> QueueSettings {
+    // The manifest's defaults (`Batching::default`).
+    QueueSettings {
+        max_batch_rows: 32,
+        preferred_batch_rows: Vec::new(),
+        max_delay: Duration::ZERO,
+        capacity: 1024,
+        instances: 1,
+        padding: None,
+        autoscale: None,
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let backends = backend::available(&BackendSettings { onnxruntime_library: None, threads: 1, webgpu_library: None });
+    let onnxruntime =
+        backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("{:?}", backends.unavailable))?;
+    let model_bytes = std::fs::read(root().join("examples/digits/model/digits.onnx"))?;
+    let graph: Arc<dyn Graph> = onnxruntime.load(&model_bytes, &Placement::CPU)?.into();
+    let outputs = graph.run(digits_row(), &Stop::default())?;
+
+    println!("### Layers (`cargo bench --bench layers`)\n");
+    println!("| layer | CPU µs per request | wall µs per request |\n| --- | --- | --- |");
+    // `cargo bench --bench layers -- queue sandbox`: only those groups (for a profiler).
+    let groups: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let wanted = |group: &str| groups.is_empty() || groups.iter().any(|g| g == group);
+    if wanted("wire") {
+        wire_layers(&outputs)?;
+    }
+    // Callers run as tasks on the runtime's workers, as the server's request handlers do.
+    if wanted("queue") {
+        runtime.block_on(runtime.spawn(queue_layers()))??;
+    }
+    if wanted("backend") {
+        backend_layers(graph.as_ref())?;
+    }
+    if wanted("sandbox") {
+        runtime.block_on(runtime.spawn(sandbox_layers(graph)))??;
+    }
+    println!();
+    Ok(())
+}
+
+fn outcome(outputs: &NamedTensors) -> InferOutcome {
+    InferOutcome {
+        model_name: "digits-mlp".to_string(),
+        model_version: "1".to_string(),
+        id: None,
+        outputs: outputs.iter().map(|(name, t)| ValidTensor::from_model_tensor(name.clone(), t.clone())).collect(),
+        parameters: Vec::new(),
+        cost_us: Some(12.5),
+    }
+}
+
+fn wire_layers(outputs: &NamedTensors) -> anyhow::Result<()> {
+    use sluice::api::{grpc, json};
+    let body = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled() }]
+    }))?;
+    let image = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels() }]
+    }))?;
+    let parse = |body: &[u8], header: Option<usize>| json::parse_infer_request(body, header, LIMITS).expect("valid");
+    measure(200_000, 1, || drop(parse(&body, None))).row("HTTP JSON decode (64 FP32)");
+    measure(200_000, 1, || drop(parse(&image, None))).row("HTTP JSON decode (64 UINT8, the app's input)");
+    let encoding = parse(&body, None).encoding;
+    measure(200_000, 1, || drop(json::encode_response(outcome(outputs), &encoding).expect("encodes")))
+        .row("HTTP JSON encode (the model's outputs)");
+
+    let header = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "parameters": { "binary_data_size": 256 } }],
+        "parameters": { "binary_data_output": true }
+    }))?;
+    let mut binary = header.clone();
+    binary.extend(scaled().iter().flat_map(|v| v.to_le_bytes()));
+    measure(200_000, 1, || drop(parse(&binary, Some(header.len())))).row("HTTP binary decode");
+    let encoding = parse(&binary, Some(header.len())).encoding;
+    measure(200_000, 1, || drop(json::encode_response(outcome(outputs), &encoding).expect("encodes")))
+        .row("HTTP binary encode");
+
+    let message = ModelInferRequest {
+        model_name: "digits-mlp".to_string(),
+        inputs: vec![InferInputTensor {
+            name: "X".to_string(),
+            datatype: "FP32".to_string(),
+            shape: vec![1, 64],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![scaled().iter().flat_map(|v| v.to_le_bytes()).collect()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    measure(200_000, 1, || {
+        let decoded = ModelInferRequest::decode(message.as_slice()).expect("decodes");
+        drop(grpc::parse_infer_request(decoded, LIMITS).expect("valid"));
+    })
+    .row("gRPC decode (protobuf, raw contents)");
+    measure(200_000, 1, || drop(grpc::encode_response(outcome(outputs)).encode_to_vec())).row("gRPC encode");
+    Ok(())
+}
+
+async fn queue_layers() -> anyhow::Result<()> {
+    let spec = |name: &str| TensorSpec { name: name.to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
+    let echo: Arc<dyn Graph> = Arc::new(Echo(Signature { inputs: vec![spec("X")], outputs: vec![spec("X")] }));
+    let loaded = Loaded { graphs: vec![echo], memory: Vec::new() };
+    let queue =
+        ModelQueue::start("echo", "none", (loaded, Residence::default()), true, queue_settings(), Arc::default());
+    let share = || Share::new("bench".into(), 1);
+    let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
+    measure_async(50_000, 1, || async {
+        queue.compute(digits_row(), deadline(), share()).await.expect("answered");
+    })
+    .await
+    .row("queue hop (submit → batch → reply, no model), 1 in flight");
+    let queue = &queue;
+    measure_async(100_000, CONCURRENCY, || async move {
+        let calls = (0..CONCURRENCY).map(|_| async move {
+            queue.compute(digits_row(), deadline(), share()).await.expect("answered");
+        });
+        futures::future::join_all(calls).await;
+    })
+    .await
+    .row(&format!("queue hop, {CONCURRENCY} in flight (batches of up to 32)"));
+    Ok(())
+}
+
+fn backend_layers(graph: &dyn Graph) -> anyhow::Result<()> {
+    measure(100_000, 1, || drop(graph.run(digits_row(), &Stop::default()).expect("runs")))
+        .row("backend call: digits MLP on ONNX Runtime, 1 row");
+    let data: Vec<u8> = (0..32).flat_map(|_| scaled()).flat_map(|v| v.to_le_bytes()).collect();
+    let batch = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![32, 64], data)?)];
+    measure(200_000, 32, || drop(graph.run(batch.clone(), &Stop::default()).expect("runs")))
+        .row("backend call: the same, per row of a batch of 32");
+    Ok(())
+}
+
+async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
+    let cache = tempfile::tempdir()?;
+    let runtime = Runtime::new(RuntimeSettings {
+        max_instances: 128,
+        max_memory_bytes: 64 << 20,
+        epoch_tick: Duration::from_millis(5),
+        cache_dir: cache.path().to_path_buf(),
+    })?;
+    let prepare = |name: &str| -> anyhow::Result<Prepared> {
+        let path = Path::new(env!("SLUICE_GUEST_DIR")).join(name);
+        let wasm = std::fs::read(&path)?;
+        Ok(runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?)
+    };
+    let (trivial, digits) = (prepare("hostile_guest.wasm")?, prepare("digits.wasm")?);
+    let copy = ModelCopy::start(
+        "digits-mlp",
+        "bench".to_string(),
+        BackendKind::Onnxruntime,
+        (Loaded { graphs: vec![graph], memory: Vec::new() }, Residence::default()),
+        queue_settings(),
+    );
+    let own = BTreeMap::from([(ModelName::new("digits-mlp").map_err(anyhow::Error::msg)?, Arc::new(copy))]);
+    let models = Arc::new(TenantModels::new(own, Default::default(), u64::MAX));
+    let allowance = Arc::new(sluice::telemetry::rate::TokenBucket::new(1e9, 1e9));
+    let call = |request: InferRequest| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        GuestCall {
+            nn: NnCtx::new(
+                models.clone(),
+                Share::new("bench".into(), 1),
+                deadline,
+                None,
+                64 << 20,
+                Box::new(Unmetered),
+            ),
+            memory_bytes: 64 << 20,
+            log: GuestLog::new("bench".into(), "app".into(), "1".into(), 64 << 10, allowance.clone()),
+            deadline,
+            deadline_ms: 1000,
+            request,
+        }
+    };
+    let echo = || InferRequest { id: None, inputs: Vec::new(), parameters: vec![("mode".into(), "echo".into())] };
+    let image = || InferRequest {
+        id: None,
+        inputs: vec![GuestTensor {
+            name: "image".to_string(),
+            datatype: Datatype::Uint8,
+            shape: vec![1, 64],
+            data: TensorData::Raw(pixels()),
+        }],
+        parameters: Vec::new(),
+    };
+    let (runtime, trivial, digits) = (&runtime, &trivial, &digits);
+    measure_async(20_000, 1, || async {
+        runtime.invoke(trivial, call(echo())).await.expect("echoes");
+    })
+    .await
+    .row("sandbox: fresh store + instantiate + call, trivial component");
+    measure_async(20_000, 1, || async {
+        runtime.invoke(digits, call(image())).await.expect("classifies");
+    })
+    .await
+    .row("sandbox: the same, digits component (its model call included)");
+    let concurrent = |request: fn() -> InferRequest, prepared| {
+        let call = &call;
+        move || async move {
+            let calls = (0..CONCURRENCY).map(|_| runtime.invoke(prepared, call(request())));
+            for answer in futures::future::join_all(calls).await {
+                answer.expect("answers");
+            }
+        }
+    };
+    measure_async(40_000, CONCURRENCY, concurrent(echo, trivial))
+        .await
+        .row(&format!("sandbox: trivial component, {CONCURRENCY} in flight"));
+    measure_async(40_000, CONCURRENCY, concurrent(image, digits))
+        .await
+        .row(&format!("sandbox: digits component, {CONCURRENCY} in flight"));
+    Ok(())
+}
