@@ -310,6 +310,7 @@ impl ModelQueue {
             instances: Arc::new(AtomicUsize::new(0)),
             events: Arc::new(Mutex::new(VecDeque::new())),
             last_use: last_use.clone(),
+            row_time: RowTime::default(),
         };
         let (instances, events) = (execution.instances.clone(), execution.events.clone());
         let evictable = (!residence.evictable_from.is_empty() && residence.loader.is_some()).then(|| {
@@ -482,6 +483,60 @@ struct Execution {
     /// next looks (which, on a busy runtime, can be after another model's use: the wrong
     /// model would look least recently used).
     last_use: Arc<LastUse>,
+    /// How long a row of this model takes to run, lately: whether a batch runs in place.
+    row_time: RowTime,
+}
+
+/// Longest a batch may be expected to run on the async runtime's thread, in place, rather
+/// than on a blocking thread: tokio's guidance for the time between two awaits. Handing a
+/// run to a blocking thread and back wakes two sleeping threads, which costs more CPU on
+/// these machines (30–90 µs measured, `cargo bench --bench layers`) than a small model's
+/// whole run.
+const RUN_IN_PLACE_MAX: Duration = Duration::from_micros(100);
+
+/// How often jobs arrive, lately: a moving average of the gaps between arrivals.
+#[derive(Default)]
+struct Arrivals {
+    last: Option<std::time::Instant>,
+    gap_ns: u64,
+}
+
+impl Arrivals {
+    fn record(&mut self, now: std::time::Instant) {
+        if let Some(last) = self.last {
+            let gap = u64::try_from(now.saturating_duration_since(last).as_nanos()).unwrap_or(u64::MAX);
+            self.gap_ns = if self.gap_ns == 0 { gap } else { self.gap_ns - self.gap_ns / 8 + gap / 8 };
+        }
+        self.last = Some(now);
+    }
+
+    /// Whether jobs arrive further apart than the longest run in place, so that one rarely
+    /// arrives while a batch runs on the runtime's thread.
+    fn sparse(&self) -> bool {
+        self.gap_ns > RUN_IN_PLACE_MAX.as_nanos() as u64
+    }
+}
+
+/// A moving average of the engine time per row (nanoseconds; 0 until the first run).
+#[derive(Default)]
+struct RowTime(AtomicU64);
+
+impl RowTime {
+    /// Whether a batch of `rows` is expected to end within [`RUN_IN_PLACE_MAX`]. A model
+    /// not measured yet runs on a blocking thread.
+    fn runs_in_place(&self, rows: usize) -> bool {
+        let per_row = self.0.load(Ordering::Relaxed);
+        per_row > 0 && per_row.saturating_mul(rows as u64) <= RUN_IN_PLACE_MAX.as_nanos() as u64
+    }
+
+    /// A batch of `rows` ran for `took`: one eighth of the new per-row time goes into the
+    /// average, so a model that slows down leaves the runtime's threads within a few batches.
+    fn record(&self, rows: usize, took: Duration) {
+        let sample = (took.as_nanos() / rows.max(1) as u128).clamp(1, u128::from(u64::MAX)) as u64;
+        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
+            Some(if average == 0 { sample } else { average - average / 8 + sample / 8 }.max(1))
+        });
+    }
 }
 
 impl Execution {
@@ -800,6 +855,7 @@ async fn run_queue(
     let mut state = BatchQueue::new(policy.clone());
     let mut running: tokio::task::JoinSet<(Arc<dyn Graph>, Duration)> = tokio::task::JoinSet::new();
     let (mut closed, mut controls_closed) = (false, false);
+    let mut arrivals = Arrivals::default();
     // What this queue added to `sluice_queue_depth`.
     let mut depth = 0usize;
     loop {
@@ -811,6 +867,7 @@ async fn run_queue(
             job = receiver.recv(), if !closed => match job {
                 Some(job) => {
                     resident.touch();
+                    arrivals.record(std::time::Instant::now());
                     state.push(job);
                 }
                 None => closed = true,
@@ -869,10 +926,11 @@ async fn run_queue(
                 resident.end_load(&execution, loaded);
             }
         }
+        let now = std::time::Instant::now();
         while let Ok(job) = receiver.try_recv() {
+            arrivals.record(now);
             state.push(job);
         }
-        let now = std::time::Instant::now();
         let dropped = state.drop_stale(now, |job| job.reply.is_closed());
         for job in dropped.abandoned {
             execution.backlog.remove(&job.share.tenant, job.rows);
@@ -908,9 +966,13 @@ async fn run_queue(
             let Some(batch) = state.pop_batch(due_at) else { break };
             let Some(graph) = resident.idle.pop() else { break };
             let execution = execution.clone();
+            // Only where no job waits and none is expected before it ends: otherwise the
+            // runtime's threads stay free to take the requests the next batch is made of
+            // (and the fair share chooses among), and the hand-off's cost is shared by a batch.
+            let alone = state.is_empty() && arrivals.sparse();
             running.spawn(async move {
                 let started = std::time::Instant::now();
-                execute(&execution, &graph, batch).await;
+                execute(&execution, &graph, batch, alone).await;
                 (graph, started.elapsed())
             });
         }
@@ -940,7 +1002,7 @@ async fn sleep_until_due(due: Option<std::time::Instant>) {
 }
 
 /// Run one batch and answer each of its jobs.
-async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>) {
+async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queued<Job>>, alone: bool) {
     let Execution { model, stats, backlog, .. } = execution;
     let started = std::time::Instant::now();
     let waits: Vec<Duration> = batch.iter().map(|job| started.saturating_duration_since(job.enqueued)).collect();
@@ -956,7 +1018,10 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
     for job in &batch {
         span.follows_from(&job.payload.span);
     }
-    execute_batch(execution, graph, batch, (rows, waits, tenants, bills), last_deadline).instrument(span).await;
+    let in_place = alone && execution.row_time.runs_in_place(rows.iter().sum());
+    execute_batch(execution, graph, batch, (rows, waits, tenants, bills), (last_deadline, in_place))
+        .instrument(span)
+        .await;
 }
 
 /// Split a batch's compute time over its jobs by rows, onto each request's bill and its
@@ -977,13 +1042,14 @@ fn charge(
     }
 }
 
-/// The batch's work, inside its compute span: stack, run, charge, split and answer.
+/// The batch's work, inside its compute span: stack, run (in place, on this thread, or on a
+/// blocking thread), charge, split and answer.
 async fn execute_batch(
     execution: &Execution,
     graph: &Arc<dyn Graph>,
     batch: Vec<Queued<Job>>,
     (rows, waits, tenants, bills): (Vec<usize>, Vec<Duration>, Vec<Arc<str>>, Vec<Bill>),
-    last_deadline: std::time::Instant,
+    (last_deadline, in_place): (std::time::Instant, bool),
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
     let device = graph.device().label();
@@ -1000,24 +1066,33 @@ async fn execute_batch(
     };
     let stacked_at = std::time::Instant::now();
     let mut infer_time = Duration::ZERO;
+    let total_rows = rows.iter().sum();
     let result = match stacked {
         Some(stacked) => {
-            let graph = graph.clone();
-            let stop = Stop::default();
-            let stopper = stop.clone();
-            let mut run = tokio::task::spawn_blocking(move || {
+            let ran = if in_place {
                 let started = std::time::Instant::now();
-                (graph.run(stacked, &stop), started.elapsed())
-            });
-            // Once every caller's deadline has passed nobody waits for the outputs: stop the
-            // run rather than let it hold a CPU (a model can compute for far longer).
-            let ran = tokio::select! {
-                ran = &mut run => ran,
-                () = tokio::time::sleep_until(last_deadline.into()) => {
-                    stopper.stop();
-                    run.await
+                Ok((graph.run(stacked, &Stop::default()), started.elapsed()))
+            } else {
+                let graph = graph.clone();
+                let stop = Stop::default();
+                let stopper = stop.clone();
+                let mut run = tokio::task::spawn_blocking(move || {
+                    let started = std::time::Instant::now();
+                    (graph.run(stacked, &stop), started.elapsed())
+                });
+                // Once every caller's deadline has passed nobody waits for the outputs: stop
+                // the run rather than let it hold a CPU (a model can compute for far longer).
+                tokio::select! {
+                    ran = &mut run => ran,
+                    () = tokio::time::sleep_until(last_deadline.into()) => {
+                        stopper.stop();
+                        run.await
+                    }
                 }
             };
+            if let Ok((Ok(_), took)) = &ran {
+                execution.row_time.record(total_rows, *took);
+            }
             match ran {
                 Ok((outcome, took)) => {
                     infer_time = took;
@@ -1046,7 +1121,7 @@ async fn execute_batch(
     });
     let tenant_rows: Vec<(&str, usize)> = tenants.iter().map(|t| &**t).zip(rows.iter().copied()).collect();
     stats.execution(&tenant_rows, stacked_at - started, infer_time, unstack_started.elapsed());
-    metrics().batch(series, waits, rows.iter().sum(), infer_time);
+    metrics().batch(series, waits, total_rows, infer_time);
     // Charged before anyone is answered, so a request's bill is complete once it has its outputs.
     charge(execution, (infer_time, &device), (&rows, &tenants, &bills));
     execution.last_use.touch(std::time::Instant::now());
@@ -1232,6 +1307,38 @@ mod tests {
                 assert!(device.used() <= 20 << 20, "{} bytes held", device.used());
             }
         }
+    }
+
+    #[test]
+    fn a_burst_of_jobs_is_not_sparse_and_an_occasional_job_is() {
+        let mut arrivals = Arrivals::default();
+        let start = std::time::Instant::now();
+        assert!(!arrivals.sparse(), "nothing measured yet");
+        for i in 0..4 {
+            arrivals.record(start + Duration::from_millis(i));
+        }
+        assert!(arrivals.sparse(), "a job a millisecond");
+        let burst = start + Duration::from_millis(4);
+        let dense = (0..64).find(|&i| {
+            arrivals.record(burst + Duration::from_micros(i * 5));
+            !arrivals.sparse()
+        });
+        assert!(dense.is_some_and(|jobs| jobs < 40), "a burst of one job each 5 µs: {dense:?}");
+    }
+
+    #[test]
+    fn only_batches_measured_to_be_short_run_in_place() {
+        let row_time = RowTime::default();
+        assert!(!row_time.runs_in_place(1), "not measured yet: a blocking thread");
+        row_time.record(10, Duration::from_micros(30));
+        assert!(row_time.runs_in_place(1) && row_time.runs_in_place(33));
+        assert!(!row_time.runs_in_place(34), "34 rows of 3 µs are over {RUN_IN_PLACE_MAX:?}");
+        // A model that turns slow leaves the runtime's threads within a few batches.
+        let slow = (1..=4).find(|_| {
+            row_time.record(1, Duration::from_millis(5));
+            !row_time.runs_in_place(1)
+        });
+        assert_eq!(slow, Some(1));
     }
 
     #[tokio::test]
