@@ -4,11 +4,11 @@
 # load on CPU 1, alternating the builds each round so both see the same machine noise.
 # Prints one line per run with the server's CPU per request (from /proc/PID/stat).
 #
-# MODEL=digits-mlp measures the plain model instead.
+# MODEL=digits-mlp measures the plain model instead; CONCURRENCY=1 another concurrency.
 # Usage: scripts/bench_ab.sh BEFORE_BINARY AFTER_BINARY [ROUNDS]   (after `cargo build --release`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-before=$1 after=$2 rounds=${3:-3} model=${MODEL:-digits}
+before=$1 after=$2 rounds=${3:-3} model=${MODEL:-digits} concurrency=${CONCURRENCY:-64}
 perf=target/release/sluice
 library=$(ls target/onnxruntime/libonnxruntime.so.* 2>/dev/null | tail -1)
 [ -n "$library" ] || { echo "no ONNX Runtime in target/onnxruntime: build once (cargo build --release)" >&2; exit 1; }
@@ -23,7 +23,7 @@ for round in $(seq "$rounds"); do
     for _ in $(seq 100); do grep -q "grpc listening" "$log" && break; sleep 0.2; done
     ticks_before=$(awk '{print $14+$15}' /proc/$pid/stat)
     row=$(taskset -c 1 "$perf" perf --address 127.0.0.1:18100 --model "$model" --key acme-demo-key \
-      --concurrency 64 --warmup-s 2 --duration-s 10 | grep '^| - |')
+      --concurrency "$concurrency" --warmup-s 2 --duration-s 10 | grep '^| - |')
     ticks_after=$(awk '{print $14+$15}' /proc/$pid/stat)
     requests=$(echo "$row" | awk -F'|' '{print $3}' | tr -d ' ')
     # Clock ticks are 10 ms; the CPU covers warm-up and window (12 s), the count 10 s of it.
