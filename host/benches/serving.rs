@@ -4,8 +4,8 @@
 //! 3. one digits request end to end over loopback next to the raw backend compute time for
 //!    the same input, in the same run.
 //!
-//! Run: `cargo bench --bench serving` (after `cargo test --release`, which installs the
-//! pinned onnxruntime into ./.venv; or set ORT_DYLIB_PATH).
+//! Run: `cargo bench --bench serving` (on the ONNX Runtime the build fetched, or the one
+//! ORT_DYLIB_PATH names).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,11 +28,9 @@ fn root() -> PathBuf {
     PathBuf::from(env!("SLUICE_REPO_ROOT"))
 }
 
+/// `ORT_DYLIB_PATH` if set; else the backend finds the library the build fetched.
 fn onnxruntime_library() -> Option<PathBuf> {
-    std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from).or_else(|| {
-        let lib = root().join(".venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.32.0");
-        lib.exists().then_some(lib)
-    })
+    std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
