@@ -12,9 +12,12 @@
 //! - the backend call: the digits MLP on ONNX Runtime (1 intra-op thread), one row, and
 //!   64 rows in one batch;
 //! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
-//!   component (whose model call goes through the queue and the backend above).
+//!   component (whose model call goes through the queue and the backend above);
+//! - the HTTP handler in process (the router `sluice serve` runs, called without a network):
+//!   everything Sluice does for a request, the plain model's and the app's.
 //!
-//! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox`: only those groups).
+//! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
+//! those groups).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -93,9 +96,9 @@ async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mu
     PerOp { cpu: (process_cpu() - cpu) / done, wall: wall.elapsed() / done }
 }
 
-fn root() -> &'static Path {
-    Path::new(env!("SLUICE_REPO_ROOT"))
-}
+mod common;
+
+use common::root;
 
 fn pixels() -> Vec<u8> {
     (0..64).map(|i| ((i * 37) % 256) as u8).collect()
@@ -162,6 +165,9 @@ fn main() -> anyhow::Result<()> {
     }
     if wanted("sandbox") {
         runtime.block_on(runtime.spawn(sandbox_layers(graph)))??;
+    }
+    if wanted("handler") {
+        runtime.block_on(runtime.spawn(handler_layers()))??;
     }
     println!();
     Ok(())
@@ -339,5 +345,45 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     measure_async(40_000, CONCURRENCY, concurrent(image, digits))
         .await
         .row(&format!("sandbox: digits component, {CONCURRENCY} in flight"));
+    Ok(())
+}
+
+async fn handler_layers() -> anyhow::Result<()> {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::Service;
+    let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let state = common::digits_state(tenants.path(), data.path()).await?;
+    let router = sluice::api::http::router(Arc::new(state));
+    let plain = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled() }]
+    }))?;
+    let image = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels() }]
+    }))?;
+    let call = |name: &'static str, body: &Vec<u8>| {
+        let request = Request::post(format!("/v2/models/{name}/infer"))
+            .header("authorization", format!("Bearer {}", common::KEY))
+            .header("content-type", "application/json")
+            .body(Body::from(body.clone()))
+            .expect("a request");
+        let mut router = router.clone();
+        async move {
+            let response = router.call(request).await.expect("infallible");
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("a body");
+            assert!(status.is_success(), "{status}: {}", String::from_utf8_lossy(&body));
+        }
+    };
+    for (name, body, what) in [("digits-mlp", &plain, "plain model"), ("digits", &image, "digits app")] {
+        measure_async(20_000, 1, || call(name, body))
+            .await
+            .row(&format!("HTTP handler in process, {what}, 1 in flight"));
+        measure_async(40_000, CONCURRENCY, || async {
+            futures::future::join_all((0..CONCURRENCY).map(|_| call(name, body))).await;
+        })
+        .await
+        .row(&format!("HTTP handler in process, {what}, {CONCURRENCY} in flight"));
+    }
     Ok(())
 }

@@ -18,20 +18,14 @@ use sluice::nn::models::TenantModels;
 use sluice::nn::scheduler::Share;
 use sluice::registry::placement::Placement;
 use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
-use sluice::serve::{ServeConfig, build_state};
 use sluice::tensor::{ElementType, Tensor};
+
+mod common;
+
+use common::{onnxruntime_library, root};
 
 const SANDBOX_CALLS: usize = 10_000;
 const E2E_CALLS: usize = 2_000;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("SLUICE_REPO_ROOT"))
-}
-
-/// `ORT_DYLIB_PATH` if set; else the backend finds the library the build fetched.
-fn onnxruntime_library() -> Option<PathBuf> {
-    std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)
-}
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples.sort();
@@ -216,7 +210,7 @@ async fn timed_requests(client: &reqwest::Client, url: &str, body: &[u8]) -> any
     let mut samples = Vec::with_capacity(E2E_CALLS);
     for i in 0..(E2E_CALLS + 200) {
         let started = Instant::now();
-        let response = client.post(url).bearer_auth("bench-key").body(body.to_vec()).send().await?;
+        let response = client.post(url).bearer_auth(common::KEY).body(body.to_vec()).send().await?;
         anyhow::ensure!(response.status().is_success(), "{url}: status {}", response.status());
         response.bytes().await?;
         if i >= 200 {
@@ -227,45 +221,9 @@ async fn timed_requests(client: &reqwest::Client, url: &str, body: &[u8]) -> any
 }
 
 async fn end_to_end() -> anyhow::Result<()> {
-    let tenants = tempfile::tempdir()?;
+    let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let model = root().join("examples/digits/model/digits.onnx");
-    let component = Path::new(env!("SLUICE_GUEST_DIR")).join("digits.wasm");
-    let manifest = format!(
-        "version = 1\nid = \"bench\"\napi_key_sha256 = [\"{}\"]\n\n[models.digits-mlp]\npath = \"{}\"\nsha256 = \"{}\"\nbackend = \"onnxruntime\"\n\n[apps.digits]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\n",
-        hex::encode(Sha256::digest(b"bench-key")),
-        model.display(),
-        hex::encode(Sha256::digest(std::fs::read(&model)?)),
-        component.display()
-    );
-    std::fs::write(tenants.path().join("bench.toml"), manifest)?;
-    let data = tempfile::tempdir()?;
-    let config = ServeConfig {
-        http: "127.0.0.1:0".parse()?,
-        grpc: "127.0.0.1:0".parse()?,
-        metrics: None,
-        grpc_max_message_bytes: 64 << 20,
-        tenants_dir: tenants.path().to_path_buf(),
-        data_dir: data.path().to_path_buf(),
-        onnxruntime_library: onnxruntime_library(),
-        default_backend: None,
-        idle_unload: None,
-        model_memory: Default::default(),
-        webgpu_library: None,
-        backend_threads: 1,
-        max_instances: 64,
-        epoch_tick: Duration::from_millis(5),
-        cpu_turns: 0,
-        max_waiting_requests: 1024,
-        admin_token: None,
-        metrics_token: None,
-        connections: Default::default(),
-        body_timeouts: Default::default(),
-        drain: Default::default(),
-        store: None,
-        store_poll: Duration::from_secs(1),
-        replica: "local".to_string(),
-    };
-    let state = match build_state(&config).await {
+    let state = match common::digits_state(tenants.path(), data.path()).await {
         Ok(state) => state,
         Err(err) => {
             println!("### End to end\n\n(not measured: {err:#})\n");

@@ -1,0 +1,64 @@
+//! What the benches share: a server's state built in process for one tenant `bench` (key
+//! `bench-key`) with the digits MLP on ONNX Runtime and the `digits` app.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sluice::serve::ServeConfig;
+use sluice::state::ServingState;
+
+pub const KEY: &str = "bench-key";
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("SLUICE_REPO_ROOT"))
+}
+
+/// `ORT_DYLIB_PATH` if set; else the backend finds the library the build fetched.
+pub fn onnxruntime_library() -> Option<PathBuf> {
+    std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)
+}
+
+/// The state `sluice serve` would serve, with the bench tenant's manifest written into
+/// `tenants` and state kept in `data`.
+pub async fn digits_state(tenants: &Path, data: &Path) -> anyhow::Result<ServingState> {
+    let model = root().join("examples/digits/model/digits.onnx");
+    let component = Path::new(env!("SLUICE_GUEST_DIR")).join("digits.wasm");
+    let manifest = format!(
+        "version = 1\nid = \"bench\"\napi_key_sha256 = [\"{}\"]\n\n[quotas]\nmax_concurrent_requests = 256\n\n\
+         [models.digits-mlp]\npath = \"{}\"\nsha256 = \"{}\"\nbackend = \"onnxruntime\"\n\n\
+         [apps.digits]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\n",
+        hex::encode(Sha256::digest(KEY)),
+        model.display(),
+        hex::encode(Sha256::digest(std::fs::read(&model)?)),
+        component.display()
+    );
+    std::fs::write(tenants.join("bench.toml"), manifest)?;
+    let config = ServeConfig {
+        http: "127.0.0.1:0".parse()?,
+        grpc: "127.0.0.1:0".parse()?,
+        metrics: None,
+        grpc_max_message_bytes: 64 << 20,
+        tenants_dir: tenants.to_path_buf(),
+        data_dir: data.to_path_buf(),
+        onnxruntime_library: onnxruntime_library(),
+        default_backend: None,
+        idle_unload: None,
+        model_memory: Default::default(),
+        webgpu_library: None,
+        backend_threads: 1,
+        max_instances: 64,
+        epoch_tick: Duration::from_millis(5),
+        cpu_turns: 0,
+        max_waiting_requests: 1024,
+        admin_token: None,
+        metrics_token: None,
+        connections: Default::default(),
+        body_timeouts: Default::default(),
+        drain: Default::default(),
+        store: None,
+        store_poll: Duration::from_secs(1),
+        replica: "local".to_string(),
+    };
+    sluice::serve::build_state(&config).await
+}
