@@ -8,6 +8,7 @@
 #   app    Sluice's `digits` app (component → wasi:nn → the same model),
 # over HTTP and gRPC, at concurrency 1 and 64. Servers on CPU 0, the load on CPU 1; each
 # round measures every row once, so the machine's changes of speed fall on all alike.
+# KEEP=1 keeps the work folder (the servers' logs) for a look afterwards.
 # Usage: scripts/bench_overhead.sh [seconds] [rounds]    (needs `cargo build --release`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
