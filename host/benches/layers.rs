@@ -21,24 +21,19 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use sha2::{Digest, Sha256};
 use sluice::api::grpc::proto::ModelInferRequest;
 use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
 use sluice::nn::backend::{self, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
-use sluice::nn::host::{NnCtx, Unmetered};
 use sluice::nn::models::{ModelCopy, TenantModels};
 use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Residence, Share};
 use sluice::oip::types::{InferOutcome, TensorLimits, ValidTensor};
 use sluice::registry::ids::ModelName;
 use sluice::registry::placement::Placement;
-use sluice::runtime::{
-    Datatype, GuestCall, GuestLog, GuestTensor, InferRequest, Prepared, Runtime, RuntimeSettings, TensorData,
-};
+use sluice::runtime::{Datatype, GuestTensor, InferRequest, TensorData};
 use sluice::tensor::{ElementType, Tensor};
 
 const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 24 };
@@ -268,18 +263,9 @@ fn backend_layers(graph: &dyn Graph) -> anyhow::Result<()> {
 
 async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     let cache = tempfile::tempdir()?;
-    let runtime = Runtime::new(RuntimeSettings {
-        max_instances: 128,
-        max_memory_bytes: 64 << 20,
-        epoch_tick: Duration::from_millis(5),
-        cache_dir: cache.path().to_path_buf(),
-    })?;
-    let prepare = |name: &str| -> anyhow::Result<Prepared> {
-        let path = Path::new(env!("SLUICE_GUEST_DIR")).join(name);
-        let wasm = std::fs::read(&path)?;
-        Ok(runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?)
-    };
-    let (trivial, digits) = (prepare("hostile_guest.wasm")?, prepare("digits.wasm")?);
+    let runtime = common::runtime(cache.path())?;
+    let (trivial, digits) =
+        (common::prepare(&runtime, "hostile_guest.wasm")?, common::prepare(&runtime, "digits.wasm")?);
     let copy = ModelCopy::start(
         "digits-mlp",
         "bench".to_string(),
@@ -290,24 +276,7 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     let own = BTreeMap::from([(ModelName::new("digits-mlp").map_err(anyhow::Error::msg)?, Arc::new(copy))]);
     let models = Arc::new(TenantModels::new(own, Default::default(), u64::MAX));
     let allowance = Arc::new(sluice::telemetry::rate::TokenBucket::new(1e9, 1e9));
-    let call = |request: InferRequest| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        GuestCall {
-            nn: NnCtx::new(
-                models.clone(),
-                Share::new("bench".into(), 1),
-                deadline,
-                None,
-                64 << 20,
-                Box::new(Unmetered),
-            ),
-            memory_bytes: 64 << 20,
-            log: GuestLog::new("bench".into(), "app".into(), "1".into(), 64 << 10, allowance.clone()),
-            deadline,
-            deadline_ms: 1000,
-            request,
-        }
-    };
+    let call = |request: InferRequest| common::guest_call(&models, &allowance, request);
     let echo = || InferRequest { id: None, inputs: Vec::new(), parameters: vec![("mode".into(), "echo".into())] };
     let image = || InferRequest {
         id: None,

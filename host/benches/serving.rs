@@ -7,17 +7,14 @@
 //! Run: `cargo bench --bench serving` (on the ONNX Runtime the build fetched, or the one
 //! ORT_DYLIB_PATH names).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph, Stop};
-use sluice::nn::host::{NnCtx, Unmetered};
 use sluice::nn::models::TenantModels;
-use sluice::nn::scheduler::Share;
 use sluice::registry::placement::Placement;
-use sluice::runtime::{GuestCall, GuestLog, InferRequest, Runtime, RuntimeSettings};
+use sluice::runtime::InferRequest;
 use sluice::tensor::{ElementType, Tensor};
 
 mod common;
@@ -56,35 +53,14 @@ fn main() -> anyhow::Result<()> {
 
 async fn sandbox_cost() -> anyhow::Result<()> {
     let cache = tempfile::tempdir()?;
-    let runtime = Runtime::new(RuntimeSettings {
-        max_instances: 64,
-        max_memory_bytes: 64 << 20,
-        epoch_tick: Duration::from_millis(5),
-        cache_dir: cache.path().to_path_buf(),
-    })?;
-    let path = Path::new(env!("SLUICE_GUEST_DIR")).join("hostile_guest.wasm");
-    let wasm = std::fs::read(&path)?;
-    let prepared = runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?;
+    let runtime = common::runtime(cache.path())?;
+    let prepared = common::prepare(&runtime, "hostile_guest.wasm")?;
     let models = Arc::new(TenantModels::new(Default::default(), Default::default(), u64::MAX));
     let log_allowance = Arc::new(sluice::telemetry::rate::TokenBucket::new(1e9, 1e9));
     let mut samples = Vec::with_capacity(SANDBOX_CALLS);
     for i in 0..(SANDBOX_CALLS + 500) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        let call = GuestCall {
-            nn: NnCtx::new(
-                models.clone(),
-                Share::new("bench".into(), 1),
-                deadline,
-                None,
-                64 << 20,
-                Box::new(Unmetered),
-            ),
-            memory_bytes: 64 << 20,
-            log: GuestLog::new("bench".into(), "echo".into(), "1".into(), 64 << 10, log_allowance.clone()),
-            deadline,
-            deadline_ms: 1000,
-            request: InferRequest { id: None, inputs: Vec::new(), parameters: vec![("mode".into(), "echo".into())] },
-        };
+        let echo = InferRequest { id: None, inputs: Vec::new(), parameters: vec![("mode".into(), "echo".into())] };
+        let call = common::guest_call(&models, &log_allowance, echo);
         let started = Instant::now();
         runtime.invoke(&prepared, call).await.map_err(|e| anyhow::anyhow!("{e}"))?;
         if i >= 500 {

@@ -2,11 +2,17 @@
 //! `bench-key`) with the digits MLP on ONNX Runtime and the `digits` app.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use sluice::nn::host::{NnCtx, Unmetered};
+use sluice::nn::models::TenantModels;
+use sluice::nn::scheduler::Share;
+use sluice::runtime::{GuestCall, GuestLog, InferRequest, Prepared, Runtime, RuntimeSettings};
 use sluice::serve::ServeConfig;
 use sluice::state::ServingState;
+use sluice::telemetry::rate::TokenBucket;
 
 pub const KEY: &str = "bench-key";
 
@@ -61,4 +67,35 @@ pub async fn digits_state(tenants: &Path, data: &Path) -> anyhow::Result<Serving
         replica: "local".to_string(),
     };
     sluice::serve::build_state(&config).await
+}
+
+/// A sandbox runtime as the server makes one (pooling, 64 MiB guests), caching into `cache`.
+pub fn runtime(cache: &Path) -> anyhow::Result<Runtime> {
+    Ok(Runtime::new(RuntimeSettings {
+        max_instances: 128,
+        max_memory_bytes: 64 << 20,
+        epoch_tick: Duration::from_millis(5),
+        cache_dir: cache.to_path_buf(),
+    })?)
+}
+
+/// One of the built guest components (`digits.wasm`, `hostile_guest.wasm`), ready to call.
+pub fn prepare(runtime: &Runtime, file: &str) -> anyhow::Result<Prepared> {
+    let path = Path::new(env!("SLUICE_GUEST_DIR")).join(file);
+    let wasm = std::fs::read(&path)?;
+    Ok(runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?)
+}
+
+/// One request's guest call as the server builds it: tenant `bench`, 64 MiB, 1 s.
+pub fn guest_call(models: &Arc<TenantModels>, allowance: &Arc<TokenBucket>, request: InferRequest) -> GuestCall {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let share = Share::new("bench".into(), 1);
+    GuestCall {
+        nn: NnCtx::new(models.clone(), share, deadline, None, 64 << 20, Box::new(Unmetered)),
+        memory_bytes: 64 << 20,
+        log: GuestLog::new("bench".into(), "app".into(), "1".into(), 64 << 10, allowance.clone()),
+        deadline,
+        deadline_ms: 1000,
+        request,
+    }
 }
