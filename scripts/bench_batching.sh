@@ -3,8 +3,8 @@
 # mean batch the server formed, then the raw backend's throughput at the batch sizes that
 # matter (host overhead) -- all in one run of this script, for BENCHMARKS.md. The server
 # gets CPU 0 and the load generator CPU 1 when the machine has two or more CPUs.
-# Needs the release build (`cargo build --release`) and, for ONNX Runtime, ./.venv from the
-# tests; SLUICE_BIN runs another build of `sluice` (to compare builds). Usage:
+# Needs the release build (`cargo build --release`, which also fetches ONNX Runtime);
+# SLUICE_BIN runs another build of `sluice` (to compare builds). Usage:
 # scripts/bench_batching.sh [digits-mlp|magika-v3] [seconds]
 set -euo pipefail
 cd "$(dirname "$0")/.."

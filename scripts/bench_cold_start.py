@@ -5,7 +5,7 @@ Starts `sluice serve` on CPU 0 with `--idle-unload-s 2`, reads each model's load
 (parse, plan and warm-up) from the log, then per model: the warm median of 200 sequential
 one-row requests, and the latency of the first request after the model left memory (and the
 load it paid for, from the log). Standard library only; run after `cargo build --release`
-and one test run (which creates `.venv` with ONNX Runtime).
+(which fetches ONNX Runtime into target/onnxruntime/).
 
 Usage: python3 scripts/bench_cold_start.py [ROUNDS]
 """
@@ -56,7 +56,7 @@ def loads(log, model, marker):
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    library = sorted(glob.glob(f"{ROOT}/.venv/lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.*"))[-1]
+    library = sorted(glob.glob(f"{ROOT}/target/onnxruntime/libonnxruntime.so.*"))[-1]
     data = tempfile.mkdtemp()
     log_path = os.path.join(data, "server.log")
     command = [

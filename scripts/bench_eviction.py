@@ -13,8 +13,8 @@ fixed time, the two servers alternating:
 - round robin: 1 client cycling 0, 1, 2 — the worst case for LRU, where every request misses.
 
 Reports requests per second, p50/p99 latency (ms), loads on demand and evictions (from the
-server's metrics). Standard library only; run after `cargo build --release` and one test run
-(which creates `.venv` with ONNX Runtime).
+server's metrics). Standard library only; run after `cargo build --release` (which fetches
+ONNX Runtime into target/onnxruntime/).
 
 Usage: python3 scripts/bench_eviction.py [SECONDS] [PASSES]
 """
@@ -76,7 +76,7 @@ def write_tenant(directory):
 
 class Server:
     def __init__(self, tenants, budget):
-        library = sorted(glob.glob(f"{ROOT}/.venv/lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.*"))[-1]
+        library = sorted(glob.glob(f"{ROOT}/target/onnxruntime/libonnxruntime.so.*"))[-1]
         self.data = tempfile.mkdtemp()
         self.log_path = os.path.join(self.data, "server.log")
         command = [

@@ -12,8 +12,8 @@ divided by their weights in that window: 1.0 is a perfectly weighted split, 1/3 
 taking all. Also reports each tenant's share of compute against its weight's share, and
 checks that the answers' `sluice_cost_us` add up to `GET /control/v1/usage`.
 
-Standard library only; run after `cargo build --release` and one test run (which creates
-`.venv` with ONNX Runtime).
+Standard library only; run after `cargo build --release` (which fetches ONNX Runtime into
+target/onnxruntime/).
 
 Usage: python3 scripts/bench_fairness.py [SECONDS] [CLIENTS_PER_TENANT]
 """
@@ -73,7 +73,7 @@ def write_tenants(directory):
 
 
 def start_server(tenants):
-    library = sorted(glob.glob(f"{ROOT}/.venv/lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.*"))[-1]
+    library = sorted(glob.glob(f"{ROOT}/target/onnxruntime/libonnxruntime.so.*"))[-1]
     data = tempfile.mkdtemp()
     log_path = os.path.join(data, "server.log")
     command = [

@@ -94,7 +94,7 @@ def percentile(values, p):
 def main():
     changes = int(sys.argv[1]) if len(sys.argv) > 1 else 50
     poll_ms = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
-    library = sorted(glob.glob(f"{ROOT}/.venv/lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.*"))[-1]
+    library = sorted(glob.glob(f"{ROOT}/target/onnxruntime/libonnxruntime.so.*"))[-1]
     moto_port = free_port()
     moto = subprocess.Popen([f"{ROOT}/.venv/bin/python", "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -78,7 +78,7 @@ versions."1".component = "{GUESTS}/hostile_guest.wasm"
 
 
 def onnxruntime_args():
-    found = sorted(glob.glob(os.path.join(ROOT, ".venv/lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.*")))
+    found = sorted(glob.glob(os.path.join(ROOT, "target/onnxruntime/libonnxruntime.so.*")))
     return ["--onnxruntime-lib", found[-1]] if found else []
 
 

@@ -2,7 +2,7 @@
 # Soak and chaos: 2x and 5x the digits app's capacity for SECONDS each (default 60), 1,000
 # trapping requests, SIGKILL during 20 uploads and traffic changes; the bounds it checks and
 # what it measures are in scripts/soak.py. Needs `cargo build --release` (server and test
-# guests) and ./.venv from the tests for ONNX Runtime; SOAK_SERVER_ARGS adds serve options.
+# guests; it also fetches ONNX Runtime); SOAK_SERVER_ARGS adds serve options.
 # Usage: scripts/soak.sh [seconds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
