@@ -10,7 +10,7 @@
 //! - the queue hop: submit → batch → reply, with a graph that computes nothing, one request
 //!   at a time and 64 at once;
 //! - the backend call: the digits MLP on ONNX Runtime (1 intra-op thread), one row, and
-//!   64 rows in one batch;
+//!   per row of a batch of 32;
 //! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
 //!   component (whose model call goes through the queue and the backend above);
 //! - the HTTP handler in process (the router `sluice serve` runs, called without a network):
@@ -66,7 +66,8 @@ impl PerOp {
     }
 }
 
-/// Run `op` for `warmup` then `count` operations, `per_call` operations per call.
+/// Run `op` for a tenth of `count` operations as warm-up, then for `count` operations
+/// (`per_call` operations per call of `op`).
 fn measure(count: usize, per_call: usize, mut op: impl FnMut()) -> PerOp {
     for _ in 0..(count / per_call / 10).max(1) {
         op();
