@@ -58,13 +58,13 @@ fn fetch_magika(root: &Path) {
     }
 }
 
-/// ONNX Runtime's library into `target/onnxruntime/`, its path compiled into the server as
-/// where to look first. Without it (no network, an architecture with no pinned wheel) the
+/// ONNX Runtime's library into `target/onnxruntime/`, that folder compiled into the server
+/// as where to look first. Without it (no network, an architecture with no pinned wheel) the
 /// build goes on: the server serves on tract and its log says why.
 fn fetch_onnxruntime(root: &Path) {
-    let library = root.join("target/onnxruntime/libonnxruntime.so.1.32.0");
+    let folder = root.join("target/onnxruntime");
     // Fetched again when removed.
-    println!("cargo:rerun-if-changed={}", library.display());
+    println!("cargo:rerun-if-changed={}", folder.display());
     let status = Command::new("python3").arg(root.join("scripts/fetch_onnxruntime.py")).status();
     if !status.is_ok_and(|s| s.success()) {
         println!(
@@ -72,7 +72,7 @@ fn fetch_onnxruntime(root: &Path) {
              `serve` will use tract unless it finds another ONNX Runtime library"
         );
     }
-    println!("cargo:rustc-env=SLUICE_BUILT_ONNXRUNTIME={}", library.display());
+    println!("cargo:rustc-env=SLUICE_BUILT_ONNXRUNTIME={}", folder.display());
 }
 
 /// Install the wasm32-wasip2 target where rustup does not do it from rust-toolchain.toml.

@@ -40,7 +40,8 @@ def extract(requirement, platform, wheel_name, wheel_sha256, files, out):
         with zipfile.ZipFile(wheel) as archive:
             for name, digest in files.items():
                 target = out / pathlib.Path(name).name
-                partial = target.with_name(target.name + ".partial")
+                # Hidden while written: nothing looking for the file finds half of it.
+                partial = target.with_name(f".{target.name}.partial")
                 partial.write_bytes(archive.read(name))
                 if sha256(partial) != digest:
                     partial.unlink()

@@ -66,48 +66,56 @@ impl PerOp {
     }
 }
 
+/// Where a measurement started.
+struct Clock {
+    cpu: Duration,
+    wall: Instant,
+}
+
+impl Clock {
+    fn start() -> Self {
+        Self { cpu: process_cpu(), wall: Instant::now() }
+    }
+
+    fn per_op(&self, operations: usize) -> PerOp {
+        let operations = operations as u32;
+        PerOp { cpu: (process_cpu() - self.cpu) / operations, wall: self.wall.elapsed() / operations }
+    }
+}
+
+/// Calls of `op` to warm up (a tenth) and to measure, for `count` operations done
+/// `per_call` at a time.
+fn calls(count: usize, per_call: usize) -> (usize, usize) {
+    let measured = count / per_call;
+    ((measured / 10).max(1), measured)
+}
+
 /// Run `op` for a tenth of `count` operations as warm-up, then for `count` operations
 /// (`per_call` operations per call of `op`).
 fn measure(count: usize, per_call: usize, mut op: impl FnMut()) -> PerOp {
-    for _ in 0..(count / per_call / 10).max(1) {
-        op();
-    }
-    let (cpu, wall) = (process_cpu(), Instant::now());
-    for _ in 0..(count / per_call) {
-        op();
-    }
-    let done = (count / per_call * per_call) as u32;
-    PerOp { cpu: (process_cpu() - cpu) / done, wall: wall.elapsed() / done }
+    let (warm_up, measured) = calls(count, per_call);
+    (0..warm_up).for_each(|_| op());
+    let clock = Clock::start();
+    (0..measured).for_each(|_| op());
+    clock.per_op(measured * per_call)
 }
 
+/// [`measure`] for an operation that awaits.
 async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mut op: impl FnMut() -> F) -> PerOp {
-    for _ in 0..(count / per_call / 10).max(1) {
+    let (warm_up, measured) = calls(count, per_call);
+    for _ in 0..warm_up {
         op().await;
     }
-    let (cpu, wall) = (process_cpu(), Instant::now());
-    for _ in 0..(count / per_call) {
+    let clock = Clock::start();
+    for _ in 0..measured {
         op().await;
     }
-    let done = (count / per_call * per_call) as u32;
-    PerOp { cpu: (process_cpu() - cpu) / done, wall: wall.elapsed() / done }
+    clock.per_op(measured * per_call)
 }
 
 mod common;
 
-use common::root;
-
-fn pixels() -> Vec<u8> {
-    (0..64).map(|i| ((i * 37) % 256) as u8).collect()
-}
-
-fn scaled() -> Vec<f32> {
-    pixels().iter().map(|&p| f32::from(p) / 255.0).collect()
-}
-
-fn digits_row() -> NamedTensors {
-    let data = scaled().iter().flat_map(|v| v.to_le_bytes()).collect();
-    vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], data).expect("a row"))]
-}
+use common::{digits_row, pixels, root, scaled};
 
 /// A graph that answers its input at once: the queue's own cost.
 struct Echo(Signature);
@@ -182,12 +190,7 @@ fn outcome(outputs: &NamedTensors) -> InferOutcome {
 
 fn wire_layers(outputs: &NamedTensors) -> anyhow::Result<()> {
     use sluice::api::{grpc, json};
-    let body = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled() }]
-    }))?;
-    let image = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels() }]
-    }))?;
+    let (body, image) = common::request_bodies()?;
     let parse = |body: &[u8], header: Option<usize>| json::parse_infer_request(body, header, LIMITS).expect("valid");
     measure(200_000, 1, || drop(parse(&body, None))).row("HTTP JSON decode (64 FP32)");
     measure(200_000, 1, || drop(parse(&image, None))).row("HTTP JSON decode (64 UINT8, the app's input)");
@@ -325,12 +328,7 @@ async fn handler_layers() -> anyhow::Result<()> {
     let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let state = common::digits_state(tenants.path(), data.path()).await?;
     let router = sluice::api::http::router(Arc::new(state));
-    let plain = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled() }]
-    }))?;
-    let image = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels() }]
-    }))?;
+    let (plain, image) = common::request_bodies()?;
     let call = |name: &'static str, body: &Vec<u8>| {
         let request = Request::post(format!("/v2/models/{name}/infer"))
             .header("authorization", format!("Bearer {}", common::KEY))

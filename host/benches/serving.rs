@@ -210,16 +210,9 @@ async fn end_to_end() -> anyhow::Result<()> {
     let address = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, sluice::api::http::router(Arc::new(state))).await });
 
-    let pixels: Vec<u8> = (0..64).map(|i| ((i * 37) % 256) as u8).collect();
-    let body = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels }]
-    }))?;
+    let (plain_body, body) = common::request_bodies()?;
     let client = reqwest::Client::new();
     let e2e = timed_requests(&client, &format!("http://{address}/v2/models/digits/infer"), &body).await?;
-    let scaled: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
-    let plain_body = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled }]
-    }))?;
     let plain = timed_requests(&client, &format!("http://{address}/v2/models/digits-mlp/infer"), &plain_body).await?;
 
     // The same input straight into the backend, as the component sends it.
@@ -232,8 +225,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         .get(BackendKind::Onnxruntime)
         .ok_or_else(|| anyhow::anyhow!("onnxruntime missing"))?
         .load(&std::fs::read(&model)?, &Placement::CPU)?;
-    let scaled: Vec<u8> = pixels.iter().flat_map(|&p| (f32::from(p) / 255.0).to_le_bytes()).collect();
-    let input = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], scaled)?)];
+    let input = common::digits_row();
     let mut raw = Vec::with_capacity(E2E_CALLS);
     for i in 0..(E2E_CALLS + 200) {
         let started = Instant::now();

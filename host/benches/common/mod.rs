@@ -1,5 +1,6 @@
 //! What the benches share: a server's state built in process for one tenant `bench` (key
-//! `bench-key`) with the digits MLP on ONNX Runtime and the `digits` app.
+//! `bench-key`) with the digits MLP on ONNX Runtime and the `digits` app, the sandbox as the
+//! server makes it, and one digit's inputs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use sluice::runtime::{GuestCall, GuestLog, InferRequest, Prepared, Runtime, Runt
 use sluice::serve::ServeConfig;
 use sluice::state::ServingState;
 use sluice::telemetry::rate::TokenBucket;
+use sluice::tensor::{ElementType, Tensor};
 
 pub const KEY: &str = "bench-key";
 
@@ -98,4 +100,31 @@ pub fn guest_call(models: &Arc<TenantModels>, allowance: &Arc<TokenBucket>, requ
         deadline_ms: 1000,
         request,
     }
+}
+
+/// One 8×8 image's pixels, as the `digits` app takes them.
+pub fn pixels() -> Vec<u8> {
+    (0..64).map(|i| ((i * 37) % 256) as u8).collect()
+}
+
+/// The same image as the digits MLP takes it (what the `digits` component sends).
+pub fn scaled() -> Vec<f32> {
+    pixels().iter().map(|&p| f32::from(p) / 255.0).collect()
+}
+
+/// [`scaled`] as one row of the model's input `X`.
+pub fn digits_row() -> Vec<(String, Tensor)> {
+    let data = scaled().iter().flat_map(|v| v.to_le_bytes()).collect();
+    vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], data).expect("a row"))]
+}
+
+/// OIP JSON infer requests of the plain model `digits-mlp` and of the `digits` app.
+pub fn request_bodies() -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let plain = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled() }]
+    }))?;
+    let app = serde_json::to_vec(&serde_json::json!({
+        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels() }]
+    }))?;
+    Ok((plain, app))
 }

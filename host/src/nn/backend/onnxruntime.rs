@@ -387,8 +387,7 @@ fn from_value(value: &DynValue) -> Result<Tensor, String> {
 /// Find `libonnxruntime.so.*`: the one the build fetched, else one in an installed
 /// `onnxruntime` Python package.
 fn locate_library() -> Option<PathBuf> {
-    let built = option_env!("SLUICE_BUILT_ONNXRUNTIME").map(PathBuf::from).filter(|path| path.is_file());
-    built.or_else(locate_in_python)
+    option_env!("SLUICE_BUILT_ONNXRUNTIME").and_then(|folder| library_in(Path::new(folder))).or_else(locate_in_python)
 }
 
 fn locate_in_python() -> Option<PathBuf> {
@@ -409,8 +408,9 @@ fn locate_in_python() -> Option<PathBuf> {
     })
 }
 
-fn library_in(capi: &Path) -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(capi)
+/// The newest `libonnxruntime.so*` in `folder`.
+fn library_in(folder: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(folder)
         .ok()?
         .flatten()
         .map(|e| e.path())

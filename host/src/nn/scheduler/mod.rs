@@ -1018,8 +1018,7 @@ async fn execute(execution: &Execution, graph: &Arc<dyn Graph>, batch: Vec<Queue
     for job in &batch {
         span.follows_from(&job.payload.span);
     }
-    let in_place = alone && execution.row_time.runs_in_place(rows.iter().sum());
-    execute_batch(execution, graph, batch, (rows, waits, tenants, bills), (last_deadline, in_place))
+    execute_batch(execution, graph, batch, (rows, waits, tenants, bills), (last_deadline, alone))
         .instrument(span)
         .await;
 }
@@ -1049,7 +1048,7 @@ async fn execute_batch(
     graph: &Arc<dyn Graph>,
     batch: Vec<Queued<Job>>,
     (rows, waits, tenants, bills): (Vec<usize>, Vec<Duration>, Vec<Arc<str>>, Vec<Bill>),
-    (last_deadline, in_place): (std::time::Instant, bool),
+    (last_deadline, alone): (std::time::Instant, bool),
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
     let device = graph.device().label();
@@ -1069,7 +1068,7 @@ async fn execute_batch(
     let total_rows = rows.iter().sum();
     let result = match stacked {
         Some(stacked) => {
-            let ran = if in_place {
+            let ran = if alone && execution.row_time.runs_in_place(total_rows) {
                 let started = std::time::Instant::now();
                 Ok((graph.run(stacked, &Stop::default()), started.elapsed()))
             } else {
