@@ -342,7 +342,7 @@ fn parse_tenant(spec: &str) -> anyhow::Result<TenantLoad> {
     Ok(TenantLoad { name: name.to_string(), key, rate, concurrency })
 }
 
-/// Log to stderr (text or JSON lines, filtered by `SLUICE_LOG`) and, with an OTLP endpoint,
+/// Log to stderr (text, coloured on a terminal, or JSON lines, filtered by `SLUICE_LOG`) and, with an OTLP endpoint,
 /// export Sluice's spans; the export must be shut down at exit to send its last spans.
 fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow::Result<Option<OtlpExport>> {
     let mut filter = EnvFilter::try_from_env("SLUICE_LOG")
@@ -352,7 +352,12 @@ fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow:
         filter = filter.add_directive("sluice=debug".parse().expect("a valid directive"));
     }
     let span_events = if spans { FmtSpan::CLOSE } else { FmtSpan::NONE };
-    let log = tracing_subscriber::fmt::layer().with_span_events(span_events).with_writer(std::io::stderr);
+    // Colour only for a terminal: in a file or a log collector the codes are noise (and cost
+    // CPU on every request's span).
+    let log = tracing_subscriber::fmt::layer()
+        .with_span_events(span_events)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
     let log = if json { log.json().boxed() } else { log.boxed() };
     let (export, export_layer) = match otlp_endpoint {
         Some(endpoint) => {

@@ -252,6 +252,47 @@ async fn every_instance_slot_in_use_is_overload_not_a_guest_failure() {
 }
 
 #[test]
+fn a_refusal_before_a_small_body_is_read_keeps_the_connection_open() {
+    // Refused clients at overload send small bodies: a new connection per refusal costs the
+    // server twice the refusal. The small rest is read and dropped, and the connection serves on.
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", "acme-key", ""));
+    let server = Server::start(tenants.path(), &[]);
+    let body = "x".repeat(2_000);
+    let mut stream = TcpStream::connect(server.http_address()).expect("connects");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    for key in ["wrong", "also-wrong"] {
+        let head = format!(
+            "POST /v2/models/any/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all((head + &body).as_bytes()).expect("request");
+        let answer = read_response(&mut stream);
+        assert!(answer.starts_with("http/1.1 401"), "{answer}");
+        assert!(!answer.contains("\r\nconnection: close\r\n"), "{answer}");
+    }
+}
+
+/// One HTTP/1.1 response, head and body (by its Content-Length), lower-cased.
+fn read_response(stream: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while !answer.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).expect("a response head");
+        answer.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("a content-length");
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).expect("the response body");
+    head + &String::from_utf8_lossy(&body)
+}
+
+#[test]
 fn an_answer_given_before_the_body_is_read_closes_the_connection() {
     // A refusal before the body is read (a wrong key) leaves the rest of the body on the
     // connection: the answer must say so, or a client reuses it just as the server closes it.

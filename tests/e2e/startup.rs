@@ -68,6 +68,7 @@ async fn a_server_started_without_settings_serves_on_the_onnxruntime_library_the
     let built = built_onnxruntime_library();
     assert!(log.contains("ONNX Runtime loaded") && log.contains(&built.display().to_string()), "{log}");
     assert!(!log.contains("not available"), "{log}");
+    assert!(!log.contains('\u{1b}'), "a log written to a file has no colour codes: {log}");
     let (status, model) = server.get("/v2/models/digits-mlp", Some("k")).await;
     assert_eq!((status, model["platform"].as_str()), (200, Some("onnxruntime_onnx")));
 }

@@ -2,8 +2,8 @@
 //! and without a pinned version. Every model route authenticates the tenant first; the
 //! body is read only up to the tenant's request-size limit.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -64,28 +64,56 @@ pub fn router(state: Shared) -> axum::Router {
         .with_state(state)
 }
 
-/// Answer `Connection: close` when a request's body was not read to its end (a refusal
-/// before the body, a body cut off at its limit): the server closes such a connection, and a
-/// client told nothing may reuse it just as it closes.
+/// The most of a body left unread by an early answer (a refusal before the body: a wrong
+/// key, a quota) that is read and dropped so that the connection stays open, and how long
+/// that may take (a little over the 40 ms a body written apart from its head may wait for
+/// Nagle's algorithm). Inference bodies are mostly this small and already arrived: a client
+/// refused at overload keeps its connection instead of paying a new one per request.
+const DRAIN_LIMIT: u64 = 64 * 1024;
+const DRAIN_WAIT: Duration = Duration::from_millis(50);
+
+/// When an answer was made before the request's body was read to its end, read and drop the
+/// rest where it is small and has arrived ([`DRAIN_LIMIT`], [`DRAIN_WAIT`]); otherwise answer
+/// `Connection: close`: the server closes such a connection, and a client told nothing may
+/// reuse it just as it closes.
 async fn close_when_body_unread(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let has_body = declared_length(request.headers()).is_some_and(|length| length > 0)
-        || request.headers().contains_key(header::TRANSFER_ENCODING);
+    let declared = declared_length(request.headers());
+    let has_body =
+        declared.is_some_and(|length| length > 0) || request.headers().contains_key(header::TRANSFER_ENCODING);
     if !has_body {
         return next.run(request).await;
     }
-    let finished = Arc::new(AtomicBool::new(false));
-    let request = request.map(|body| Body::new(Tracked { body, finished: finished.clone() }));
+    let unread = Arc::new(Mutex::new(None));
+    let request = request.map(|body| Body::new(Tracked { body: Some(body), unread: unread.clone() }));
     let mut response = next.run(request).await;
-    if !finished.load(Ordering::Acquire) {
+    let rest = unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    let drained = match rest {
+        Some(rest) if declared.is_none_or(|length| length <= DRAIN_LIMIT) => {
+            let limit = usize::try_from(DRAIN_LIMIT).unwrap_or(usize::MAX);
+            matches!(tokio::time::timeout(DRAIN_WAIT, axum::body::to_bytes(rest, limit)).await, Ok(Ok(_)))
+        }
+        Some(_) => false,
+        // Read to its end, or still held by a task that outlives the answer.
+        None => true,
+    };
+    if !drained {
         response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
     }
     response
 }
 
-/// A request body that notes when it has been read to its end.
+/// A request body that, dropped before its end, leaves itself in `unread` for the middleware.
 struct Tracked {
-    body: Body,
-    finished: Arc<AtomicBool>,
+    body: Option<Body>,
+    unread: Arc<Mutex<Option<Body>>>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let Some(body) = self.body.take().filter(|body| !http_body::Body::is_end_stream(body)) {
+            *self.unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(body);
+        }
+    }
 }
 
 impl http_body::Body for Tracked {
@@ -96,19 +124,20 @@ impl http_body::Body for Tracked {
         mut self: std::pin::Pin<&mut Self>,
         context: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let polled = std::pin::Pin::new(&mut self.body).poll_frame(context);
-        if matches!(polled, std::task::Poll::Ready(None)) || self.body.is_end_stream() {
-            self.finished.store(true, Ordering::Release);
+        let Some(body) = self.body.as_mut() else { return std::task::Poll::Ready(None) };
+        let polled = std::pin::Pin::new(body).poll_frame(context);
+        if matches!(polled, std::task::Poll::Ready(None)) {
+            self.body = None;
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.as_ref().is_none_or(http_body::Body::is_end_stream)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        self.body.as_ref().map_or_else(|| http_body::SizeHint::with_exact(0), http_body::Body::size_hint)
     }
 }
 
@@ -282,7 +311,8 @@ async fn model_infer(
         spec.id.as_str(),
         Protocol::Http,
         &routed,
-        serve_infer(&state, tenant, &spec.quotas, &path, &headers, body, &routed),
+        // Boxed: axum moves the handler's future, and this one is large.
+        Box::pin(serve_infer(&state, tenant, &spec.quotas, &path, &headers, body, &routed)),
     )
     .await
 }
