@@ -352,6 +352,7 @@ fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow:
         filter = filter.add_directive("sluice=debug".parse().expect("a valid directive"));
     }
     let span_events = if spans { FmtSpan::CLOSE } else { FmtSpan::NONE };
+    sluice::telemetry::traces::set_spans_logged(spans);
     // Colour only for a terminal: in a file or a log collector the codes are noise (and cost
     // CPU on every request's span).
     let log = tracing_subscriber::fmt::layer()

@@ -20,6 +20,20 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
+/// Spans closing are written to the log (`--log-spans`): set once at start.
+static SPANS_LOGGED: AtomicBool = AtomicBool::new(false);
+
+pub fn set_spans_logged(logged: bool) {
+    SPANS_LOGGED.store(logged, Ordering::Relaxed);
+}
+
+/// Whether anyone reads a span as a whole (exported, or logged as it closes), so that fields
+/// describing the request as a whole are worth recording on it; otherwise a span only names
+/// the request on the log lines made inside it.
+pub fn spans_read() -> bool {
+    exporting() || SPANS_LOGGED.load(Ordering::Relaxed)
+}
+
 /// Make `span` a child of the client's span named by a W3C `traceparent` (and
 /// `tracestate`), when spans are exported and the header is well formed; otherwise the
 /// span starts a trace of its own.
