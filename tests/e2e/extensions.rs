@@ -2,14 +2,14 @@
 
 use serde_json::json;
 use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice::api::grpc::proto::{DataType, ModelConfigRequest, ModelStatisticsRequest};
+use sluice::api::grpc::proto::{DataType, ModelConfigRequest, ModelStatisticsRequest, ServerMetadataRequest};
 
 use crate::support::*;
 
 const KEY: &str = "test-key-acme";
 
 #[tokio::test]
-async fn config_and_statistics_describe_batching_and_count_requests() {
+async fn config_and_statistics_describe_batching_count_requests_and_are_listed_as_extensions() {
     let tenants = Tenants::new();
     let mut manifest = tenant_header("acme", KEY, "");
     manifest += &model_entry("digits-mlp", &digits_model(), None);
@@ -70,4 +70,13 @@ async fn config_and_statistics_describe_batching_and_count_requests() {
     let mut request = tonic::Request::new(ModelStatisticsRequest { name: "digits-mlp".into(), version: String::new() });
     request.metadata_mut().insert("authorization", "Bearer wrong".parse().expect("ascii"));
     assert_eq!(grpc.model_statistics(request).await.expect_err("bad key").code(), tonic::Code::Unauthenticated);
+
+    // Server metadata names these extensions, the same over both protocols.
+    let (_, metadata) = server.get("/v2", None).await;
+    let listed: Vec<String> = serde_json::from_value(metadata["extensions"].clone()).expect("a list of names");
+    for extension in ["model_configuration", "statistics", "model_repository", "binary_tensor_data"] {
+        assert!(listed.iter().any(|name| name == extension), "{extension} not in {listed:?}");
+    }
+    let over_grpc = grpc.server_metadata(ServerMetadataRequest {}).await.expect("metadata").into_inner();
+    assert_eq!(over_grpc.extensions, listed);
 }

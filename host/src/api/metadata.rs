@@ -14,8 +14,15 @@ pub struct ServerMetadata {
     pub extensions: Vec<&'static str>,
 }
 
+/// The OIP/Triton extensions served, under Triton's names: binary tensors in HTTP bodies,
+/// the repository index/load/unload calls, model configuration, statistics, and request
+/// parameters (`timeout`, `binary_data_output`, a guest's own). Not yet: `schedule_policy`
+/// (no per-request priority), shared memory, sequences, trace and logging settings.
+const EXTENSIONS: [&str; 5] =
+    ["binary_tensor_data", "model_repository", "model_configuration", "statistics", "parameters"];
+
 pub fn server() -> ServerMetadata {
-    ServerMetadata { name: "sluice", version: env!("CARGO_PKG_VERSION"), extensions: Vec::new() }
+    ServerMetadata { name: "sluice", version: env!("CARGO_PKG_VERSION"), extensions: EXTENSIONS.to_vec() }
 }
 
 #[derive(Debug, Serialize)]
