@@ -342,8 +342,9 @@ fn parse_tenant(spec: &str) -> anyhow::Result<TenantLoad> {
     Ok(TenantLoad { name: name.to_string(), key, rate, concurrency })
 }
 
-/// Log to stderr (text, coloured on a terminal, or JSON lines, filtered by `SLUICE_LOG`) and, with an OTLP endpoint,
-/// export Sluice's spans; the export must be shut down at exit to send its last spans.
+/// Log to stderr (text, coloured on a terminal, or JSON lines, filtered by `SLUICE_LOG`)
+/// and, with an OTLP endpoint, export Sluice's spans; the export must be shut down at exit to
+/// send its last spans.
 fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow::Result<Option<OtlpExport>> {
     let mut filter = EnvFilter::try_from_env("SLUICE_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn"));

@@ -83,18 +83,18 @@ async fn close_when_body_unread(request: axum::extract::Request, next: axum::mid
     if !has_body {
         return next.run(request).await;
     }
-    let unread = Arc::new(Mutex::new(None));
-    let request = request.map(|body| Body::new(Tracked { body: Some(body), unread: unread.clone() }));
+    let rest = Arc::new(Mutex::new(Rest::Reading));
+    let request = request.map(|body| Body::new(Tracked { body: Some(body), rest: rest.clone() }));
     let mut response = next.run(request).await;
-    let rest = unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    let rest = std::mem::replace(&mut *rest.lock().unwrap_or_else(std::sync::PoisonError::into_inner), Rest::Ended);
     let drained = match rest {
-        Some(rest) if declared.is_none_or(|length| length <= DRAIN_LIMIT) => {
+        Rest::Ended => true,
+        Rest::Unread(rest) if declared.is_none_or(|length| length <= DRAIN_LIMIT) => {
             let limit = usize::try_from(DRAIN_LIMIT).unwrap_or(usize::MAX);
             matches!(tokio::time::timeout(DRAIN_WAIT, axum::body::to_bytes(rest, limit)).await, Ok(Ok(_)))
         }
-        Some(_) => false,
-        // Read to its end, or still held by a task that outlives the answer.
-        None => true,
+        // Too large to drain, or still held by a task that outlives the answer.
+        Rest::Unread(_) | Rest::Reading => false,
     };
     if !drained {
         response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
@@ -102,16 +102,31 @@ async fn close_when_body_unread(request: axum::extract::Request, next: axum::mid
     response
 }
 
-/// A request body that, dropped before its end, leaves itself in `unread` for the middleware.
+/// Where a request body stands once its answer is ready.
+enum Rest {
+    Reading,
+    Ended,
+    /// Dropped before its end: the rest, for the middleware to drain.
+    Unread(Body),
+}
+
+/// A request body that tells [`close_when_body_unread`] whether it was read to its end.
 struct Tracked {
     body: Option<Body>,
-    unread: Arc<Mutex<Option<Body>>>,
+    rest: Arc<Mutex<Rest>>,
+}
+
+impl Tracked {
+    fn settle(&self, rest: Rest) {
+        *self.rest.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = rest;
+    }
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        if let Some(body) = self.body.take().filter(|body| !http_body::Body::is_end_stream(body)) {
-            *self.unread.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(body);
+        match self.body.take() {
+            Some(body) if !http_body::Body::is_end_stream(&body) => self.settle(Rest::Unread(body)),
+            _ => self.settle(Rest::Ended),
         }
     }
 }
@@ -128,6 +143,7 @@ impl http_body::Body for Tracked {
         let polled = std::pin::Pin::new(body).poll_frame(context);
         if matches!(polled, std::task::Poll::Ready(None)) {
             self.body = None;
+            self.settle(Rest::Ended);
         }
         polled
     }
