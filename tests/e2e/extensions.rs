@@ -79,4 +79,21 @@ async fn config_and_statistics_describe_batching_count_requests_and_are_listed_a
     }
     let over_grpc = grpc.server_metadata(ServerMetadataRequest {}).await.expect("metadata").into_inner();
     assert_eq!(over_grpc.extensions, listed);
+
+    // An app's statistics in the same shape (perf_analyzer finds the version whose queue
+    // count rose): each request queued once and run once. Last: its guest calls digits-mlp.
+    let image =
+        json!({ "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": vec![3u8; 64] }] });
+    for _ in 0..2 {
+        assert_eq!(server.infer("digits", KEY, &image).await.0, 200);
+    }
+    let (_, stats) = server.get("/v2/models/digits/stats", Some(KEY)).await;
+    let app = &stats["model_stats"][0];
+    assert_eq!((app["inference_count"].as_u64(), app["execution_count"].as_u64()), (Some(2), Some(2)), "{stats}");
+    let counts = &app["inference_stats"];
+    for field in ["success", "queue", "compute_input", "compute_infer", "compute_output"] {
+        assert_eq!(counts[field]["count"], 2, "{field}: {counts}");
+    }
+    let ns = |field: &str| counts[field]["ns"].as_u64().expect("ns");
+    assert!(ns("compute_infer") > 0 && ns("success") >= ns("queue") + ns("compute_infer"), "{counts}");
 }

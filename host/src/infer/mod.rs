@@ -96,6 +96,11 @@ impl Budget {
         self.arrived + self.length
     }
 
+    /// How long ago the request arrived.
+    pub fn waited(&self) -> Duration {
+        self.arrived.elapsed()
+    }
+
     pub fn length(&self) -> Duration {
         self.length
     }
@@ -283,6 +288,8 @@ async fn run_app(
     caller: Caller<'_>,
 ) -> Result<Answer, Failed> {
     let Run { state, tenant, spec, share, budget } = run;
+    // Triton's queue time: from arrival (body read) to the start of this request's work.
+    let (queued, begun) = (budget.waited(), Instant::now());
     let deadline = budget.deadline();
     let quotas = &spec.quotas;
     let Choice { version: resolved, chosen, pinned, slo } = choice;
@@ -320,22 +327,31 @@ async fn run_app(
         deadline_ms: budget.length().as_millis() as u64,
         request,
     };
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let span = tracing::debug_span!("guest", app = %name, version = %route.version);
     let response = state.runtime.invoke(&chosen.prepared, call).instrument(span).await;
     let elapsed = started.elapsed();
     let trap = response.as_ref().err().and_then(GuestError::trap_kind);
     metrics().guest(spec.id.as_str(), name, route.version.as_str(), elapsed, trap);
     let rows = response.as_ref().ok().and_then(|r| r.outputs.first()).and_then(|t| t.shape.first().copied());
-    app.stats.request(response.is_ok(), elapsed, rows.unwrap_or(1));
     let server_error =
         response.as_ref().err().is_some_and(|e| ApiError::from(e.clone()).kind.status().is_server_error());
     chosen.stats.record(server_error, elapsed);
-    let response = response.map_err(|error| Failed { degradable: degradation(&error), error: error.into() })?;
+    let response = response.map_err(|error| {
+        app.stats.request(false, elapsed, 0);
+        Failed { degradable: degradation(&error), error: error.into() }
+    })?;
+    let checking = Instant::now();
     let outputs =
         response.outputs.into_iter().map(ValidTensor::try_from).collect::<Result<Vec<_>, _>>().map_err(|e| {
             ApiError::new(ErrorKind::GuestFailure, format!("the component returned an invalid output: {e}"))
-        })?;
+        });
+    // In Triton's shape, so that its tools (perf_analyzer) read an app as a model: one
+    // execution per request, its input the guest call's set-up, its infer the guest's run.
+    app.stats.queue.record(queued);
+    app.stats.execution(started - begun, elapsed, checking.elapsed());
+    app.stats.request(outputs.is_ok(), begun.elapsed() + queued, rows.unwrap_or(1));
+    let outputs = outputs?;
     check_response_size(name, &outputs, quotas.max_response_bytes)?;
     if let (Some((prepared, call)), Some(shadow_version)) = (mirror, &route.shadow) {
         let series = metrics().shadow_series(spec.id.as_str(), name, shadow_version.as_str());
