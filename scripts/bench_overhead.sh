@@ -8,13 +8,21 @@
 #   app    Sluice's `digits` app (component → wasi:nn → the same model),
 # over HTTP and gRPC, at concurrency 1 and 64. Servers on CPU 0, the load on CPU 1; each
 # round measures every row once, so the machine's changes of speed fall on all alike.
-# KEEP=1 keeps the work folder (the servers' logs) for a look afterwards.
+# The load comes from `sluice perf` (closed loop, every request counted) and from NVIDIA's
+# perf_analyzer 2.40 (fetched by scripts/fetch_perf_analyzer.py; synchronous C++ clients, one
+# thread each; its figures are its last measurement window's, and the requests its whole
+# run sent are estimated as throughput x run time for the CPU column).
+# CLIENTS="sluice-perf perf_analyzer" (the default) picks the clients; KEEP=1 keeps the work
+# folder (the servers' logs) for a look afterwards.
 # Usage: scripts/bench_overhead.sh [seconds] [rounds]    (needs `cargo build --release`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-5}"
 rounds="${2:-2}"
 sluice=target/release/sluice
+clients="${CLIENTS:-sluice-perf perf_analyzer}"
+perf_analyzer=""
+case " $clients " in *" perf_analyzer "*) perf_analyzer=$(python3 scripts/fetch_perf_analyzer.py | tail -1) ;; esac
 floor=$(cargo bench --bench floor --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))/\1/p' | tail -1)
 [ -x "$floor" ] || { echo "could not build the floor server" >&2; exit 1; }
 work=$(mktemp -d)
@@ -39,8 +47,8 @@ printf '{"inputs":[{"name":"X","datatype":"FP32","shape":[1,64],"data":[%s]}]}' 
 printf '{"inputs":[{"name":"image","datatype":"UINT8","shape":[1,64],"data":[%s]}]}' "$pixels" >"$work/app.json"
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-measure() { # target protocol concurrency
-  local target=$1 protocol=$2 concurrency=$3 port pid model request
+measure() { # client target protocol concurrency
+  local client=$1 target=$2 protocol=$3 concurrency=$4 port pid model request
   local grpc=()
   case $target in
     floor) port=18700 pid=$floor_pid model=digits-mlp request=plain ;;
@@ -48,6 +56,24 @@ measure() { # target protocol concurrency
     app) port=18710 pid=$sluice_pid model=digits request=app ;;
   esac
   if [ "$protocol" = grpc ]; then port=$((port + 1)) grpc=(--grpc); fi
+  if [ "$client" = perf_analyzer ]; then
+    # Three windows of a third of the time each; stability is not what is measured here.
+    local started ended before ticks
+    before=$(cpu_ticks "$pid") started=$(date +%s.%N)
+    $client_cpus "$perf_analyzer" -m "$model" -i "$protocol" -u "127.0.0.1:$port" \
+      -H 'authorization: Bearer acme-demo-key' --shape image:1,64 --concurrency-range "$concurrency" \
+      --measurement-interval $((seconds * 1000 / 3)) --stability-percentage 100 >"$work/out" 2>&1 || true
+    ticks=$(($(cpu_ticks "$pid") - before)) ended=$(date +%s.%N)
+    awk -v c="$client" -v t="$target" -v p="$protocol" -v n="$concurrency" -v ticks="$ticks" \
+      -v hz="$(getconf CLK_TCK)" -v started="$started" -v ended="$ended" '
+      /Throughput:/ && !rate { rate = $2 }
+      /p50 latency:/ && !p50 { p50 = $3 / 1000 }
+      /p99 latency:/ && !p99 { p99 = $3 / 1000 }
+      /error|Failed/ { failed = 1 }
+      END { printf "| %s | %s | %s | %d | %.0f | %.2f ms | %.2f ms | %s | %.1f |\n", c, t, p, n, rate, p50, p99,
+              (failed || !rate ? "failed" : 0), (rate > 0 ? ticks / hz * 1e6 / (rate * (ended - started)) : 0) }' "$work/out"
+    return
+  fi
   run() { # seconds output
     $client_cpus "$sluice" perf --address "127.0.0.1:$port" "${grpc[@]}" --model "$model" --key acme-demo-key \
       --input "$work/$request.json" --concurrency "$concurrency" --warmup-s 0 --duration-s "$1" >"$2"
@@ -58,16 +84,18 @@ measure() { # target protocol concurrency
   local ticks=$(($(cpu_ticks "$pid") - before))
   grep "^| - |" "$work/out" | tail -1 | awk -F'|' -v t="$target" -v p="$protocol" -v c="$concurrency" -v ticks="$ticks" \
     -v hz="$(getconf CLK_TCK)" '{ ok = $3 + 0; gsub(/ /, "", $4);
-      printf "| %s | %s | %d | %.0f | %s | %s | %s | %.1f |\n", t, p, c, $5, $6, $8, $4,
+      printf "| sluice perf | %s | %s | %d | %.0f | %s | %s | %s | %.1f |\n", t, p, c, $5, $6, $8, $4,
         (ok > 0 ? ticks / hz * 1e6 / ok : 0) }'
 }
-echo "| server | protocol | concurrency | inf/s | p50 | p99 | errors | server CPU µs/request |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| client | server | protocol | concurrency | inf/s | p50 | p99 | errors | server CPU µs/request |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for _ in $(seq "$rounds"); do
-  for protocol in http grpc; do
-    for concurrency in 1 64; do
-      for target in floor plain app; do
-        measure "$target" "$protocol" "$concurrency"
+  for client in $clients; do
+    for protocol in http grpc; do
+      for concurrency in 1 64; do
+        for target in floor plain app; do
+          measure "$client" "$target" "$protocol" "$concurrency"
+        done
       done
     done
   done

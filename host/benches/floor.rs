@@ -3,6 +3,8 @@
 //! HTTP/1, tonic) and the same parsing and encoding as Sluice's front ends (OIP JSON with the
 //! binary extension, gRPC with raw contents), and nothing else: no tenant, no key, no queue,
 //! no model. Every infer request is parsed and validated and answered with ten FP32 values.
+//! It describes that model (metadata and configuration, no statistics) so that NVIDIA's
+//! perf_analyzer, which reads them before it sends, drives it as it drives Sluice.
 //!
 //! Run: `cargo bench --bench floor -- HTTP_ADDRESS GRPC_ADDRESS` (serves until killed).
 
@@ -37,6 +39,31 @@ fn outcome(model: String) -> InferOutcome {
         parameters: Vec::new(),
         cost_us: None,
     }
+}
+
+/// The model's description: 64 FP32 in, ten FP32 out, batches of up to 32 rows.
+const INPUT: (&str, &str, i64) = ("X", "FP32", 64);
+const OUTPUT: (&str, &str, i64) = ("probabilities", "FP32", 10);
+const MAX_BATCH_SIZE: i32 = 32;
+
+async fn server_metadata_json() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({ "name": "floor", "version": "0", "extensions": [] }))
+}
+
+async fn model_metadata_json(axum::extract::Path(model): axum::extract::Path<String>) -> axum::Json<serde_json::Value> {
+    let tensor = |(name, datatype, width): (&str, &str, i64)| serde_json::json!({ "name": name, "datatype": datatype, "shape": [-1, width] });
+    axum::Json(serde_json::json!({
+        "name": model, "versions": ["1"], "platform": "floor",
+        "inputs": [tensor(INPUT)], "outputs": [tensor(OUTPUT)],
+    }))
+}
+
+async fn model_config_json(axum::extract::Path(model): axum::extract::Path<String>) -> axum::Json<serde_json::Value> {
+    let tensor = |(name, datatype, width): (&str, &str, i64)| serde_json::json!({ "name": name, "data_type": format!("TYPE_{datatype}"), "dims": [width] });
+    axum::Json(serde_json::json!({
+        "name": model, "platform": "floor", "max_batch_size": MAX_BATCH_SIZE,
+        "input": [tensor(INPUT)], "output": [tensor(OUTPUT)],
+    }))
 }
 
 async fn infer(axum::extract::Path(model): axum::extract::Path<String>, headers: HeaderMap, body: Bytes) -> Response {
@@ -79,11 +106,26 @@ impl GrpcInferenceService for Floor {
     }
 
     async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> Answer<ServerMetadataResponse> {
-        unimplemented()
+        Ok(tonic::Response::new(ServerMetadataResponse {
+            name: "floor".to_string(),
+            version: "0".to_string(),
+            extensions: Vec::new(),
+        }))
     }
 
-    async fn model_metadata(&self, _: Request<ModelMetadataRequest>) -> Answer<ModelMetadataResponse> {
-        unimplemented()
+    async fn model_metadata(&self, request: Request<ModelMetadataRequest>) -> Answer<ModelMetadataResponse> {
+        let tensor = |(name, datatype, width): (&str, &str, i64)| model_metadata_response::TensorMetadata {
+            name: name.to_string(),
+            datatype: datatype.to_string(),
+            shape: vec![-1, width],
+        };
+        Ok(tonic::Response::new(ModelMetadataResponse {
+            name: request.into_inner().name,
+            versions: vec!["1".to_string()],
+            platform: "floor".to_string(),
+            inputs: vec![tensor(INPUT)],
+            outputs: vec![tensor(OUTPUT)],
+        }))
     }
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
@@ -93,8 +135,24 @@ impl GrpcInferenceService for Floor {
         Ok(tonic::Response::new(grpc::encode_response(outcome(model))))
     }
 
-    async fn model_config(&self, _: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
-        unimplemented()
+    async fn model_config(&self, request: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
+        let config = ModelConfig {
+            name: request.into_inner().name,
+            platform: "floor".to_string(),
+            max_batch_size: MAX_BATCH_SIZE,
+            input: vec![ModelInput {
+                name: INPUT.0.to_string(),
+                data_type: DataType::TypeFp32 as i32,
+                dims: vec![INPUT.2],
+            }],
+            output: vec![ModelOutput {
+                name: OUTPUT.0.to_string(),
+                data_type: DataType::TypeFp32 as i32,
+                dims: vec![OUTPUT.2],
+            }],
+            ..Default::default()
+        };
+        Ok(tonic::Response::new(ModelConfigResponse { config: Some(config) }))
     }
 
     async fn model_statistics(&self, _: Request<ModelStatisticsRequest>) -> Answer<ModelStatisticsResponse> {
@@ -127,7 +185,11 @@ fn main() -> anyhow::Result<()> {
     };
     let (http, grpc): (SocketAddr, SocketAddr) = (http.parse()?, grpc.parse()?);
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
-        let router = axum::Router::new().route("/v2/models/{model}/infer", axum::routing::post(infer));
+        let router = axum::Router::new()
+            .route("/v2", axum::routing::get(server_metadata_json))
+            .route("/v2/models/{model}", axum::routing::get(model_metadata_json))
+            .route("/v2/models/{model}/config", axum::routing::get(model_config_json))
+            .route("/v2/models/{model}/infer", axum::routing::post(infer));
         let listener = tokio::net::TcpListener::bind(http).await?.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
