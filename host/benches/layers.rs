@@ -33,7 +33,7 @@ use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Res
 use sluice::oip::types::{InferOutcome, TensorLimits, ValidTensor};
 use sluice::registry::ids::ModelName;
 use sluice::registry::placement::Placement;
-use sluice::runtime::{Datatype, GuestTensor, InferRequest, TensorData};
+use sluice::runtime::{Datatype, GuestTensor, InferRequest, TensorData, WarmPool};
 use sluice::tensor::{ElementType, Tensor};
 
 const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 24 };
@@ -303,6 +303,17 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     })
     .await
     .row("sandbox: the same, digits component (its model call included)");
+    let (trivial_pool, digits_pool) = (WarmPool::default(), WarmPool::default());
+    measure_async(20_000, 1, || async {
+        runtime.invoke_reusing(trivial, &trivial_pool, call(echo())).await.expect("echoes");
+    })
+    .await
+    .row("sandbox: serial reuse (a parked instance, no instantiation), trivial component");
+    measure_async(20_000, 1, || async {
+        runtime.invoke_reusing(digits, &digits_pool, call(image())).await.expect("classifies");
+    })
+    .await
+    .row("sandbox: serial reuse, digits component");
     let concurrent = |request: fn() -> InferRequest, prepared| {
         let call = &call;
         move || async move {

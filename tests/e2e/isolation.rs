@@ -138,3 +138,46 @@ async fn a_reused_instance_slot_reads_zeros_whoever_used_it_last() {
         }
     }
 }
+
+#[tokio::test]
+async fn serial_reuse_carries_a_tenants_memory_to_its_own_next_request_only() {
+    // Both tenants opt into serial reuse of the same component; acme's deadline is short.
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", ACME, "instance_reuse = \"serial\"\nguest_deadline_ms = 300");
+    acme += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("acme.toml", &acme);
+    let mut beta = tenant_header("beta", BETA, "instance_reuse = \"serial\"");
+    beta += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("beta.toml", &beta);
+    let server = Server::start(tenants.path(), &["--max-instances", "8"]);
+    let call = |mode: &str| json!({ "inputs": [], "parameters": { "mode": mode } });
+    let marker = |key: &'static str| {
+        let server = &server;
+        async move {
+            let (status, body) = server.infer("hostile", key, &call("marker")).await;
+            assert_eq!(status, 200, "{body}");
+            i64s(&output(&body, "previous")["data"])[0]
+        }
+    };
+    const SET: i64 = 0xfeed_f00d;
+
+    assert_eq!(marker(ACME).await, 0, "a first instance starts from its image");
+    assert_eq!(marker(ACME).await, SET, "acme's next request ran in the instance its last one left");
+    assert_eq!(marker(BETA).await, 0, "beta never gets acme's instance");
+    assert_eq!(marker(BETA).await, SET, "beta reuses its own");
+
+    // A trap ends the instance: the next request starts fresh.
+    let (status, body) = server.infer("hostile", ACME, &call("trap")).await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(marker(ACME).await, 0, "an instance that trapped was kept");
+
+    // A reused instance still meets its request's deadline, and gives its CPU turn back.
+    assert_eq!(marker(ACME).await, SET);
+    let (status, body) = server.infer("hostile", ACME, &call("loop")).await;
+    assert_eq!(status, 504, "{body}");
+    for _ in 0..20 {
+        let (status, body) = server.infer("hostile", ACME, &call("echo")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(marker(BETA).await, SET, "beta's parked instance is still its own");
+}

@@ -150,6 +150,10 @@ async fn what_a_guest_makes_the_host_hold_counts_against_its_memory() {
     ] {
         let ((status, body), grown) = server.peak_growth(server.infer("hostile", EVIL, &mode(name, parameters))).await;
         assert!([200, 400, 500].contains(&status), "{name}: {status} {body}");
+        if name == "hold-tensors" {
+            assert_eq!(status, 500, "{body}");
+            assert!(error_message(&body).contains("memory limit of 32 MiB"), "{name}: {body}");
+        }
         assert!(grown < 200 << 20, "{name}: the server grew by {} MiB", grown >> 20);
     }
     victim_served(&server).await;
@@ -171,4 +175,24 @@ async fn a_large_json_body_costs_about_its_own_size_to_parse() {
     let ((status, _), grown) = server.peak_growth(request).await;
     assert!([200, 400, 500, 503].contains(&status), "{status}");
     assert!(grown < 160 << 20, "parsing 16 MB of JSON took {} MiB", grown >> 20);
+}
+
+#[tokio::test]
+async fn a_model_call_takes_its_input_tensors_from_the_guests_charge() {
+    // wasi:nn `compute` takes its inputs: they must leave what the guest is charged for, or a
+    // guest calling a model many times in one request runs out of its memory quota.
+    let tenants = Tenants::new();
+    let mut evil = tenant_header("evil", EVIL, "guest_memory_mib = 8");
+    evil += &model_entry("digits-mlp", &digits_model(), None);
+    evil += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("evil.toml", &evil);
+    let server = Server::start(tenants.path(), &[]);
+    // 1,200 calls of 32 rows (8 KiB of input each): 9.6 MiB given over one request.
+    let request = json!({
+        "inputs": [{ "name": "X", "shape": [32, 64], "datatype": "FP32", "data": vec![0.5f32; 32 * 64] }],
+        "parameters": { "mode": "compute", "model": "digits-mlp", "times": "1200" },
+    });
+    let (status, body) = server.infer("hostile", EVIL, &request).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(output(&body, "probabilities")["shape"], json!([32, 10]), "{body}");
 }

@@ -22,6 +22,7 @@ use crate::nn::scheduler::{ComputeError, Share};
 use crate::oip::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::registry::Tenant;
 use crate::registry::ids::VersionName;
+use crate::registry::manifest::InstanceReuse;
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
@@ -329,7 +330,17 @@ async fn run_app(
     };
     let started = Instant::now();
     let span = tracing::debug_span!("guest", app = %name, version = %route.version);
-    let response = state.runtime.invoke(&chosen.prepared, call).instrument(span).await;
+    let response = match quotas.instance_reuse {
+        InstanceReuse::Fresh => {
+            if chosen.warm.idle() > 0 {
+                chosen.warm.clear();
+            }
+            state.runtime.invoke(&chosen.prepared, call).instrument(span).await
+        }
+        InstanceReuse::Serial => {
+            state.runtime.invoke_reusing(&chosen.prepared, &chosen.warm, call).instrument(span).await
+        }
+    };
     let elapsed = started.elapsed();
     let trap = response.as_ref().err().and_then(GuestError::trap_kind);
     metrics().guest(spec.id.as_str(), name, route.version.as_str(), elapsed, trap);

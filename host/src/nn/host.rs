@@ -116,6 +116,9 @@ pub struct NnCtx {
     /// dimensions, error messages, graphs and contexts), its memory quota.
     pub tensor_bytes_limit: usize,
     tensor_bytes_live: usize,
+    /// Set when the guest asked the host to hold more than `tensor_bytes_limit`: the trap
+    /// that follows is the guest exceeding its memory limit.
+    pub tensor_bytes_refused: bool,
     /// The last overload or deadline a `compute` met; it decides the request's status when
     /// the guest then fails.
     pub queue_failure: Option<ComputeError>,
@@ -138,8 +141,38 @@ impl NnCtx {
         tensor_bytes_limit: usize,
         turn: Box<dyn CpuTurn>,
     ) -> Self {
-        Self { models, share, deadline, raw_load, tensor_bytes_limit, tensor_bytes_live: 0, queue_failure: None, turn }
+        Self {
+            models,
+            share,
+            deadline,
+            raw_load,
+            tensor_bytes_limit,
+            tensor_bytes_live: 0,
+            tensor_bytes_refused: false,
+            queue_failure: None,
+            turn,
+        }
     }
+}
+
+impl NnCtx {
+    /// What a parked instance's store keeps between requests: the tenant's namespace, no
+    /// turn, no deadline worth waiting for and nothing to charge (the request's context,
+    /// with its CPU turn, is dropped when the request ends).
+    pub fn parked(&self) -> Self {
+        Self::new(self.models.clone(), self.share.clone(), self.deadline, None, 0, Box::new(Unmetered))
+    }
+}
+
+/// Whether `table` holds any `wasi:nn` resource (tensor, graph, execution context, error):
+/// host memory charged to the request that made it.
+pub fn holds_resources(table: &mut ResourceTable) -> bool {
+    table.iter_mut().any(|entry| {
+        entry.is::<HostTensor>()
+            || entry.is::<HostGraph>()
+            || entry.is::<HostExecutionContext>()
+            || entry.is::<HostError>()
+    })
 }
 
 /// The per-call view: the context plus the store's resource table.
@@ -179,6 +212,7 @@ impl NnView<'_> {
     fn track(&mut self, bytes: usize) -> wasmtime::Result<()> {
         let live = self.ctx.tensor_bytes_live.saturating_add(bytes);
         if live > self.ctx.tensor_bytes_limit {
+            self.ctx.tensor_bytes_refused = true;
             wasmtime::bail!(
                 "guest holds more than {} bytes of wasi-nn tensors in the host (its memory limit)",
                 self.ctx.tensor_bytes_limit
@@ -396,16 +430,23 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             let context = self.table.get(&context)?;
             (context.name.clone(), context.model.clone())
         };
-        let mut named = Vec::with_capacity(inputs.len());
+        // The inputs are the guest's to give (owned handles): they leave its table, and its
+        // memory charge, here, and their bytes move on to the model without a copy.
+        let mut given = Vec::with_capacity(inputs.len());
         for (input, handle) in inputs {
+            let tensor = self.table.delete(handle)?;
+            self.release(tensor_cost(&tensor.dimensions, &tensor.data));
+            given.push((input, tensor));
+        }
+        let mut named = Vec::with_capacity(given.len());
+        for (input, guest) in given {
             if input.len() > MAX_NAME_BYTES {
                 let message =
                     format!("model '{name}', input '{}…': names are at most {MAX_NAME_BYTES} bytes", shown(&input));
                 return self.error(errors::ErrorCode::InvalidArgument, message);
             }
-            let guest = self.table.get(&handle)?;
             let dims = guest.dimensions.iter().map(|&d| d as usize).collect();
-            match Tensor::new(element_type(guest.ty), dims, guest.data.clone()) {
+            match Tensor::new(element_type(guest.ty), dims, guest.data) {
                 Ok(tensor) => named.push((input, tensor)),
                 Err(err) => {
                     return self

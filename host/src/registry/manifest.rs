@@ -102,6 +102,20 @@ pub struct Quotas {
     pub max_log_bytes_per_request: u64,
     /// Guest log bytes a second over all the tenant's requests (bursts up to one second's worth).
     pub max_log_bytes_per_second: u64,
+    /// Whether a component instance may serve more than one of the tenant's requests:
+    /// `"fresh"` (the default: a new instance per request) or `"serial"` (after a clean call
+    /// it may serve the tenant's next request of the same app version, so its memory carries
+    /// over between the tenant's own requests; README's "Instance reuse").
+    pub instance_reuse: InstanceReuse,
+}
+
+/// [`Quotas::instance_reuse`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceReuse {
+    #[default]
+    Fresh,
+    Serial,
 }
 
 impl Quotas {
@@ -147,6 +161,7 @@ impl Default for Quotas {
             max_versions_per_app: 32,
             max_log_bytes_per_request: 64 << 10,
             max_log_bytes_per_second: 256 << 10,
+            instance_reuse: InstanceReuse::Fresh,
         }
     }
 }

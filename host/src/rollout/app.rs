@@ -11,7 +11,7 @@ use super::shadow::ShadowStats;
 use super::traffic::Traffic;
 use crate::registry::AppSpec;
 use crate::registry::ids::VersionName;
-use crate::runtime::Prepared;
+use crate::runtime::{Prepared, WarmPool};
 use crate::telemetry::slo::AppSlo;
 use crate::telemetry::stats::Counters;
 use crate::telemetry::versions::{VersionSnapshot, VersionStats};
@@ -27,11 +27,13 @@ pub struct AppVersion {
     pub prepared: Prepared,
     pub sha256: String,
     pub stats: Arc<VersionStats>,
+    /// Instances parked for the tenant's next request (serial reuse; empty otherwise).
+    pub warm: Arc<WarmPool>,
 }
 
 impl AppVersion {
     pub fn new(prepared: Prepared, sha256: String) -> Self {
-        Self { prepared, sha256, stats: Arc::default() }
+        Self { prepared, sha256, stats: Arc::default(), warm: Arc::default() }
     }
 }
 

@@ -1,5 +1,6 @@
 //! One guest call: a fresh store with the tenant's limits, instantiate from the pre-linked
-//! component, call `infer` under the request deadline, and classify how it ended.
+//! component (or take a parked instance: [`super::warm`]), call `infer` under the request
+//! deadline, and classify how it ended.
 
 use tokio::time::Instant;
 use wasmtime::{Store, Trap, UpdateDeadline};
@@ -7,6 +8,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use super::bindings::sluice::tenant::types::{InferError, InferRequest, InferResponse};
 use super::limits::GuestLimiter;
 use super::store::{GuestLog, StoreState};
+use super::warm::{Warm, WarmPool};
 use super::{Prepared, Runtime};
 use crate::nn::host::NnCtx;
 use crate::nn::scheduler::ComputeError;
@@ -67,11 +69,41 @@ impl GuestError {
 }
 
 impl Runtime {
-    /// Run one request through a component.
+    /// Run one request through a fresh instance of a component.
     pub async fn invoke(&self, prepared: &Prepared, call: GuestCall) -> Result<InferResponse, GuestError> {
+        self.run(prepared, None, call).await
+    }
+
+    /// Run one request through an idle instance of `pool` when one is parked (else a fresh
+    /// one), and park the instance after a clean call ([`super::warm`]).
+    pub async fn invoke_reusing(
+        &self,
+        prepared: &Prepared,
+        pool: &WarmPool,
+        call: GuestCall,
+    ) -> Result<InferResponse, GuestError> {
+        self.run(prepared, Some(pool), call).await
+    }
+
+    async fn run(
+        &self,
+        prepared: &Prepared,
+        pool: Option<&WarmPool>,
+        call: GuestCall,
+    ) -> Result<InferResponse, GuestError> {
         let GuestCall { nn, memory_bytes, log, deadline, deadline_ms, request } = call;
-        let mut store = Store::new(self.engine(), StoreState::new(nn, GuestLimiter::new(memory_bytes), log));
-        store.limiter(|state| &mut state.limiter);
+        let limiter = GuestLimiter::new(memory_bytes);
+        let (mut store, warm_instance, uses) = match pool.and_then(|pool| pool.take(memory_bytes)) {
+            Some(Warm { mut store, instance, uses, .. }) => {
+                store.data_mut().renew(nn, limiter, log);
+                (store, Some(instance), uses)
+            }
+            None => {
+                let mut store = Store::new(self.engine(), StoreState::new(nn, limiter, log));
+                store.limiter(|state| &mut state.limiter);
+                (store, None, 0)
+            }
+        };
         // Guest code yields to the async runtime every epoch tick, so a busy guest never
         // holds a runtime thread that other requests need; at each tick it also ends its time
         // slice, giving its CPU turn to a waiting request and waiting for it back in round
@@ -90,17 +122,33 @@ impl Runtime {
 
         let outcome = {
             let call = async {
-                let instance = prepared.instantiate_async(&mut store).await?;
-                instance.sluice_tenant_handler().call_infer(&mut store, &request).await
+                let instance = match warm_instance {
+                    Some(instance) => instance,
+                    None => prepared.instantiate_async(&mut store).await?,
+                };
+                let answer = instance.sluice_tenant_handler().call_infer(&mut store, &request).await?;
+                wasmtime::Result::Ok((instance, answer))
             };
             // The epoch stops guest code; this stops waits in host calls (the model queue).
             tokio::time::timeout_at(deadline, call).await
         };
+        if let Ok(Ok((instance, Ok(response)))) = outcome {
+            if let Some(pool) = pool
+                && store.data_mut().finish_for_reuse()
+            {
+                pool.park(
+                    Warm { store, instance, uses: uses + 1, memory_bytes },
+                    &self.idle_instances,
+                    self.idle_cap(),
+                );
+            }
+            return Ok(response);
+        }
         let state = store.data();
         match outcome {
             Err(_elapsed) => Err(GuestError::Deadline { ms: deadline_ms }),
-            Ok(Ok(Ok(response))) => Ok(response),
-            Ok(Ok(Err(guest_error))) => Err(match state.nn.queue_failure.clone() {
+            Ok(Ok((_, Ok(_)))) => unreachable!("answered above"),
+            Ok(Ok((_, Err(guest_error)))) => Err(match state.nn.queue_failure.clone() {
                 // The guest failed because a model call was shed or timed out: report that.
                 Some(ComputeError::DeadlineExceeded { .. } | ComputeError::TooLate { .. }) => {
                     GuestError::Deadline { ms: deadline_ms }
@@ -123,7 +171,7 @@ fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) 
         let slots = limit.to_string().split_whitespace().find_map(|word| word.parse().ok()).unwrap_or(0);
         return GuestError::NoInstanceSlot { slots };
     }
-    if state.limiter.memory_refused {
+    if state.limiter.memory_refused || state.nn.tensor_bytes_refused {
         return GuestError::OutOfMemory { mib: state.limiter.memory_bytes >> 20 };
     }
     match error.downcast_ref::<Trap>() {

@@ -14,6 +14,7 @@ mod limits;
 mod poll;
 mod store;
 mod tensors;
+mod warm;
 mod world;
 
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 pub use bindings::sluice::tenant::types::{Datatype, InferRequest, InferResponse, Tensor as GuestTensor, TensorData};
 pub use invoke::{GuestCall, GuestError};
 pub use store::{GuestLog, StoreState};
+pub use warm::WarmPool;
 
 /// A component ready to instantiate: compiled and linked against the host's imports.
 pub type Prepared = bindings::ComponentPre<StoreState>;
@@ -57,6 +59,8 @@ pub struct Runtime {
     settings: RuntimeSettings,
     /// Uploaded components compile one at a time.
     uploads: tokio::sync::Semaphore,
+    /// Instances parked for serial reuse, across every tenant ([`warm`]).
+    idle_instances: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Bytes of each pooled linear memory kept resident and reset in place (a Rust guest's stack
@@ -107,7 +111,13 @@ impl Runtime {
         .map_err(engine_error)?;
 
         start_epoch_ticker(&engine, settings.epoch_tick);
-        Ok(Self { engine, linker, settings, uploads: tokio::sync::Semaphore::new(1) })
+        Ok(Self {
+            engine,
+            linker,
+            settings,
+            uploads: tokio::sync::Semaphore::new(1),
+            idle_instances: Default::default(),
+        })
     }
 
     /// Compile (or load from the cache) and link a component. A compiled form that does not
@@ -155,6 +165,17 @@ impl Runtime {
     /// The most linear memory one guest may have (the pool's slot size).
     pub fn max_memory_bytes(&self) -> usize {
         self.settings.max_memory_bytes
+    }
+
+    /// Most instances parked for reuse at once: a quarter of the pool's slots, so that idle
+    /// instances never take the slots that other tenants' requests need.
+    fn idle_cap(&self) -> usize {
+        self.settings.max_instances as usize / 4
+    }
+
+    /// Instances parked for reuse now.
+    pub fn idle_instances(&self) -> usize {
+        self.idle_instances.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn epoch_tick(&self) -> Duration {

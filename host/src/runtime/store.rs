@@ -1,7 +1,7 @@
 //! What one request's store holds: a WASI context with nothing granted (no files, network,
 //! environment or inherited stdio, clocks to the millisecond), the resource table, the
 //! `wasi:nn` context, the limiter, and the guest's log identity. A fresh store serves each
-//! request and is dropped after it.
+//! request and is dropped after it, unless its tenant opted into serial reuse ([`super::warm`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -15,6 +15,9 @@ use super::limits::GuestLimiter;
 use crate::nn::host::NnCtx;
 use crate::telemetry::rate::TokenBucket;
 use crate::telemetry::text::{cut, escape_controls};
+
+/// Resources (WASI streams the guest keeps open) a reused instance may hold.
+const MAX_TABLE_ENTRIES_KEPT: usize = 16;
 
 /// Bytes of guest stderr kept, so a panic message can explain a trap.
 const STDERR_CAPACITY: usize = 4096;
@@ -96,6 +99,32 @@ impl StoreState {
             .wall_clock(CoarseWall)
             .build();
         Self { wasi, table: ResourceTable::new(), nn, limiter, log, stderr }
+    }
+
+    /// Ready a parked instance's store for the next request of the same tenant and app
+    /// version: its context, limits and log identity.
+    pub(super) fn renew(&mut self, nn: NnCtx, limiter: GuestLimiter, log: GuestLog) {
+        (self.nn, self.limiter, self.log) = (nn, limiter, log);
+    }
+
+    /// End the request: drop its context (and CPU turn) and its log; whether what is left
+    /// may serve another request (see [`super::warm`]).
+    pub(super) fn finish_for_reuse(&mut self) -> bool {
+        let parked = self.nn.parked();
+        let log = GuestLog::new(
+            self.log.tenant.clone(),
+            self.log.app.clone(),
+            self.log.version.clone(),
+            0,
+            self.log.allowance.clone(),
+        );
+        let clean = self.nn.queue_failure.is_none()
+            && !self.limiter.memory_refused
+            && self.stderr.contents().is_empty()
+            && !crate::nn::host::holds_resources(&mut self.table)
+            && self.table.iter_mut().count() <= MAX_TABLE_ENTRIES_KEPT;
+        self.renew(parked, GuestLimiter::new(self.limiter.memory_bytes), log);
+        clean
     }
 
     /// At an epoch tick: end the guest's time slice when others wait for the CPU, returning

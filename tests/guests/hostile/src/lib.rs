@@ -19,7 +19,7 @@
 //! - `heap-marker`: grow linear memory by 16 pages (memory no heap image covers), report how
 //!   many of their bytes were not zero, then fill them with a marker;
 //! - `compute`: run the model named by parameter `model` on the request's FP32 and INT64
-//!   inputs and answer its FP32 outputs;
+//!   inputs (`times` times, each on new tensors) and answer its FP32 outputs;
 //! - `load-model`: load the model named by parameter `model` (isolation checks);
 //! - `load-bytes`: load a graph from raw bytes (refused unless the quota allows it): the
 //!   UINT8 input `graph` when given, else sixteen zero bytes;
@@ -33,7 +33,9 @@
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sluice_guest::{Datatype, Error, Handler, LogLevel, Model, ModelTensor, Request, Response, Tensor};
+use sluice_guest::{
+    Datatype, Error, Handler, LogLevel, Model, ModelTensor, ModelTensorType, Request, Response, Tensor,
+};
 
 static MARKER: AtomicU64 = AtomicU64::new(0);
 
@@ -91,9 +93,14 @@ impl Handler for Hostile {
                     };
                     inputs.push((input.name.clone(), tensor));
                 }
+                // `times` (default 1) runs it again on fresh copies of the inputs.
+                let times = request.parameter("times").map_or(Ok(1), |_| number(&request, "times"))?;
+                for _ in 1..times {
+                    model.compute(inputs.clone())?;
+                }
                 let outputs = model.compute(inputs)?;
                 let mut response = Response::new();
-                for (name, tensor) in outputs.0 {
+                for (name, tensor) in outputs.0.into_iter().filter(|(_, t)| t.ty == ModelTensorType::Fp32) {
                     let shape: Vec<u64> = tensor.dimensions.iter().map(|&d| u64::from(d)).collect();
                     response = response.with_output(Tensor::from_f32(&name, &shape, &tensor.to_f32()?));
                 }
