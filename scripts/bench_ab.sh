@@ -4,7 +4,9 @@
 # load on CPU 1, alternating the builds each round so both see the same machine noise.
 # Prints one line per run with the server's CPU per request (from /proc/PID/stat).
 #
-# MODEL=digits-mlp measures the plain model instead; CONCURRENCY=1 another concurrency.
+# MODEL=digits-mlp measures the plain model instead; CONCURRENCY=1 another concurrency;
+# BEFORE_TENANTS / AFTER_TENANTS serve another tenants folder on that side (the same binary
+# twice, two settings: a quota, say).
 # Usage: scripts/bench_ab.sh BEFORE_BINARY AFTER_BINARY [ROUNDS]   (after `cargo build --release`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +17,11 @@ library=$(ls target/onnxruntime/libonnxruntime.so.* 2>/dev/null | tail -1)
 log=$(mktemp)
 for round in $(seq "$rounds"); do
   for build in before after; do
-    binary=$before; [ "$build" = after ] && binary=$after
+    binary=$before tenants=${BEFORE_TENANTS:-tenants}
+    [ "$build" = after ] && binary=$after tenants=${AFTER_TENANTS:-tenants}
     data=$(mktemp -d)
     taskset -c 0 "$binary" serve --http 127.0.0.1:18100 --grpc 127.0.0.1:18101 --metrics 127.0.0.1:18102 \
-      --data-dir "$data" --onnxruntime-lib "$library" >"$log" 2>&1 &
+      --tenants "$tenants" --data-dir "$data" --onnxruntime-lib "$library" >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do grep -q "grpc listening" "$log" && break; sleep 0.2; done
     ticks_before=$(awk '{print $14+$15}' /proc/$pid/stat)
