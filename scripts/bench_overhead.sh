@@ -60,7 +60,8 @@ measure() { # client target protocol concurrency
     # Three windows of a third of the time each; stability is not what is measured here.
     local started ended before ticks
     before=$(cpu_ticks "$pid") started=$(date +%s.%N)
-    $client_cpus "$perf_analyzer" -m "$model" -i "$protocol" -u "127.0.0.1:$port" \
+    # Bounded: once (against the floor over HTTP at 64) it kept running without a result.
+    $client_cpus timeout 120 "$perf_analyzer" -m "$model" -i "$protocol" -u "127.0.0.1:$port" \
       -H 'authorization: Bearer acme-demo-key' --shape image:1,64 --concurrency-range "$concurrency" \
       --measurement-interval $((seconds * 1000 / 3)) --stability-percentage 100 >"$work/out" 2>&1 || true
     ticks=$(($(cpu_ticks "$pid") - before)) ended=$(date +%s.%N)

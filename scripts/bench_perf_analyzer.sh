@@ -24,7 +24,7 @@ for _ in $(seq "$rounds"); do
     for protocol in grpc http; do
       port=18720; [ "$protocol" = grpc ] && port=18721
       for concurrency in 1 8 64; do
-        "$perf_analyzer" -m "$model" -i "$protocol" -u "127.0.0.1:$port" -H 'authorization: Bearer acme-demo-key' \
+        timeout 120 "$perf_analyzer" -m "$model" -i "$protocol" -u "127.0.0.1:$port" -H 'authorization: Bearer acme-demo-key' \
           --shape image:1,64 --concurrency-range "$concurrency" --measurement-interval $((seconds * 1000)) \
           >"$work/out" 2>&1 || { echo "perf_analyzer failed:" >&2; cat "$work/out" >&2; exit 1; }
         awk -v m="$model" -v p="$protocol" -v c="$concurrency" '
