@@ -4,6 +4,7 @@ mod admin;
 mod availability;
 mod bad_input;
 mod batching;
+mod cache;
 mod cli;
 mod clients;
 mod confidentiality;

@@ -86,21 +86,24 @@ async fn put(server: &Server, path: &str, bytes: Vec<u8>) -> (u16, serde_json::V
 
 #[tokio::test]
 async fn uploads_past_a_storage_quota_get_507_and_store_nothing() {
-    // The manifest's model and app count: two more models, one more app.
-    let quotas = "max_models = 3\nmax_apps = 2\nmax_versions_per_app = 2\nmax_stored_bytes = 400000";
-    let tenants = tenants(quotas);
-    let data = tempfile::tempdir().expect("tmp");
-    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
     let weights = std::fs::read(digits_model()).expect("weights");
     let small = std::fs::read(digits_small_model()).expect("weights");
+    let component = std::fs::read(guest("digits")).expect("component");
+    let hostile = std::fs::read(guest("hostile_guest")).expect("component");
+    let magika = std::fs::read(guest("magika")).expect("component");
+    // The manifest's model and app count: two more models, one more app; room for the two
+    // models and two components stored below, not for half of a third component more.
+    let stored = weights.len() + small.len() + component.len() + hostile.len() + magika.len() / 2;
+    let quotas = format!("max_models = 3\nmax_apps = 2\nmax_versions_per_app = 2\nmax_stored_bytes = {stored}");
+    let tenants = tenants(&quotas);
+    let data = tempfile::tempdir().expect("tmp");
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
     assert_eq!(put(&server, "/control/v1/models/a", weights.clone()).await.0, 201);
     assert_eq!(put(&server, "/control/v1/models/b", small.clone()).await.0, 201);
     let (code, body) = put(&server, "/control/v1/models/c", small.clone()).await;
     assert_eq!(code, 507, "{body}");
     assert!(error_message(&body).contains("max_models"), "{body}");
 
-    let component = std::fs::read(guest("digits")).expect("component");
-    let hostile = std::fs::read(guest("hostile_guest")).expect("component");
     assert_eq!(put(&server, "/control/v1/apps/digits/versions/2", component.clone()).await.0, 201);
     let (code, body) = put(&server, "/control/v1/apps/digits/versions/3", hostile.clone()).await;
     assert_eq!(code, 507, "{body}");
@@ -111,8 +114,7 @@ async fn uploads_past_a_storage_quota_get_507_and_store_nothing() {
     let (code, body) = put(&server, "/control/v1/apps/third/versions/1", hostile.clone()).await;
     assert_eq!(code, 507, "{body}");
     assert!(error_message(&body).contains("max_apps"), "{body}");
-    let (code, body) =
-        put(&server, "/control/v1/apps/second/versions/2", std::fs::read(guest("magika")).expect("component")).await;
+    let (code, body) = put(&server, "/control/v1/apps/second/versions/2", magika).await;
     assert_eq!(code, 507, "{body}");
     assert!(error_message(&body).contains("max_stored_bytes"), "{body}");
     assert_eq!(std::fs::read_dir(data.path().join("registry/blobs/sha256")).expect("blobs").count(), 4);

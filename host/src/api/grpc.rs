@@ -150,6 +150,7 @@ impl GrpcInferenceService for GrpcApi {
                     preferred_batch_size: d.preferred_batch_size,
                     max_queue_delay_microseconds: d.max_queue_delay_microseconds,
                 }),
+                response_cache: config.response_cache.map(|c| ModelResponseCache { enable: c.enable }),
             }),
         }))
     }

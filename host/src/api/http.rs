@@ -282,7 +282,7 @@ async fn model_drift(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
-    let infer::Target::Model { name, model } = infer::resolve(tenant, &path.model, None)? else {
+    let infer::Target::Model { name, model, .. } = infer::resolve(tenant, &path.model, None)? else {
         return Err(ApiError::invalid(format!(
             "'{}' is an app; drift is tracked per model: ask for the models it calls",
             path.model

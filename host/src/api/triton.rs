@@ -29,6 +29,14 @@ pub struct ModelConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dynamic_batching: Option<DynamicBatching>,
     pub instance_group: Vec<InstanceGroup>,
+    /// Triton's `response_cache`, shown when enabled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_cache: Option<ResponseCacheConfig>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ResponseCacheConfig {
+    pub enable: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -148,7 +156,8 @@ pub async fn unload(tenant: &TenantState, name: &str) -> Result<(), ApiError> {
     let _admitted = crate::infer::admit(tenant)?;
     match crate::infer::resolve(tenant, name, None)? {
         Target::App { .. } => Err(ApiError::invalid(format!(
-            "'{name}' is an app: apps are not unloaded; send its traffic elsewhere or delete a version with DELETE              /control/v1/apps/{name}/versions/{{version}}"
+            "'{name}' is an app: apps are not unloaded; send its traffic elsewhere or delete a version with DELETE \
+             /control/v1/apps/{name}/versions/{{version}}"
         ))),
         Target::Model { .. } => Ok(tenant.models.unload(name).await?),
     }
@@ -198,6 +207,7 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
                     max_queue_delay_microseconds: model.settings.max_delay.as_micros() as u64,
                 }),
                 instance_group: instance_groups(name, &model.placed.placements),
+                response_cache: target.caches_answers().then_some(ResponseCacheConfig { enable: true }),
             }
         }
         Target::App { app, .. } => ModelConfig {
@@ -214,6 +224,7 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
                 count: 1,
                 gpus: Vec::new(),
             }],
+            response_cache: target.caches_answers().then_some(ResponseCacheConfig { enable: true }),
         },
     }
 }
@@ -309,8 +320,8 @@ pub fn statistics(tenant: &str, name: &str, target: &Target) -> StatisticsRespon
                 compute_input: (&stats.compute_input).into(),
                 compute_infer: (&stats.compute_infer).into(),
                 compute_output: (&stats.compute_output).into(),
-                cache_hit: Duration::default(),
-                cache_miss: Duration::default(),
+                cache_hit: (&stats.cache_hit).into(),
+                cache_miss: (&stats.cache_miss).into(),
             },
             batch_stats: Vec::new(),
         }],

@@ -362,6 +362,7 @@ async fn load_model(
         // Uploads run on the CPU: devices and cores are the operator's to hand out.
         placements: vec![Placement::CPU],
         on_missing_device: OnMissingDevice::Cpu,
+        response_cache: false,
     };
     let loaded = state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await;
     let model = loaded.map_err(|e| match e {
@@ -569,6 +570,7 @@ fn new_app_spec(name: &AppName, traffic: &Traffic) -> AppSpec {
         analysis: Analysis::default(),
         slo: None,
         fallback: None,
+        response_cache: false,
         versions: BTreeMap::new(),
         inputs: Vec::new(),
         outputs: Vec::new(),

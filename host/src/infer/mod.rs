@@ -30,6 +30,8 @@ use crate::runtime::{GuestCall, GuestError, GuestLog, GuestTensor, InferRequest}
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::slo::AppSlo;
+use crate::telemetry::stats::Counters;
+use crate::tenancy::response_cache::{self, Cached, Key, ResponseCache};
 use crate::tenancy::turns::Turn;
 use error::{ApiError, ErrorKind};
 pub use observe::{Caller, Routed, count_refused, observed};
@@ -218,6 +220,25 @@ pub async fn infer(
     let budget = budget.shortened(timeout_parameter(&request.parameters)?);
     let share = Share::new(spec.id.as_str().into(), spec.quotas.compute_weight);
     let bill = share.bill.clone();
+    let mut cache = Cache::of(tenant, &spec, name, &target, &request);
+    let cached = cache.as_mut().and_then(Cache::answer);
+    if cache.is_some() {
+        metrics().response_cache(spec.id.as_str(), name, cached.is_some());
+    }
+    if let Some((outputs, mut parameters, version)) = cached {
+        // Nothing ran for it: no turn held, no compute, and the answer says so.
+        tenant.usage.record(Duration::ZERO, Duration::ZERO);
+        parameters.push((CACHE_PARAMETER.to_string(), "hit".to_string()));
+        let outcome = InferOutcome {
+            model_name: name.to_string(),
+            model_version: version,
+            id: request.id,
+            outputs,
+            parameters,
+            cost_us: Some(0.0),
+        };
+        return Ok(outcome.select(request.requested_outputs.as_deref())?);
+    }
     let run = Run { state, tenant, spec, share, budget };
     let (id, requested) = (request.id.clone(), request.requested_outputs.clone());
 
@@ -240,6 +261,11 @@ pub async fn infer(
     let (cpu, compute) = (holding.held_for(), bill.total());
     tenant.usage.record(cpu, compute);
     let (outputs, parameters, version) = answer?;
+    if let Some(cache) = cache
+        && !parameters.iter().any(|(name, _)| name == DEGRADED_PARAMETER)
+    {
+        cache.keep((outputs.clone(), parameters.clone(), version.clone()));
+    }
     let cost_us = Some((cpu + compute).as_nanos() as f64 / 1000.0);
     Ok(InferOutcome { model_name: name.to_string(), model_version: version, id, outputs, parameters, cost_us }
         .select(requested.as_deref())?)
@@ -416,6 +442,83 @@ async fn fall_back(
     parameters.push((DEGRADED_PARAMETER.to_string(), reason.to_string()));
     parameters.push((FALLBACK_PARAMETER.to_string(), fallback.to_string()));
     Ok((outputs, parameters, version))
+}
+
+/// The response parameter of an answer from the response cache.
+pub const CACHE_PARAMETER: &str = "sluice_cache";
+
+/// A request's place in its tenant's response cache, when what it names keeps answers there.
+struct Cache {
+    cache: Arc<ResponseCache>,
+    key: Key,
+    counters: CountersOf,
+    /// Time spent on the key and the lookup.
+    looking: Duration,
+}
+
+/// Whose statistics count the cache's hits and misses.
+enum CountersOf {
+    Model(Arc<Counters>),
+    App(Arc<AppState>),
+}
+
+impl Cache {
+    /// `None` unless the model or app enables the cache and the tenant's quota keeps any;
+    /// an app whose unpinned requests are split (canary, shadow) is not cached: the version
+    /// that answers is drawn after the lookup.
+    fn of(
+        tenant: &TenantState,
+        spec: &Tenant,
+        name: &str,
+        target: &Target,
+        request: &ValidInferRequest,
+    ) -> Option<Self> {
+        if !target.caches_answers() || spec.quotas.response_cache_mib == 0 {
+            return None;
+        }
+        let (identity, counters, with_parameters) = match target {
+            Target::Model { model, .. } => {
+                let identity = format!("{PLAIN_MODEL_VERSION}/{}", model.sha256);
+                (identity, CountersOf::Model(model.stats.of(spec.id.as_str())), false)
+            }
+            Target::App { app, version, chosen, pinned } => {
+                let traffic = app.traffic();
+                if !pinned && (traffic.canary.is_some() || traffic.shadow.is_some()) {
+                    return None;
+                }
+                (format!("{version}/{}", chosen.sha256), CountersOf::App(app.clone()), true)
+            }
+        };
+        let started = Instant::now();
+        let key = response_cache::key(name, &identity, request, with_parameters);
+        let cache = tenant.policy().response_cache.clone();
+        Some(Self { cache, key, counters, looking: started.elapsed() })
+    }
+
+    fn counters(&self) -> &Counters {
+        match &self.counters {
+            CountersOf::Model(counters) => counters,
+            CountersOf::App(app) => &app.stats,
+        }
+    }
+
+    /// The kept answer, counted as a hit; `None` when there is none (the miss is counted
+    /// when the new answer is kept).
+    fn answer(&mut self) -> Option<Cached> {
+        let started = Instant::now();
+        let answer = self.cache.get(&self.key);
+        self.looking += started.elapsed();
+        let answer = answer?;
+        self.counters().cached(self.looking);
+        Some(answer)
+    }
+
+    /// Keep a new answer and count the miss: the time spent looking and keeping.
+    fn keep(self, answer: Cached) {
+        let started = Instant::now();
+        self.cache.put(self.key, answer);
+        self.counters().cache_miss.record(self.looking + started.elapsed());
+    }
 }
 
 /// Response parameters of an answer given by a fallback.

@@ -16,19 +16,24 @@ pub const PLAIN_MODEL_VERSION: &str = "1";
 pub enum Target {
     /// An app: the pinned version, or (when `pinned` is false) the stable one; unpinned
     /// requests are routed by the app's traffic when they run.
-    App {
-        app: Arc<AppState>,
-        version: VersionName,
-        chosen: AppVersion,
-        pinned: bool,
-    },
+    App { app: Arc<AppState>, version: VersionName, chosen: AppVersion, pinned: bool },
     Model {
         name: ModelName,
         model: Arc<ModelCopy>,
+        /// The tenant's manifest keeps its answers in the response cache.
+        response_cache: bool,
     },
 }
 
 impl Target {
+    /// Whether its answers are kept in the tenant's response cache.
+    pub fn caches_answers(&self) -> bool {
+        match self {
+            Self::App { app, .. } => app.spec.response_cache,
+            Self::Model { response_cache, .. } => *response_cache,
+        }
+    }
+
     pub fn version(&self) -> &str {
         match self {
             Self::App { version, .. } => version.as_str(),
@@ -52,7 +57,8 @@ pub fn resolve(tenant: &TenantState, name: &str, version: Option<&str>) -> Resul
                 "version '{pinned}' of model '{name}' not found; versions: [\"{PLAIN_MODEL_VERSION}\"]"
             )));
         }
-        return Ok(Target::Model { name: model_name, model });
+        let response_cache = tenant.spec().models.get(&model_name).is_some_and(|spec| spec.response_cache);
+        return Ok(Target::Model { name: model_name, model, response_cache });
     }
     let mut known: Vec<String> = tenant.apps().into_iter().map(|(a, _)| a.to_string()).collect();
     known.extend(tenant.models.own_names().iter().map(ToString::to_string));

@@ -107,6 +107,9 @@ pub struct Quotas {
     /// it may serve the tenant's next request of the same app version, so its memory carries
     /// over between the tenant's own requests; README's "Instance reuse").
     pub instance_reuse: InstanceReuse,
+    /// Bytes of answers the tenant's response cache keeps for its models and apps that
+    /// enable it (least recently used first out); 0: none kept.
+    pub response_cache_mib: u64,
 }
 
 /// [`Quotas::instance_reuse`].
@@ -162,6 +165,7 @@ impl Default for Quotas {
             max_log_bytes_per_request: 64 << 10,
             max_log_bytes_per_second: 256 << 10,
             instance_reuse: InstanceReuse::Fresh,
+            response_cache_mib: 16,
         }
     }
 }
@@ -203,6 +207,9 @@ pub struct ModelManifest {
     /// instances on the CPU, `"refuse"` refuses to load the model.
     #[serde(default)]
     pub on_missing_device: OnMissingDevice,
+    /// Keep its answers in the tenant's response cache (Triton's `response_cache`).
+    #[serde(default)]
+    pub response_cache: bool,
 }
 
 /// `[models.X.autoscale]`: execution instances grow from `min_instances` to `max_instances`
@@ -422,6 +429,9 @@ pub struct AppManifest {
     /// answer carries the response parameter `degraded`.
     #[serde(default)]
     pub fallback: Option<String>,
+    /// Keep its answers in the tenant's response cache (Triton's `response_cache`).
+    #[serde(default)]
+    pub response_cache: bool,
 }
 
 /// `[apps.X.slo]`: availability (requests not failing with a server error) and, with

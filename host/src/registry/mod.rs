@@ -65,6 +65,8 @@ pub struct ModelSpec {
     /// Where each execution instance runs (`batching.instances` of them).
     pub placements: Vec<Placement>,
     pub on_missing_device: OnMissingDevice,
+    /// Its answers are kept in the tenant's response cache.
+    pub response_cache: bool,
 }
 
 /// Who supplied a model's weights, which decides whether they may name other files.
@@ -93,6 +95,8 @@ pub struct AppSpec {
     pub analysis: Analysis,
     pub slo: Option<SloManifest>,
     pub fallback: Option<String>,
+    /// Its answers are kept in the tenant's response cache.
+    pub response_cache: bool,
     pub versions: BTreeMap<VersionName, ComponentSpec>,
     pub inputs: Vec<TensorMetadata>,
     pub outputs: Vec<TensorMetadata>,
@@ -317,6 +321,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         autoscale: model.autoscale,
         placements,
         on_missing_device: model.on_missing_device,
+        response_cache: model.response_cache,
     })
 }
 
@@ -366,6 +371,7 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
         analysis,
         slo: app.slo,
         fallback: app.fallback,
+        response_cache: app.response_cache,
         versions,
         inputs: app.inputs,
         outputs: app.outputs,

@@ -23,6 +23,7 @@ use crate::rollout::shadow::Shadows;
 use crate::runtime::Runtime;
 use crate::telemetry::rate::TokenBucket;
 use crate::tenancy::Admission;
+use crate::tenancy::response_cache::ResponseCache;
 use crate::tenancy::turns::Turns;
 use crate::tenancy::usage::Usage;
 
@@ -42,6 +43,9 @@ pub struct Policy {
     pub log_allowance: Arc<TokenBucket>,
     /// Requests a second (`max_requests_per_second`), when limited.
     pub request_rate: Option<Arc<TokenBucket>>,
+    /// Answers kept for its models and apps that enable it (`response_cache_mib`); a change
+    /// of quotas starts it empty.
+    pub response_cache: Arc<ResponseCache>,
 }
 
 impl Policy {
@@ -59,6 +63,9 @@ impl Policy {
             raw_load: raw_backend.filter(|_| quotas.allow_raw_model_load).cloned(),
             log_allowance: Arc::new(TokenBucket::new(log_rate, log_rate)),
             request_rate: (rate > 0.0).then(|| Arc::new(TokenBucket::new(rate, rate))),
+            response_cache: Arc::new(ResponseCache::new(
+                usize::try_from(quotas.response_cache_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            )),
         }
     }
 }

@@ -46,6 +46,7 @@ pub mod names {
     pub const DRIFT_KS: &str = "sluice_drift_ks";
     pub const OPEN_CONNECTIONS: &str = "sluice_open_connections";
     pub const DEGRADED_REQUESTS: &str = "sluice_degraded_requests_total";
+    pub const RESPONSE_CACHE: &str = "sluice_response_cache_total";
     pub const REFUSED_CONNECTIONS: &str = "sluice_refused_connections_total";
     pub const STORE_ERRORS: &str = "sluice_store_errors_total";
 }
@@ -160,6 +161,7 @@ pub struct Metrics {
     refused_connections: IntCounterVec,
     store_errors: IntCounter,
     degraded: IntCounterVec,
+    response_cache: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -225,6 +227,12 @@ impl Metrics {
                 DEGRADED_REQUESTS,
                 "App requests answered by the app's fallback, by why its own could not answer.",
                 &["tenant", "app", "reason"],
+            ),
+            response_cache: counter(
+                &registry,
+                RESPONSE_CACHE,
+                "Requests to models and apps with a response cache, by whether the tenant's cache held the answer.",
+                &["tenant", "model", "outcome"],
             ),
             open_connections,
             refused_connections: counter(
@@ -445,6 +453,13 @@ impl Metrics {
     pub fn degraded(&self, tenant: &str, app: &str, reason: &str) {
         if self.on() {
             self.degraded.with_label_values(&[tenant, app, reason]).inc();
+        }
+    }
+
+    /// A request to a model or app with a response cache: `hit` or not.
+    pub fn response_cache(&self, tenant: &str, model: &str, hit: bool) {
+        if self.on() {
+            self.response_cache.with_label_values(&[tenant, model, if hit { "hit" } else { "miss" }]).inc();
         }
     }
 

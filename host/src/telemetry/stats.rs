@@ -36,6 +36,10 @@ pub struct Counters {
     pub compute_input: DurationCounter,
     pub compute_infer: DurationCounter,
     pub compute_output: DurationCounter,
+    /// Answers from the response cache, with the time to find them.
+    pub cache_hit: DurationCounter,
+    /// Answers not in the response cache, with the time to look and to keep the new one.
+    pub cache_miss: DurationCounter,
     /// Inferences (rows) completed.
     pub inference_count: AtomicU64,
     /// Executions (batches) run.
@@ -53,6 +57,17 @@ impl Counters {
         } else {
             self.fail.record(duration);
         }
+        self.touch();
+    }
+
+    /// Record a request answered from the response cache: a success that ran nothing.
+    pub fn cached(&self, duration: Duration) {
+        self.success.record(duration);
+        self.cache_hit.record(duration);
+        self.touch();
+    }
+
+    fn touch(&self) {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.last_inference_ms.store(now, Ordering::Relaxed);
     }

@@ -1,10 +1,12 @@
 //! Tenancy: who is calling (API-key authentication) and whether they may start another
 //! request now (per-tenant concurrency admission), and fair turns on the host CPU (the
 //! [`turns::Turn`] implements `nn`'s `CpuTurn` hook), and what its requests cost
-//! ([`usage::Usage`]). Its refusals are [`TenancyError`]s.
-//! Imports `nn` (the hook) and `registry` (ids) only.
+//! ([`usage::Usage`]), and the answers it keeps ([`response_cache::ResponseCache`]). Its
+//! refusals are [`TenancyError`]s. Imports `nn` (the hook), `oip` (tensors) and `registry`
+//! (ids) only.
 
 mod error;
+pub mod response_cache;
 pub mod turn_state;
 pub mod turns;
 pub mod usage;
