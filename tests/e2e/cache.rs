@@ -119,3 +119,31 @@ async fn nothing_is_cached_without_the_opt_in_or_with_a_zero_quota() {
     let (_, config) = server.get("/v2/models/digits-mlp/config", Some(ACME)).await;
     assert!(config.get("response_cache").is_none(), "{config}");
 }
+
+#[tokio::test]
+async fn a_deleted_model_takes_the_apps_answers_made_with_it_along() {
+    // An app that caches calls an uploaded model by name; the name then gets other weights.
+    let tenants = Tenants::new();
+    let hostile = app_entry("hostile", &guest("hostile_guest"))
+        .replace("stable = \"1\"\n", "stable = \"1\"\nresponse_cache = true\n");
+    tenants.write("acme.toml", &(tenant_header("acme", ACME, "") + &hostile));
+    let server = Server::start(tenants.path(), &[]);
+    let upload = |path: std::path::PathBuf| std::fs::read(path).expect("weights");
+    let put = |bytes| server.send(reqwest::Method::PUT, "/control/v1/models/m", ACME, bytes);
+    assert_eq!(put(upload(digits_model())).await.0, 201);
+    let request = json!({
+        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }],
+        "parameters": { "mode": "compute", "model": "m" },
+    });
+    let (_, first) = server.infer("hostile", ACME, &request).await;
+    let (_, second) = server.infer("hostile", ACME, &request).await;
+    assert!(!hit(&first) && hit(&second), "{first} {second}");
+
+    let (status, body) = server.send(reqwest::Method::DELETE, "/control/v1/models/m", ACME, Vec::new()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(put(upload(digits_small_model())).await.0, 201);
+    let (status, third) = server.infer("hostile", ACME, &request).await;
+    assert_eq!(status, 200, "{third}");
+    assert!(!hit(&third), "an answer of the deleted weights was served: {third}");
+    assert_ne!(third["outputs"], first["outputs"], "the other weights answer");
+}

@@ -167,6 +167,8 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
         };
         match apply_saved(state, &tenant, document).await {
             Ok(()) => {
+                // Models may have left under their names (see `delete_model`).
+                tenant.policy().response_cache.clear();
                 state.store.set_applied(id.as_str(), saved.version);
                 tracing::info!(tenant = %id, version = saved.version, "control state applied");
             }
@@ -435,6 +437,8 @@ pub async fn delete_model(state: &ServingState, tenant: &TenantState, name: &str
         tenant.models.add(name.clone(), model.clone());
     };
     let removed = change_and_save(state, tenant, None, remove, undo).await?;
+    // Its name may come back with other weights: no app answer computed with it may stay.
+    tenant.policy().response_cache.clear();
     collect_blob(state, &removed.sha256).await;
     tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %removed.sha256, "model deleted");
     Ok(name)

@@ -153,9 +153,7 @@ impl NnCtx {
             turn,
         }
     }
-}
 
-impl NnCtx {
     /// What a parked instance's store keeps between requests: the tenant's namespace, no
     /// turn, no deadline worth waiting for and nothing to charge (the request's context,
     /// with its CPU turn, is dropped when the request ends).

@@ -173,11 +173,6 @@ impl Runtime {
         self.settings.max_instances as usize / 4
     }
 
-    /// Instances parked for reuse now.
-    pub fn idle_instances(&self) -> usize {
-        self.idle_instances.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     pub fn epoch_tick(&self) -> Duration {
         self.settings.epoch_tick
     }

@@ -67,6 +67,17 @@ impl ResponseCache {
         drop(evicted);
     }
 
+    /// Forget every answer (a model an app calls may have changed under its name).
+    pub fn clear(&self) {
+        let entries = {
+            let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            entries.bytes = 0;
+            std::mem::replace(&mut entries.order, LruCache::unbounded())
+        };
+        // Freed outside the lock.
+        drop(entries);
+    }
+
     /// Bytes of answers kept now.
     pub fn bytes(&self) -> usize {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner).bytes
@@ -164,5 +175,7 @@ mod tests {
         cache.put([9; 32], answer(10_000));
         assert!(cache.get(&[9; 32]).is_none(), "larger than the whole bound: not kept");
         assert!(cache.get(&[0; 32]).is_some(), "and nothing evicted for it");
+        cache.clear();
+        assert!(cache.get(&[0; 32]).is_none() && cache.bytes() == 0);
     }
 }
