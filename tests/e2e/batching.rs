@@ -218,3 +218,38 @@ async fn a_busy_shared_model_serves_tenants_in_proportion_to_their_compute_weigh
     let ratio = f64::from(globex) / f64::from(acme.max(1));
     assert!((2.0..=4.5).contains(&ratio), "weights 3:1 served {globex}:{acme} requests ({ratio:.2})");
 }
+
+#[tokio::test]
+async fn an_urgent_request_goes_before_its_tenants_waiting_ones() {
+    // A model that runs one request at a time for tens of milliseconds.
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", ACME, "guest_deadline_ms = 30000"));
+    let server = Server::start(tenants.path(), &[]);
+    let (code, body) =
+        server.send(reqwest::Method::PUT, "/control/v1/models/slow", ACME, crate::onnx::slow_compute(512, 3)).await;
+    assert_eq!(code, 201, "{body}");
+    let request = |parameters: Value| json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.5] }], "parameters": parameters });
+    assert_eq!(server.infer("slow", ACME, &request(json!({}))).await.0, 200, "warm");
+
+    // Six requests at the default priority queue up; then one asks for priority 1.
+    let call = |parameters: Value, after: std::time::Duration| {
+        let server = &server;
+        async move {
+            tokio::time::sleep(after).await;
+            let (status, body) = server.infer("slow", ACME, &request(parameters.clone())).await;
+            assert_eq!(status, 200, "{body}");
+            (parameters.get("priority").is_some(), std::time::Instant::now())
+        }
+    };
+    let mut calls: Vec<_> = (0..6).map(|_| Box::pin(call(json!({}), std::time::Duration::ZERO))).collect();
+    calls.push(Box::pin(call(json!({ "priority": 1 }), std::time::Duration::from_millis(15))));
+    let mut finished = futures::future::join_all(calls).await;
+    finished.sort_by_key(|(_, at)| *at);
+    let before = finished.iter().position(|(urgent, _)| *urgent).expect("the urgent request");
+    assert!(before <= 2, "{before} default requests finished before the urgent one (at most the one running)");
+
+    // A priority that is not a whole number is refused, naming the parameter.
+    let (status, body) = server.infer("slow", ACME, &request(json!({ "priority": "soon" }))).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(error_message(&body).contains("priority"), "{body}");
+}

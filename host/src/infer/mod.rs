@@ -50,6 +50,20 @@ fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>
 /// The request parameter that shortens a request's deadline.
 const TIMEOUT_PARAMETER: &str = "timeout";
 
+/// The OIP `priority` request parameter (Triton's): 1 is the most urgent, 0 or none the default.
+fn priority_parameter(parameters: &[(String, String)]) -> Result<u64, ApiError> {
+    let Some((_, value)) = parameters.iter().find(|(name, _)| name == PRIORITY_PARAMETER) else { return Ok(0) };
+    value.trim().parse::<u64>().map_err(|_| {
+        ApiError::invalid(format!(
+            "parameter '{PRIORITY_PARAMETER}' must be a whole number (1 is the most urgent, 0 the default), \
+             got '{value}'"
+        ))
+    })
+}
+
+/// The request parameter that orders a request among its tenant's own in the model queues.
+const PRIORITY_PARAMETER: &str = "priority";
+
 /// A request within its tenant's concurrency quota, not yet holding a CPU turn: what a
 /// request holds while its body arrives, so a tenant's slow or stalled bodies count against
 /// its own quota and keep nothing shared waiting.
@@ -218,7 +232,8 @@ pub async fn infer(
     let spec = tenant.spec();
     // The OIP `timeout` request parameter (microseconds, as Triton reads it) shortens it too.
     let budget = budget.shortened(timeout_parameter(&request.parameters)?);
-    let share = Share::new(spec.id.as_str().into(), spec.quotas.compute_weight);
+    let priority = priority_parameter(&request.parameters)?;
+    let share = Share::new(spec.id.as_str().into(), spec.quotas.compute_weight).with_priority(priority);
     let bill = share.bill.clone();
     let mut cache = Cache::of(tenant, &spec, name, &target, &request);
     let cached = cache.as_mut().and_then(Cache::answer);

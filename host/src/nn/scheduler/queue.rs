@@ -32,19 +32,29 @@ pub fn shape_key(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> 
     key
 }
 
-/// Who a job is for, that tenant's share of compute (`compute_weight`), and the request's
-/// bill its jobs' compute is charged to.
+/// Who a job is for, that tenant's share of compute (`compute_weight`), the request's
+/// priority among the tenant's own jobs, and the request's bill its jobs' compute is charged to.
 #[derive(Debug, Clone)]
 pub struct Share {
     pub tenant: Arc<str>,
     pub weight: u32,
+    /// Triton's request priority: 1 is the most urgent; [`DEFAULT_PRIORITY`] when unset.
+    pub priority: u64,
     pub bill: Bill,
 }
 
+/// The priority of a request that names none (or 0, as Triton reads it): after every named one.
+pub const DEFAULT_PRIORITY: u64 = u64::MAX;
+
 impl Share {
-    /// A share with a fresh bill (one per request).
+    /// A share with a fresh bill (one per request), at the default priority.
     pub fn new(tenant: Arc<str>, weight: u32) -> Self {
-        Self { tenant, weight, bill: Bill::default() }
+        Self { tenant, weight, priority: DEFAULT_PRIORITY, bill: Bill::default() }
+    }
+
+    /// The same share at `priority` (0: the default).
+    pub fn with_priority(self, priority: u64) -> Self {
+        Self { priority: if priority == 0 { DEFAULT_PRIORITY } else { priority }, ..self }
     }
 }
 
@@ -94,7 +104,8 @@ pub struct Dropped<P> {
     pub abandoned: Vec<Queued<P>>,
 }
 
-/// One tenant's waiting jobs (oldest first) and its round-robin credit in rows.
+/// One tenant's waiting jobs (most urgent first, then oldest first) and its round-robin
+/// credit in rows.
 #[derive(Debug)]
 struct Lane<P> {
     jobs: VecDeque<Queued<P>>,
@@ -140,7 +151,12 @@ impl<P> BatchQueue<P> {
         if lane.jobs.is_empty() {
             self.ring.push_back(tenant);
         }
-        lane.jobs.push_back(job);
+        // Priority orders the tenant's own jobs only: between tenants the round robin rules.
+        let position = lane.jobs.iter().position(|queued| queued.share.priority > job.share.priority);
+        match position {
+            Some(position) => lane.jobs.insert(position, job),
+            None => lane.jobs.push_back(job),
+        }
     }
 
     /// Remove jobs past their deadline and jobs whose caller has gone.
@@ -173,14 +189,15 @@ impl<P> BatchQueue<P> {
         jobs
     }
 
-    /// When the job that has waited longest was queued.
+    /// When the job that has waited longest was queued (an urgent job may stand before
+    /// older ones in its lane).
     pub fn oldest_enqueued(&self) -> Option<Instant> {
-        self.lanes.values().filter_map(|lane| lane.jobs.front()).map(|job| job.enqueued).min()
+        self.lanes.values().flat_map(|lane| &lane.jobs).map(|job| job.enqueued).min()
     }
 
     /// When the oldest job's delay runs out (the actor's next wake-up).
     pub fn next_due(&self) -> Option<Instant> {
-        self.lanes.values().filter_map(|lane| lane.jobs.front()).map(|job| job.enqueued + self.policy.max_delay).min()
+        self.oldest_enqueued().map(|oldest| oldest + self.policy.max_delay)
     }
 
     /// The next batch, if one is due: due when the waiting rows fill a batch or the oldest
@@ -294,6 +311,32 @@ mod tests {
 
     fn ids(batch: &[Queued<u32>]) -> Vec<u32> {
         batch.iter().map(|j| j.payload).collect()
+    }
+
+    #[test]
+    fn priority_orders_a_tenants_own_jobs_and_not_the_round_robin() {
+        let t0 = Instant::now();
+        let mut queue = BatchQueue::new(policy(1, true));
+        let urgent = |mut job: Queued<u32>, priority| {
+            job.share = job.share.with_priority(priority);
+            job
+        };
+        queue.push(job(1, 1, "x", t0));
+        queue.push(job(2, 1, "x", t0));
+        queue.push(urgent(job(3, 1, "x", t0 + Duration::from_millis(1)), 2));
+        queue.push(urgent(job(4, 1, "x", t0 + Duration::from_millis(2)), 1));
+        queue.push(urgent(job(5, 1, "x", t0 + Duration::from_millis(3)), 2));
+        queue.push(urgent(job(6, 1, "x", t0 + Duration::from_millis(3)), 0));
+        assert_eq!(queue.next_due(), Some(t0 + Duration::from_millis(10)), "the oldest job still sets the delay");
+        let order: Vec<u32> = (0..6).flat_map(|_| ids(&queue.pop_batch(t0).expect("a full batch"))).collect();
+        assert_eq!(order, vec![4, 3, 5, 1, 2, 6], "most urgent first; equal ones and the default in arrival order");
+
+        // Another tenant's default job is not passed by this tenant's urgent ones.
+        queue.push(tenant_job(7, 1, "x", t0, "other", 1));
+        queue.push(urgent(job(8, 1, "x", t0), 1));
+        queue.push(urgent(job(9, 1, "x", t0), 1));
+        let order: Vec<u32> = (0..3).flat_map(|_| ids(&queue.pop_batch(t0).expect("a batch"))).collect();
+        assert_eq!(order[..2].iter().filter(|&&id| id == 7).count(), 1, "round robin between tenants: {order:?}");
     }
 
     #[test]
