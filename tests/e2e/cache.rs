@@ -3,7 +3,6 @@
 
 use serde_json::{Value, json};
 use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
 use sluice::api::grpc::proto::*;
 
 use crate::support::*;
@@ -63,18 +62,7 @@ async fn cached_answers_are_the_tenants_own_counted_and_cost_nothing() {
 
     // Over gRPC, the same cache and the same marks.
     let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("connects");
-    let message = ModelInferRequest {
-        model_name: "digits-mlp".into(),
-        inputs: vec![InferInputTensor {
-            name: "X".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 64],
-            parameters: Default::default(),
-            contents: Some(InferTensorContents { fp32_contents: x.clone(), ..Default::default() }),
-        }],
-        ..Default::default()
-    };
-    let response = grpc.model_infer(authed(message, ACME)).await.expect("infer").into_inner();
+    let response = grpc.model_infer(authed(digits_grpc_request(x.clone()), ACME)).await.expect("infer").into_inner();
     let parameter = |name: &str| response.parameters.get(name).and_then(|p| p.parameter_choice.clone());
     assert_eq!(parameter("sluice_cache"), Some(infer_parameter::ParameterChoice::StringParam("hit".into())));
     assert_eq!(parameter("sluice_cost_us"), Some(infer_parameter::ParameterChoice::DoubleParam(0.0)));

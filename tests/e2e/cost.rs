@@ -4,7 +4,6 @@
 
 use serde_json::{Value, json};
 use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
 use sluice::api::grpc::proto::*;
 
 use crate::support::*;
@@ -72,19 +71,7 @@ async fn costs_split_batches_by_rows_and_add_up_to_the_measured_compute() {
 
     // A gRPC answer has its cost too, as a double.
     let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("connects");
-    let contents = InferTensorContents { fp32_contents: x.clone(), ..Default::default() };
-    let request = ModelInferRequest {
-        model_name: "digits-mlp".into(),
-        inputs: vec![InferInputTensor {
-            name: "X".into(),
-            datatype: "FP32".into(),
-            shape: vec![1, 64],
-            parameters: Default::default(),
-            contents: Some(contents),
-        }],
-        ..Default::default()
-    };
-    let response = grpc.model_infer(authed(request, ACME)).await.expect("infer").into_inner();
+    let response = grpc.model_infer(authed(digits_grpc_request(x.clone()), ACME)).await.expect("infer").into_inner();
     let cost = match response.parameters.get("sluice_cost_us").and_then(|p| p.parameter_choice.clone()) {
         Some(infer_parameter::ParameterChoice::DoubleParam(cost)) => cost,
         other => panic!("no cost: {other:?}"),

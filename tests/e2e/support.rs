@@ -591,3 +591,20 @@ pub fn hostile_grpc_request(mode: &str) -> sluice::api::grpc::proto::ModelInferR
         ..Default::default()
     }
 }
+
+/// A gRPC call of `digits-mlp` on one row of 64 FP32 values, as typed contents.
+pub fn digits_grpc_request(x: Vec<f32>) -> sluice::api::grpc::proto::ModelInferRequest {
+    use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
+    use sluice::api::grpc::proto::{InferTensorContents, ModelInferRequest};
+    ModelInferRequest {
+        model_name: "digits-mlp".into(),
+        inputs: vec![InferInputTensor {
+            name: "X".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 64],
+            parameters: Default::default(),
+            contents: Some(InferTensorContents { fp32_contents: x, ..Default::default() }),
+        }],
+        ..Default::default()
+    }
+}

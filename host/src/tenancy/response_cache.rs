@@ -79,7 +79,8 @@ impl ResponseCache {
     }
 
     /// Bytes of answers kept now.
-    pub fn bytes(&self) -> usize {
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner).bytes
     }
 }
