@@ -4,6 +4,8 @@
 # window, divided by the requests answered), for
 #   floor  the floor server (benches/floor.rs: the same HTTP/gRPC crates and OIP parsing, no
 #          Sluice logic, ten values back),
+#   listener  the same floor accepting and serving connections through Sluice's own listener
+#          (connection caps, header timeout, drain): what that handling adds,
 #   plain  Sluice's plain model `digits-mlp` (the demo tenant acme),
 #   app    Sluice's `digits` app (component → wasi:nn → the same model),
 # over HTTP and gRPC, at concurrency 1 and 64. Servers on CPU 0, the load on CPU 1; each
@@ -32,11 +34,14 @@ if [ "$(nproc)" -ge 2 ]; then server_cpus="taskset -c 0"; client_cpus="taskset -
 
 $server_cpus "$floor" 127.0.0.1:18700 127.0.0.1:18701 >"$work/floor.log" 2>&1 &
 floor_pid=$!
+$server_cpus "$floor" 127.0.0.1:18730 127.0.0.1:18731 --sluice-listener >"$work/listener.log" 2>&1 &
+listener_pid=$!
 $server_cpus "$sluice" serve --http 127.0.0.1:18710 --grpc 127.0.0.1:18711 --metrics 127.0.0.1:18712 \
   --data-dir "$work/data" >"$work/sluice.log" 2>&1 &
 sluice_pid=$!
 for _ in $(seq 600); do
-  grep -q "grpc listening" "$work/sluice.log" && grep -q "floor listening" "$work/floor.log" && break
+  grep -q "grpc listening" "$work/sluice.log" && grep -q "floor listening" "$work/floor.log" \
+    && grep -q "floor listening" "$work/listener.log" && break
   sleep 0.1
 done
 grep -q "ONNX Runtime loaded" "$work/sluice.log" || echo "note: Sluice is not on ONNX Runtime (see its log)" >&2
@@ -52,6 +57,7 @@ measure() { # client target protocol concurrency
   local grpc=()
   case $target in
     floor) port=18700 pid=$floor_pid model=digits-mlp request=plain ;;
+    listener) port=18730 pid=$listener_pid model=digits-mlp request=plain ;;
     plain) port=18710 pid=$sluice_pid model=digits-mlp request=plain ;;
     app) port=18710 pid=$sluice_pid model=digits request=app ;;
   esac
@@ -94,7 +100,7 @@ for _ in $(seq "$rounds"); do
   for client in $clients; do
     for protocol in http grpc; do
       for concurrency in 1 64; do
-        for target in floor plain app; do
+        for target in floor listener plain app; do
           measure "$client" "$target" "$protocol" "$concurrency"
         done
       done

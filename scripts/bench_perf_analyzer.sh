@@ -4,6 +4,7 @@
 # `digits` app, over gRPC and HTTP, at concurrency 1, 8 and 64 (synchronous clients). What the
 # issue asks of gRPC: throughput never falls as concurrency rises, p99 <= 5 ms at 8.
 # Client and server share the machine's CPUs, as they do when both run on one host.
+# SLUICE=BINARY measures another build of the server (a before/after pair).
 # Usage: scripts/bench_perf_analyzer.sh [seconds per window] [rounds]   (needs `cargo build --release`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ rounds="${2:-1}"
 perf_analyzer=$(python3 scripts/fetch_perf_analyzer.py | tail -1)
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-target/release/sluice serve --http 127.0.0.1:18720 --grpc 127.0.0.1:18721 --metrics 127.0.0.1:18722 \
+"${SLUICE:-target/release/sluice}" serve --http 127.0.0.1:18720 --grpc 127.0.0.1:18721 --metrics 127.0.0.1:18722 \
   --data-dir "$work/data" >"$work/sluice.log" 2>&1 &
 for _ in $(seq 600); do grep -q "grpc listening" "$work/sluice.log" && break; sleep 0.1; done
 grep -q "ONNX Runtime loaded" "$work/sluice.log" || echo "note: Sluice is not on ONNX Runtime (see its log)" >&2

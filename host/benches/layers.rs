@@ -13,8 +13,11 @@
 //!   per row of a batch of 32;
 //! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
 //!   component (whose model call goes through the queue and the backend above);
-//! - the HTTP handler in process (the router `sluice serve` runs, called without a network):
-//!   everything Sluice does for a request, the plain model's and the app's.
+//! - a request's whole path in process, over HTTP and gRPC (the router and the gRPC service
+//!   `sluice serve` runs, called without a network: everything Sluice does for a request, the
+//!   plain model's and the app's), beside the floor server's handlers called the same way (the
+//!   protocols' own cost), one request at a time and from 64 tasks (as the server runs each
+//!   connection as a task of its own).
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
 //! those groups).
@@ -24,8 +27,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::{Body, Bytes};
+use axum::http::Request;
 use prost::Message;
 use sluice::api::grpc::proto::ModelInferRequest;
+use sluice::api::grpc::proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
 use sluice::nn::backend::{self, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
 use sluice::nn::models::{ModelCopy, TenantModels};
@@ -113,7 +119,33 @@ async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mu
     clock.per_op(measured * per_call)
 }
 
+/// `count` operations done by `CONCURRENCY` tasks of their own, each a closed loop (as the
+/// server runs each connection as a task), after a tenth as warm-up.
+async fn measure_tasks<F>(count: usize, op: impl Fn() -> F + Clone + Send + 'static) -> PerOp
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let run = |operations: usize| {
+        let tasks: Vec<_> = (0..CONCURRENCY)
+            .map(|_| {
+                let op = op.clone();
+                tokio::spawn(async move {
+                    for _ in 0..operations / CONCURRENCY {
+                        op().await;
+                    }
+                })
+            })
+            .collect();
+        futures::future::join_all(tasks)
+    };
+    run(count / 10).await;
+    let clock = Clock::start();
+    run(count).await;
+    clock.per_op(count / CONCURRENCY * CONCURRENCY)
+}
+
 mod common;
+mod floor_server;
 
 use common::{digits_row, pixels, root, scaled};
 
@@ -203,24 +235,13 @@ fn wire_layers(outputs: &NamedTensors) -> anyhow::Result<()> {
         "parameters": { "binary_data_output": true }
     }))?;
     let mut binary = header.clone();
-    binary.extend(scaled().iter().flat_map(|v| v.to_le_bytes()));
+    binary.extend(scaled_bytes());
     measure(200_000, 1, || drop(parse(&binary, Some(header.len())))).row("HTTP binary decode");
     let encoding = parse(&binary, Some(header.len())).encoding;
     measure(200_000, 1, || drop(json::encode_response(outcome(outputs), &encoding).expect("encodes")))
         .row("HTTP binary encode");
 
-    let message = ModelInferRequest {
-        model_name: "digits-mlp".to_string(),
-        inputs: vec![InferInputTensor {
-            name: "X".to_string(),
-            datatype: "FP32".to_string(),
-            shape: vec![1, 64],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![scaled().iter().flat_map(|v| v.to_le_bytes()).collect()],
-        ..Default::default()
-    }
-    .encode_to_vec();
+    let message = grpc_message("digits-mlp", "X", "FP32", scaled_bytes());
     measure(200_000, 1, || {
         let decoded = ModelInferRequest::decode(message.as_slice()).expect("decodes");
         drop(grpc::parse_infer_request(decoded, LIMITS).expect("valid"));
@@ -332,37 +353,110 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn handler_layers() -> anyhow::Result<()> {
-    use axum::body::Body;
-    use axum::http::Request;
-    use tower::Service;
-    let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let state = common::digits_state(tenants.path(), data.path()).await?;
-    let router = sluice::api::http::router(Arc::new(state));
-    let (plain, image) = common::request_bodies()?;
-    let call = |name: &'static str, body: &Vec<u8>| {
-        let request = Request::post(format!("/v2/models/{name}/infer"))
-            .header("authorization", format!("Bearer {}", common::KEY))
-            .header("content-type", "application/json")
-            .body(Body::from(body.clone()))
-            .expect("a request");
-        let mut router = router.clone();
-        async move {
-            let response = router.call(request).await.expect("infallible");
-            let status = response.status();
-            let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("a body");
-            assert!(status.is_success(), "{status}: {}", String::from_utf8_lossy(&body));
-        }
-    };
-    for (name, body, what) in [("digits-mlp", &plain, "plain model"), ("digits", &image, "digits app")] {
-        measure_async(20_000, 1, || call(name, body))
-            .await
-            .row(&format!("HTTP handler in process, {what}, 1 in flight"));
-        measure_async(40_000, CONCURRENCY, || async {
-            futures::future::join_all((0..CONCURRENCY).map(|_| call(name, body))).await;
-        })
-        .await
-        .row(&format!("HTTP handler in process, {what}, {CONCURRENCY} in flight"));
+/// One OIP infer request over HTTP to `router`, in process; panics unless it succeeds.
+async fn http_infer(router: axum::Router, model: &str, body: Bytes) {
+    use tower::ServiceExt;
+    let request = Request::post(format!("/v2/models/{model}/infer"))
+        .header("authorization", format!("Bearer {}", common::KEY))
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .expect("a request");
+    let response = router.oneshot(request).await.expect("infallible");
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("a body");
+    assert!(status.is_success(), "{status}: {}", String::from_utf8_lossy(&body));
+}
+
+/// One gRPC ModelInfer call (`frame`: the length-prefixed message) to `service`, in process;
+/// panics unless it succeeds.
+async fn grpc_infer<T: GrpcInferenceService>(service: GrpcInferenceServiceServer<T>, frame: Bytes) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let request = Request::post("/inference.GRPCInferenceService/ModelInfer")
+        .header("authorization", format!("Bearer {}", common::KEY))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Body::from(frame))
+        .expect("a request");
+    let response = service.oneshot(request).await.expect("infallible");
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.expect("a body");
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    let status = trailers.get("grpc-status").or(parts.headers.get("grpc-status"));
+    assert_eq!(status.map(|s| s.as_bytes()), Some(&b"0"[..]), "{parts:?} {trailers:?}");
+}
+
+/// The digits row's 64 FP32 values, little-endian.
+fn scaled_bytes() -> Vec<u8> {
+    scaled().iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// A gRPC ModelInfer message of one 64-value row, in raw contents.
+fn grpc_message(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> Vec<u8> {
+    ModelInferRequest {
+        model_name: model.to_string(),
+        inputs: vec![InferInputTensor {
+            name: input.to_string(),
+            datatype: datatype.to_string(),
+            shape: vec![1, 64],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![contents],
+        ..Default::default()
     }
+    .encode_to_vec()
+}
+
+/// [`grpc_message`] length-prefixed, as gRPC frames it on the wire.
+fn grpc_frame(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> Bytes {
+    let message = grpc_message(model, input, datatype, contents);
+    let mut frame = vec![0];
+    frame.extend((message.len() as u32).to_be_bytes());
+    frame.extend(message);
+    frame.into()
+}
+
+/// A request's whole path in process, without a network: the floor's handlers (the protocols'
+/// own cost) and the router and gRPC service `sluice serve` runs (all that Sluice does), one
+/// request at a time and from `CONCURRENCY` tasks (as the server runs each connection as a
+/// task of its own).
+async fn handler_layers() -> anyhow::Result<()> {
+    let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let state = Arc::new(common::digits_state(tenants.path(), data.path()).await?);
+    let (plain, image) = common::request_bodies()?;
+    let (plain, image) = (Bytes::from(plain), Bytes::from(image));
+    let plain_frame = grpc_frame("digits-mlp", "X", "FP32", scaled_bytes());
+    let image_frame = grpc_frame("digits", "image", "UINT8", pixels());
+
+    let (floor_router, sluice_router) = (floor_server::http_router(), sluice::api::http::router(state.clone()));
+    http_rows("floor", floor_router, "digits-mlp", &plain).await;
+    http_rows("plain model", sluice_router.clone(), "digits-mlp", &plain).await;
+    http_rows("digits app", sluice_router, "digits", &image).await;
+    let sluice_grpc = sluice::api::grpc::service(state, 64 << 20);
+    grpc_rows("floor", floor_server::grpc_service(), &plain_frame).await;
+    grpc_rows("plain model", sluice_grpc.clone(), &plain_frame).await;
+    grpc_rows("digits app", sluice_grpc, &image_frame).await;
     Ok(())
+}
+
+/// The HTTP rows of one router.
+async fn http_rows(what: &str, router: axum::Router, model: &'static str, body: &Bytes) {
+    measure_async(20_000, 1, || http_infer(router.clone(), model, body.clone()))
+        .await
+        .row(&format!("in process, HTTP, {what}, 1 in flight"));
+    let body = body.clone();
+    measure_tasks(40_000, move || http_infer(router.clone(), model, body.clone()))
+        .await
+        .row(&format!("in process, HTTP, {what}, {CONCURRENCY} tasks"));
+}
+
+/// The gRPC rows of one service.
+async fn grpc_rows<T: GrpcInferenceService>(what: &str, service: GrpcInferenceServiceServer<T>, frame: &Bytes) {
+    measure_async(20_000, 1, || grpc_infer(service.clone(), frame.clone()))
+        .await
+        .row(&format!("in process, gRPC, {what}, 1 in flight"));
+    let frame = frame.clone();
+    measure_tasks(40_000, move || grpc_infer(service.clone(), frame.clone()))
+        .await
+        .row(&format!("in process, gRPC, {what}, {CONCURRENCY} tasks"));
 }
