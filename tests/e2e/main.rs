@@ -16,6 +16,7 @@ mod drain;
 mod drift;
 mod extensions;
 mod grpc;
+mod half;
 mod hostile;
 mod isolation;
 mod layers;

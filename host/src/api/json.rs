@@ -369,12 +369,21 @@ fn encode_number(ty: ElementType, value: Number, out: &mut Vec<u8>) -> Option<()
         ElementType::I32 => int!(i32),
         ElementType::U64 => int!(u64),
         ElementType::I64 => int!(i64),
-        ElementType::F16 => out.extend_from_slice(&half::f16::from_f64(float).to_le_bytes()),
-        ElementType::BF16 => out.extend_from_slice(&half::bf16::from_f64(float).to_le_bytes()),
-        ElementType::F32 => out.extend_from_slice(&(float as f32).to_le_bytes()),
+        // A JSON number is finite: one beyond the type's range is refused, not made infinite.
+        ElementType::F16 => {
+            out.extend_from_slice(&finite(half::f16::from_f64(float), half::f16::is_finite)?.to_le_bytes())
+        }
+        ElementType::BF16 => {
+            out.extend_from_slice(&finite(half::bf16::from_f64(float), half::bf16::is_finite)?.to_le_bytes())
+        }
+        ElementType::F32 => out.extend_from_slice(&finite(float as f32, f32::is_finite)?.to_le_bytes()),
         ElementType::F64 => out.extend_from_slice(&float.to_le_bytes()),
     }
     Some(())
+}
+
+fn finite<T: Copy>(value: T, is_finite: fn(T) -> bool) -> Option<T> {
+    is_finite(value).then_some(value)
 }
 
 /// An encoded response: the JSON header and the binary output data that follows it.
@@ -496,6 +505,12 @@ mod tests {
             (r#"{"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]}"#, "needs 3 values"),
             (r#"{"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[1]}]}"#, "negative dimension"),
             (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[300]}]}"#, "300 is not a valid UINT8"),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP16","data":[65520.0]}]}"#,
+                "65520 is not a valid FP16",
+            ),
+            (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"BF16","data":[1e39]}]}"#, "is not a valid BF16"),
+            (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[-1e39]}]}"#, "is not a valid FP32"),
             (r#"{"inputs":[{"name":"x","shape":[2000],"datatype":"FP32","data":[]}]}"#, "max_tensor_elements"),
             (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":[1]}]}"#, "BYTES data must be strings"),
         ];

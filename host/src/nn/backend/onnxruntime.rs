@@ -326,6 +326,8 @@ macro_rules! typed_value {
 
 fn to_value(tensor: Tensor) -> Result<DynValue, String> {
     let value = match tensor.ty() {
+        ElementType::F16 => typed_value!(tensor, half::f16),
+        ElementType::BF16 => typed_value!(tensor, half::bf16),
         ElementType::F32 => typed_value!(tensor, f32),
         ElementType::F64 => typed_value!(tensor, f64),
         ElementType::U8 => typed_value!(tensor, u8),
@@ -340,9 +342,6 @@ fn to_value(tensor: Tensor) -> Result<DynValue, String> {
             let dims: Vec<i64> = tensor.dims().iter().map(|&d| d as i64).collect();
             let values: Vec<bool> = tensor.data().iter().map(|&b| b != 0).collect();
             ort::value::Tensor::from_array((dims, values)).map(|t| t.into_dyn())
-        }
-        other => {
-            return Err(format!("{other} tensors are not supported by the onnxruntime backend"));
         }
     };
     value.map_err(|e| e.to_string())
@@ -363,6 +362,8 @@ fn from_value(value: &DynValue) -> Result<Tensor, String> {
     };
     let element = element_type(*ty).ok_or_else(|| format!("unsupported output type {ty:?}"))?;
     let (dims, data) = match element {
+        ElementType::F16 => typed_bytes!(value, half::f16),
+        ElementType::BF16 => typed_bytes!(value, half::bf16),
         ElementType::F32 => typed_bytes!(value, f32),
         ElementType::F64 => typed_bytes!(value, f64),
         ElementType::U8 => typed_bytes!(value, u8),
@@ -376,9 +377,6 @@ fn from_value(value: &DynValue) -> Result<Tensor, String> {
         ElementType::Bool => {
             let (shape, values) = value.try_extract_tensor::<bool>().map_err(|e| e.to_string())?;
             (shape.iter().map(|&d| d as usize).collect(), values.iter().map(|&b| u8::from(b)).collect())
-        }
-        other => {
-            return Err(format!("{other} outputs are not supported by the onnxruntime backend"));
         }
     };
     Tensor::new(element, dims, data).map_err(|e| e.to_string())

@@ -268,6 +268,7 @@ macro_rules! typed_tract {
 
 fn to_tract(tensor: &Tensor) -> Result<TractTensor, String> {
     let converted = match tensor.ty() {
+        ElementType::F16 => typed_tract!(tensor, half::f16),
         ElementType::F32 => typed_tract!(tensor, f32),
         ElementType::F64 => typed_tract!(tensor, f64),
         ElementType::U8 => typed_tract!(tensor, u8),
@@ -282,9 +283,7 @@ fn to_tract(tensor: &Tensor) -> Result<TractTensor, String> {
             let values: Vec<bool> = tensor.data().iter().map(|&b| b != 0).collect();
             TractTensor::from_shape::<bool>(tensor.dims(), &values)
         }
-        other => {
-            return Err(format!("{other} tensors are not supported by the tract backend"));
-        }
+        ElementType::BF16 => return Err("BF16 tensors are not supported by the tract backend".to_string()),
     };
     converted.map_err(|e| format!("{e:#}"))
 }

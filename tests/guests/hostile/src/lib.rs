@@ -18,8 +18,8 @@
 //! - `error-names`: fail `count` loads of a model with a 1 MiB name, keeping every error;
 //! - `heap-marker`: grow linear memory by 16 pages (memory no heap image covers), report how
 //!   many of their bytes were not zero, then fill them with a marker;
-//! - `compute`: run the model named by parameter `model` on the request's FP32 and INT64
-//!   inputs (`times` times, each on new tensors) and answer its FP32 outputs;
+//! - `compute`: run the model named by parameter `model` on the request's FP32, FP16 and
+//!   INT64 inputs (`times` times, each on new tensors) and answer its FP32 and FP16 outputs;
 //! - `load-model`: load the model named by parameter `model` (isolation checks);
 //! - `load-bytes`: load a graph from raw bytes (refused unless the quota allows it): the
 //!   UINT8 input `graph` when given, else sixteen zero bytes;
@@ -34,7 +34,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_guest::{
-    Datatype, Error, Handler, LogLevel, Model, ModelTensor, ModelTensorType, Request, Response, Tensor,
+    Datatype, Error, Handler, LogLevel, Model, ModelTensor, ModelTensorType, Request, Response, Tensor, TensorData,
 };
 
 static MARKER: AtomicU64 = AtomicU64::new(0);
@@ -87,8 +87,16 @@ impl Handler for Hostile {
                     let tensor = match input.datatype {
                         Datatype::Fp32 => ModelTensor::from_f32(&dims, &input.to_f32()?),
                         Datatype::Int64 => ModelTensor::from_i64(&dims, &input.to_i64()?),
+                        Datatype::Fp16 => match &input.data {
+                            TensorData::Raw(bytes) => {
+                                ModelTensor { dimensions: dims, ty: ModelTensorType::Fp16, data: bytes.clone() }
+                            }
+                            TensorData::Elements(_) => return Err(Error::invalid_input("FP16 without raw data")),
+                        },
                         other => {
-                            return Err(Error::invalid_input(format!("compute takes FP32 and INT64, not {other:?}")));
+                            return Err(Error::invalid_input(format!(
+                                "compute takes FP32, FP16 and INT64, not {other:?}"
+                            )));
                         }
                     };
                     inputs.push((input.name.clone(), tensor));
@@ -100,9 +108,15 @@ impl Handler for Hostile {
                 }
                 let outputs = model.compute(inputs)?;
                 let mut response = Response::new();
-                for (name, tensor) in outputs.0.into_iter().filter(|(_, t)| t.ty == ModelTensorType::Fp32) {
+                for (name, tensor) in outputs.0 {
                     let shape: Vec<u64> = tensor.dimensions.iter().map(|&d| u64::from(d)).collect();
-                    response = response.with_output(Tensor::from_f32(&name, &shape, &tensor.to_f32()?));
+                    let datatype = match tensor.ty {
+                        ModelTensorType::Fp32 => Datatype::Fp32,
+                        ModelTensorType::Fp16 => Datatype::Fp16,
+                        _ => continue,
+                    };
+                    response =
+                        response.with_output(Tensor { name, datatype, shape, data: TensorData::Raw(tensor.data) });
                 }
                 Ok(response)
             }
