@@ -28,6 +28,7 @@ mod padding;
 mod parity;
 mod perf;
 mod placement;
+mod python;
 mod quotas;
 mod request_ids;
 mod resources;
