@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::http::Request;
 use prost::Message;
+use sha2::{Digest, Sha256};
 use sluice::api::grpc::proto::ModelInferRequest;
 use sluice::api::grpc::proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
@@ -39,7 +40,7 @@ use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Res
 use sluice::oip::types::{InferOutcome, TensorLimits, ValidTensor};
 use sluice::registry::ids::ModelName;
 use sluice::registry::placement::Placement;
-use sluice::runtime::{Datatype, GuestTensor, InferRequest, TensorData, WarmPool};
+use sluice::runtime::{Datatype, GuestTensor, InferRequest, Prepared, TensorData, WarmPool};
 use sluice::tensor::{ElementType, Tensor};
 
 const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 24 };
@@ -324,6 +325,7 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     })
     .await
     .row("sandbox: the same, digits component (its model call included)");
+    python_rows(runtime, digits, &call, image).await?;
     let (trivial_pool, digits_pool) = (WarmPool::default(), WarmPool::default());
     measure_async(20_000, 1, || async {
         runtime.invoke_reusing(trivial, &trivial_pool, call(echo())).await.expect("echoes");
@@ -350,6 +352,52 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     measure_async(40_000, CONCURRENCY, concurrent(image, digits))
         .await
         .row(&format!("sandbox: digits component, {CONCURRENCY} in flight"));
+    Ok(())
+}
+
+/// The Python `digits` component (examples/digits-py, built by componentize-py through
+/// scripts/build_python_guests.sh) beside the Rust one: compile once, then per request with
+/// a fresh instance and with serial reuse; p50 and p99 of the fresh calls' wall time.
+async fn python_rows(
+    runtime: &sluice::runtime::Runtime,
+    rust: &Prepared,
+    call: &impl Fn(InferRequest) -> sluice::runtime::GuestCall,
+    image: fn() -> InferRequest,
+) -> anyhow::Result<()> {
+    let built = std::process::Command::new(root().join("scripts/build_python_guests.sh")).output()?;
+    anyhow::ensure!(
+        built.status.success(),
+        "building the Python guest failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let path = std::path::PathBuf::from(String::from_utf8(built.stdout)?.trim());
+    let wasm = std::fs::read(&path)?;
+    let clock = Clock::start();
+    let python = runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?;
+    clock.per_op(1).row(&format!("sandbox: compile the Python digits component ({} MB), once", wasm.len() >> 20));
+    for (what, prepared, count) in [("Rust", rust, 20_000), ("Python", &python, 400)] {
+        let took = std::sync::Mutex::new(Vec::with_capacity(count));
+        let per_op = measure_async(count, 1, || async {
+            let started = Instant::now();
+            runtime.invoke(prepared, call(image())).await.expect("classifies");
+            took.lock().expect("not poisoned").push(started.elapsed());
+        })
+        .await;
+        let mut took = took.into_inner().expect("not poisoned");
+        took.sort();
+        let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
+        per_op.row(&format!(
+            "sandbox: fresh, {what} digits component (wall p50 {:.0} µs, p99 {:.0} µs)",
+            at(0.5),
+            at(0.99)
+        ));
+    }
+    let pool = WarmPool::default();
+    measure_async(4_000, 1, || async {
+        runtime.invoke_reusing(&python, &pool, call(image())).await.expect("classifies");
+    })
+    .await
+    .row("sandbox: serial reuse, Python digits component");
     Ok(())
 }
 
