@@ -1,8 +1,10 @@
 //! Python guests: `examples/digits-py`, written against `guest-sdk/python` and built into a
 //! component with componentize-py (pinned; installed into the project's venv by this test),
-//! answers as the Rust `digits` component does, and refuses bad input the same way.
+//! answers as the Rust `digits` component does, and refuses bad input the same way; a hostile
+//! Python guest (tests/guests/python) is held to the tenant's memory and deadline like any
+//! other, and its failures stay its own.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -16,29 +18,41 @@ const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 /// The Python digits example as a component, built once per test run.
 fn python_digits() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let python = python_with(&[COMPONENTIZE_PY]);
-        let componentize = python.with_file_name("componentize-py");
-        let out = repo_root().join("target/guests/python/digits_py.wasm");
-        std::fs::create_dir_all(out.parent().expect("a folder")).expect("the output folder");
-        let status = Command::new(componentize)
-            .current_dir(repo_root())
-            .args(["-d", "wit", "-w", "sluice:tenant/component", "componentize", "app"])
-            .args(["-p", "examples/digits-py", "-p", "guest-sdk/python", "-o"])
-            .arg(&out)
-            .status()
-            .expect("componentize-py runs");
-        assert!(status.success(), "componentize-py failed: {status}");
-        out
-    })
+    BUILT.get_or_init(|| componentize("examples/digits-py", "app", "digits_py.wasm"))
 }
 
-fn start() -> (Tenants, Server) {
+/// The hostile Python test guest (tests/guests/python), built once per test run.
+fn python_hostile() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| componentize("tests/guests/python", "hostile", "hostile_py.wasm"))
+}
+
+/// Build the Python module `module` of `folder`, with the Python guest SDK, into
+/// target/guests/python/`file`.
+fn componentize(folder: &str, module: &str, file: &str) -> PathBuf {
+    let python = python_with(&[COMPONENTIZE_PY]);
+    let out = repo_root().join("target/guests/python").join(file);
+    std::fs::create_dir_all(out.parent().expect("a folder")).expect("the output folder");
+    let status = Command::new(python.with_file_name("componentize-py"))
+        .current_dir(repo_root())
+        .args(["-d", "wit", "-w", "sluice:tenant/component", "componentize", module])
+        .args(["-p", folder, "-p", "guest-sdk/python", "-o"])
+        .arg(&out)
+        .status()
+        .expect("componentize-py runs");
+    assert!(status.success(), "componentize-py failed for {folder}: {status}");
+    out
+}
+
+/// A server whose tenant has the digits model and these apps (each Python component compiles
+/// for ~12 s on first load, so each test names only those it needs).
+fn start(apps: &[(&str, &Path)]) -> (Tenants, Server) {
     let tenants = Tenants::new();
-    let mut manifest = tenant_header("acme", KEY, "guest_memory_mib = 64");
+    let mut manifest = tenant_header("acme", KEY, "guest_memory_mib = 64\nguest_deadline_ms = 1000");
     manifest += &model_entry("digits-mlp", &digits_model(), None);
-    manifest += &app_entry("digits", &guest("digits"));
-    manifest += &app_entry("digits-py", python_digits());
+    for (name, component) in apps {
+        manifest += &app_entry(name, component);
+    }
     tenants.write("acme.toml", &manifest);
     let server = Server::start(tenants.path(), &[]);
     (tenants, server)
@@ -70,7 +84,7 @@ fn outputs(body: &Value) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
 
 #[tokio::test]
 async fn a_python_component_answers_as_the_rust_one_does() {
-    let (_tenants, server) = start();
+    let (_tenants, server) = start(&[("digits", &guest("digits")), ("digits-py", python_digits())]);
     let digits = heldout_digits();
     let pixels: Vec<u8> = digits.iter().take(20).flat_map(|(image, _)| image.clone()).collect();
     let one: Vec<u8> = digits[0].0.clone();
@@ -117,4 +131,26 @@ async fn a_python_component_answers_as_the_rust_one_does() {
         assert_eq!(code, 400, "{case}: {body}");
         assert!(error_message(&body).contains(expected), "{case}: expected '{expected}' in {body}");
     }
+}
+
+#[tokio::test]
+async fn a_python_component_gets_the_same_limits_and_its_failures_stay_its_own() {
+    let (_tenants, server) = start(&[("hostile-py", python_hostile()), ("digits", &guest("digits"))]);
+    let hostile = |mode: &str| json!({ "inputs": [], "parameters": { "mode": mode } });
+    let (code, body) = server.infer("hostile-py", KEY, &hostile("bomb")).await;
+    assert_eq!(code, 500, "a list grown past 64 MiB: {body}");
+    assert!(error_message(&body).contains("memory limit of 64 MiB"), "{body}");
+    let started = std::time::Instant::now();
+    let (code, body) = server.infer("hostile-py", KEY, &hostile("loop")).await;
+    assert_eq!(code, 504, "a spinning loop: {body}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "cut at the 1 s deadline: {:?}", started.elapsed());
+    let (code, body) = server.infer("hostile-py", KEY, &hostile("raise")).await;
+    assert_eq!(code, 500, "an exception of its own: {body}");
+    assert!(error_message(&body).contains("KeyError"), "{body}");
+    // None of it touched the server or the tenant's other app.
+    let one = heldout_digits()[0].0.clone();
+    let (code, body) = server.infer("digits", KEY, &image_request(&one, &[1, 64])).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = server.infer("hostile-py", KEY, &hostile("")).await;
+    assert_eq!(code, 200, "a fresh instance after the failures: {body}");
 }
