@@ -189,6 +189,7 @@ fn mode(name: &str, parameters: serde_json::Value) -> serde_json::Value {
 
 #[tokio::test]
 async fn guests_sleeping_in_a_host_call_give_their_turn_up() {
+    let _alone = CPU_HEAVY.write().await;
     let tenants = tenants("guest_deadline_ms = 5000");
     let server = std::sync::Arc::new(Server::start(tenants.path(), &["--cpu-turns", "1"]));
     let sleepers: Vec<_> = (0..2)
@@ -213,6 +214,7 @@ async fn guests_sleeping_in_a_host_call_give_their_turn_up() {
 
 #[tokio::test]
 async fn spinning_guests_are_time_sliced_with_other_tenants() {
+    let _alone = CPU_HEAVY.write().await;
     let tenants = tenants("guest_deadline_ms = 3000\nmax_concurrent_requests = 64");
     let server = std::sync::Arc::new(Server::start(tenants.path(), &["--cpu-turns", "1"]));
     let spinners: Vec<_> = (0..16)

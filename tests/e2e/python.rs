@@ -84,7 +84,9 @@ fn outputs(body: &Value) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
 
 #[tokio::test]
 async fn a_python_component_answers_as_the_rust_one_does() {
+    let heavy = CPU_HEAVY.read().await;
     let (_tenants, server) = start(&[("digits", &guest("digits")), ("digits-py", python_digits())]);
+    drop(heavy);
     let digits = heldout_digits();
     let pixels: Vec<u8> = digits.iter().take(20).flat_map(|(image, _)| image.clone()).collect();
     let one: Vec<u8> = digits[0].0.clone();
@@ -135,7 +137,9 @@ async fn a_python_component_answers_as_the_rust_one_does() {
 
 #[tokio::test]
 async fn a_python_component_gets_the_same_limits_and_its_failures_stay_its_own() {
+    let heavy = CPU_HEAVY.read().await;
     let (_tenants, server) = start(&[("hostile-py", python_hostile()), ("digits", &guest("digits"))]);
+    drop(heavy);
     let hostile = |mode: &str| json!({ "inputs": [], "parameters": { "mode": mode } });
     let (code, body) = server.infer("hostile-py", KEY, &hostile("bomb")).await;
     assert_eq!(code, 500, "a list grown past 64 MiB: {body}");

@@ -47,6 +47,11 @@ fn venv_python() -> PathBuf {
     python
 }
 
+/// Taken for reading by tests that load every CPU for seconds (building and compiling a
+/// Python component) and for writing by tests that time the server's fairness between
+/// tenants, so that the one does not skew what the other measures on a 2-CPU machine.
+pub static CPU_HEAVY: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// The `.venv` python with these pip requirements installed (pip is quick when they are).
 pub fn python_with(requirements: &[&str]) -> PathBuf {
     static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
