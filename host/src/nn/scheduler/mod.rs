@@ -926,16 +926,6 @@ async fn run_queue(
                 resident.end_load(&execution, loaded);
             }
         }
-        let filling = !state.is_empty() && state.rows() < policy.max_batch_rows && !resident.idle.is_empty();
-        if policy.batchable && !closed && filling {
-            // A submitting handler wakes this actor into its worker's next slot, ahead of
-            // the handlers already runnable there: a batch would start with the first job
-            // alone. One turn lets those handlers (parsing, running their guests) submit
-            // theirs to the same batch first: at 64 in flight ~24 rows a batch instead of
-            // ~4, a quarter less CPU per request. Alone, a job waits ~5 µs for that turn
-            // (the arrival rate is no guide: a busy CPU running guests spaces them out).
-            tokio::task::yield_now().await;
-        }
         let now = std::time::Instant::now();
         while let Ok(job) = receiver.try_recv() {
             arrivals.record(now);
@@ -1184,7 +1174,7 @@ mod tests {
 
     use super::*;
     use crate::nn::backend::tract::Tract;
-    use crate::nn::backend::{Backend, BackendSettings, Signature, TensorSpec};
+    use crate::nn::backend::{Backend, BackendSettings};
     use crate::registry::placement::Placement;
     use crate::tensor::ElementType;
 
@@ -1316,52 +1306,6 @@ mod tests {
                 assert!(device.used() <= 20 << 20, "{} bytes held", device.used());
             }
         }
-    }
-
-    /// A graph that answers its input and counts the batches it ran.
-    struct CountedEcho(Signature, Arc<AtomicUsize>);
-
-    impl Graph for CountedEcho {
-        fn signature(&self) -> &Signature {
-            &self.0
-        }
-
-        fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
-            self.1.fetch_add(1, Ordering::SeqCst);
-            Ok(inputs)
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-    async fn jobs_submitted_by_handlers_runnable_together_share_a_batch() {
-        let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
-        let batches = Arc::new(AtomicUsize::new(0));
-        let echo = CountedEcho(Signature { inputs: vec![spec.clone()], outputs: vec![spec] }, batches.clone());
-        let loaded = Loaded { graphs: vec![Arc::new(echo)], memory: Vec::new() };
-        let queue = Arc::new(ModelQueue::start(
-            "echo",
-            "none",
-            (loaded, Residence::default()),
-            true,
-            settings(),
-            Arc::default(),
-        ));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // Spawned from a worker, the handlers wait in its run queue together, as handlers
-        // whose requests arrived in one read of the network do.
-        let handlers = tokio::spawn(async move {
-            let handlers: Vec<_> = (0..16)
-                .map(|_| {
-                    let queue = queue.clone();
-                    tokio::spawn(async move { queue.compute(row(), deadline, share()).await })
-                })
-                .collect();
-            futures::future::join_all(handlers).await
-        });
-        for answer in handlers.await.expect("the handlers ran") {
-            assert!(answer.expect("a handler ran").is_ok());
-        }
-        assert_eq!(batches.load(Ordering::SeqCst), 1, "16 jobs submitted together, in batches of up to 32");
     }
 
     #[test]
