@@ -11,7 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const GUESTS: [&str; 5] = ["digits", "magika", "cascade", "hostile-guest", "other-world-guest"];
+const GUESTS: [&str; 7] =
+    ["digits", "digits-http", "magika", "cascade", "hostile-guest", "http-guest", "other-world-guest"];
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() {

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::http::Request;
 use prost::Message;
-use sha2::{Digest, Sha256};
 use sluice::api::grpc::proto::ModelInferRequest;
 use sluice::api::grpc::proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
@@ -371,10 +370,10 @@ async fn python_rows(
         String::from_utf8_lossy(&built.stderr)
     );
     let path = std::path::PathBuf::from(String::from_utf8(built.stdout)?.trim());
-    let wasm = std::fs::read(&path)?;
+    let size_mb = std::fs::metadata(&path)?.len() >> 20;
     let clock = Clock::start();
-    let python = runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?;
-    clock.per_op(1).row(&format!("sandbox: compile the Python digits component ({} MB), once", wasm.len() >> 20));
+    let python = common::oip(runtime, &path)?;
+    clock.per_op(1).row(&format!("sandbox: compile the Python digits component ({size_mb} MB), once"));
     for (what, prepared, count) in [("Rust", rust, 20_000), ("Python", &python, 400)] {
         let took = std::sync::Mutex::new(Vec::with_capacity(count));
         let per_op = measure_async(count, 1, || async {

@@ -18,6 +18,7 @@ mod extensions;
 mod grpc;
 mod half;
 mod hostile;
+mod http_apps;
 mod isolation;
 mod layers;
 mod lifecycle;

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use sluice::nn::host::{NnCtx, Unmetered};
 use sluice::nn::models::TenantModels;
 use sluice::nn::scheduler::Share;
-use sluice::runtime::{GuestCall, GuestLog, InferRequest, Prepared, Runtime, RuntimeSettings};
+use sluice::runtime::{Component, GuestCall, GuestLog, InferRequest, Prepared, Runtime, RuntimeSettings};
 use sluice::serve::ServeConfig;
 use sluice::state::ServingState;
 use sluice::telemetry::rate::TokenBucket;
@@ -84,8 +84,16 @@ pub fn runtime(cache: &Path) -> anyhow::Result<Runtime> {
 /// One of the built guest components (`digits.wasm`, `hostile_guest.wasm`), ready to call.
 pub fn prepare(runtime: &Runtime, file: &str) -> anyhow::Result<Prepared> {
     let path = Path::new(env!("SLUICE_GUEST_DIR")).join(file);
-    let wasm = std::fs::read(&path)?;
-    Ok(runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)?)
+    oip(runtime, &path)
+}
+
+/// A `sluice:tenant/component` at `path`, ready to call.
+pub fn oip(runtime: &Runtime, path: &Path) -> anyhow::Result<Prepared> {
+    let wasm = std::fs::read(path)?;
+    match runtime.prepare(path, &hex::encode(Sha256::digest(&wasm)), &wasm)? {
+        Component::Oip(prepared) => Ok(prepared),
+        Component::Http(_) => anyhow::bail!("{} is an HTTP app, not an OIP component", path.display()),
+    }
 }
 
 /// One request's guest call as the server builds it: tenant `bench`, 64 MiB, 1 s.

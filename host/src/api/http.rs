@@ -1,6 +1,7 @@
 //! OIP REST over axum: health, server and model metadata, readiness and inference, with
-//! and without a pinned version. Every model route authenticates the tenant first; the
-//! body is read only up to the tenant's request-size limit.
+//! and without a pinned version, and HTTP apps under `/v2/apps/{app}/http/`. Every model
+//! and app route authenticates the tenant first; the body is read only up to the tenant's
+//! request-size limit.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,7 +11,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use serde::Deserialize;
 
 use super::auth::{authenticate, declared_length};
@@ -51,6 +52,9 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/repository/models/{model}/unload", post(repository_unload))
         .route("/v2/models/{model}/infer", post(model_infer))
         .route("/v2/models/{model}/versions/{version}/infer", post(model_infer))
+        .route("/v2/apps/{app}/http", any(app_http))
+        .route("/v2/apps/{app}/http/", any(app_http))
+        .route("/v2/apps/{app}/http/{*rest}", any(app_http))
         .merge(super::control::routes())
         .merge(super::admin::routes())
         .fallback(|| async {
@@ -401,4 +405,89 @@ async fn serve_infer(
         body,
     )
         .into_response())
+}
+
+/// The prefix of an HTTP app's paths; what follows it is the path its component sees.
+fn app_path_below(path: &str) -> Option<&str> {
+    let after_apps = path.strip_prefix("/v2/apps/")?;
+    let (_app, rest) = after_apps.split_once('/')?;
+    rest.strip_prefix("http")
+}
+
+/// Any method on `/v2/apps/{app}/http/{rest}`: the tenant's HTTP app answers, seeing the
+/// request as sent to `/{rest}` (method, query, headers but the caller's API key, body).
+async fn app_http(
+    State(state): State<Shared>,
+    Path(params): Path<std::collections::HashMap<String, String>>,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let tenant = &authenticate(&state, &parts.headers)?;
+    let spec = tenant.spec();
+    let app = params.get("app").map(String::as_str).unwrap_or_default();
+    let routed = infer::Routed::default();
+    infer::observed_with(
+        spec.id.as_str(),
+        Protocol::Http,
+        &routed,
+        |response: &Response| response.status().as_u16(),
+        Box::pin(serve_app_http(&state, tenant, &spec.quotas, app, parts, body, &routed)),
+    )
+    .await
+}
+
+async fn serve_app_http(
+    state: &ServingState,
+    tenant: &TenantState,
+    quotas: &Quotas,
+    app: &str,
+    parts: http::request::Parts,
+    body: Body,
+    routed: &infer::Routed,
+) -> Result<Response, ApiError> {
+    let limit = usize::try_from(quotas.max_request_bytes).unwrap_or(usize::MAX);
+    if declared_length(&parts.headers).is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    let admitted = infer::admit(tenant)?;
+    let timeout = state.body_timeouts.request;
+    let body = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| ApiError::body_timeout(timeout))?
+        .map_err(|_| ApiError::body_too_large(limit))?;
+    let entry = infer::enter(state, tenant, admitted, None).await?;
+
+    let below = app_path_below(parts.uri.path()).unwrap_or_default();
+    let mut uri = if below.is_empty() { "/".to_string() } else { below.to_string() };
+    if let Some(query) = parts.uri.query() {
+        uri = format!("{uri}?{query}");
+    }
+    let mut headers = parts.headers.clone();
+    headers.remove(header::AUTHORIZATION);
+    if !headers.contains_key(header::HOST) {
+        headers.insert(header::HOST, header::HeaderValue::from_static("localhost"));
+    }
+    let mut request = http::Request::new(body);
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = uri.parse().map_err(|_| ApiError::invalid("the request's path is not a valid URI"))?;
+    *request.headers_mut() = headers;
+
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let response =
+        infer::serve_http_app(state, tenant, entry, app, request, Caller { header: &header, routed }).await?;
+    Ok(response.map(Body::from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::app_path_below;
+
+    #[test]
+    fn an_app_sees_the_path_below_its_prefix() {
+        assert_eq!(app_path_below("/v2/apps/digits/http/classify"), Some("/classify"));
+        assert_eq!(app_path_below("/v2/apps/digits/http/a/b%20c"), Some("/a/b%20c"));
+        assert_eq!(app_path_below("/v2/apps/digits/http"), Some(""));
+        assert_eq!(app_path_below("/v2/apps/digits/http/"), Some("/"));
+        assert_eq!(app_path_below("/v2/models/digits/infer"), None);
+    }
 }

@@ -314,6 +314,14 @@ pub async fn add_app_version(
                 (tenant.insert_app(app_name.clone(), AppState::new(spec, BTreeMap::new())), true)
             }
         };
+        let world = prepared.world();
+        // A new app has no versions, so this refuses only an existing app's.
+        if let Some(serves) = app.world().filter(|&serves| serves != world) {
+            return Err(ControlError::Invalid(format!(
+                "app '{app_name}' serves components of the {serves} world and version '{version}' targets {world}: \
+                 every version of an app targets one world (upload it as another app)"
+            )));
+        }
         if !app.add_version(version.clone(), AppVersion::new(prepared.clone(), uploaded.sha256.clone())) {
             return Err(ControlError::Conflict(format!("version '{version}' of app '{app_name}' exists")));
         }

@@ -133,6 +133,13 @@ impl ApiError {
         Self::new(ErrorKind::NotFound, message)
     }
 
+    /// An Open Inference Protocol request to an HTTP app, which answers HTTP only.
+    pub fn http_app(name: &str) -> Self {
+        Self::invalid(format!(
+            "'{name}' is an HTTP app (a wasi:http/proxy component): send it HTTP requests at /v2/apps/{name}/http/"
+        ))
+    }
+
     /// An inference body over the tenant's `max_request_bytes` (`limit`), on either protocol.
     pub fn body_too_large(limit: usize) -> Self {
         Self::new(
@@ -244,9 +251,14 @@ impl From<GuestError> for ApiError {
             GuestError::Queue(queue) => return queue.clone().into(),
             GuestError::InvalidInput(_) => ErrorKind::InvalidInput,
             GuestError::Model(_) => ErrorKind::ModelFailure,
-            GuestError::Internal(_) | GuestError::Trap(_) => ErrorKind::GuestFailure,
+            GuestError::Internal(_) | GuestError::Trap(_) | GuestError::NoResponse | GuestError::Response(_) => {
+                ErrorKind::GuestFailure
+            }
             GuestError::Deadline { .. } => ErrorKind::DeadlineExceeded,
-            GuestError::OutOfMemory { .. } | GuestError::StackOverflow => ErrorKind::GuestResource,
+            GuestError::OutOfMemory { .. }
+            | GuestError::StackOverflow
+            | GuestError::TooManyResources { .. }
+            | GuestError::ResponseTooLarge { .. } => ErrorKind::GuestResource,
             GuestError::NoInstanceSlot { .. } => ErrorKind::Overloaded,
         };
         Self::new(kind, error.to_string())

@@ -5,6 +5,7 @@
 //! Imports every layer below it; the API calls it.
 
 pub mod error;
+mod http_app;
 mod observe;
 mod resolve;
 
@@ -22,11 +23,11 @@ use crate::nn::scheduler::{ComputeError, Share};
 use crate::oip::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::registry::Tenant;
 use crate::registry::ids::VersionName;
-use crate::registry::manifest::InstanceReuse;
+use crate::registry::manifest::{InstanceReuse, Quotas};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::ShadowJob;
 use crate::rollout::traffic::Route;
-use crate::runtime::{GuestCall, GuestError, GuestLog, GuestTensor, InferRequest};
+use crate::runtime::{Component, GuestCall, GuestError, GuestLog, GuestTensor, InferRequest};
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::slo::AppSlo;
@@ -34,7 +35,8 @@ use crate::telemetry::stats::Counters;
 use crate::tenancy::response_cache::{self, Cached, Key, ResponseCache};
 use crate::tenancy::turns::Turn;
 use error::{ApiError, ErrorKind};
-pub use observe::{Caller, Routed, count_refused, observed};
+pub use http_app::serve_http_app;
+pub use observe::{Caller, Routed, count_refused, observed, observed_with};
 pub use resolve::{PLAIN_MODEL_VERSION, Target, resolve};
 
 /// The `timeout` request parameter (microseconds), if given.
@@ -347,22 +349,26 @@ async fn run_app(
         caller.routed.set(name, route.version.as_str(), slo.as_ref());
         (route, chosen)
     };
-    let memory_bytes = usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX);
+    let Component::Oip(prepared) = &chosen.component else { return Err(ApiError::http_app(name).into()) };
+    let memory_bytes = memory_bytes(quotas);
     let request_bytes: usize = request.inputs.iter().map(|t| t.payload.byte_size()).sum();
     let inputs = request.inputs.into_iter().map(GuestTensor::try_from).collect::<Result<Vec<_>, _>>();
     let request =
         InferRequest { id: request.id, inputs: inputs.map_err(ApiError::from)?, parameters: request.parameters };
     let mirror = route.shadow.as_ref().and_then(|shadow| {
-        let prepared = app.version(shadow)?.prepared;
+        let Component::Oip(prepared) = app.version(shadow)?.component else { return None };
         let call = shadow_call(tenant, spec, app, shadow, share, request.clone(), memory_bytes);
         Some((prepared, call))
     });
-    let raw_load = tenant.policy().raw_load.clone().map(|backend| RawLoad {
-        backend,
-        max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
-    });
     let call = GuestCall {
-        nn: NnCtx::new(tenant.models.clone(), share.clone(), deadline, raw_load, memory_bytes, Box::new(turn)),
+        nn: NnCtx::new(
+            tenant.models.clone(),
+            share.clone(),
+            deadline,
+            raw_load(tenant, quotas),
+            memory_bytes,
+            Box::new(turn),
+        ),
         memory_bytes,
         log: guest_log(tenant, spec, app, &route.version),
         deadline,
@@ -376,11 +382,9 @@ async fn run_app(
             if chosen.warm.idle() > 0 {
                 chosen.warm.clear();
             }
-            state.runtime.invoke(&chosen.prepared, call).instrument(span).await
+            state.runtime.invoke(prepared, call).instrument(span).await
         }
-        InstanceReuse::Serial => {
-            state.runtime.invoke_reusing(&chosen.prepared, &chosen.warm, call).instrument(span).await
-        }
+        InstanceReuse::Serial => state.runtime.invoke_reusing(prepared, &chosen.warm, call).instrument(span).await,
     };
     let elapsed = started.elapsed();
     let trap = response.as_ref().err().and_then(GuestError::trap_kind);
@@ -554,6 +558,19 @@ fn check_response_size(name: &str, outputs: &[ValidTensor], max: u64) -> Result<
         ));
     }
     Ok(())
+}
+
+/// A guest's linear memory limit in bytes.
+fn memory_bytes(quotas: &Quotas) -> usize {
+    usize::try_from(quotas.guest_memory_mib << 20).unwrap_or(usize::MAX)
+}
+
+/// Whether (and how large) the tenant's guests may load models from raw bytes.
+fn raw_load(tenant: &TenantState, quotas: &Quotas) -> Option<RawLoad> {
+    tenant.policy().raw_load.clone().map(|backend| RawLoad {
+        backend,
+        max_bytes: usize::try_from(quotas.max_raw_model_bytes).unwrap_or(usize::MAX),
+    })
 }
 
 fn guest_log(tenant: &TenantState, spec: &Tenant, app: &AppState, version: &VersionName) -> GuestLog {

@@ -51,14 +51,27 @@ pub async fn observed<T>(
     routed: &Routed,
     serve: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
-    let _in_flight = metrics().inflight(tenant);
+    observed_with(tenant, protocol, routed, |_| 200, serve).await
+}
+
+/// [`observed`] for answers that carry their own status (an HTTP app's response).
+pub async fn observed_with<T>(
+    tenant: &str,
+    protocol: Protocol,
+    routed: &Routed,
+    status_of: impl FnOnce(&T) -> u16,
+    serve: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
     let mut cancelled = Cancelled { tenant, protocol, routed, started: std::time::Instant::now(), armed: true };
+    // Declared after `cancelled`, so dropped before it: a scrape that sees a request counted
+    // as cancelled no longer sees it in flight.
+    let _in_flight = metrics().inflight(tenant);
     let result = serve.await;
     cancelled.armed = false;
     let elapsed = cancelled.started.elapsed();
     let RoutedTo { app, version, slo } = routed.take();
     let (status, failure) = match &result {
-        Ok(_) => (200, None),
+        Ok(answer) => (status_of(answer), None),
         Err(err) => (err.kind.status().as_u16(), Some(err.kind.label())),
     };
     if let Some(slo) = slo {

@@ -110,6 +110,10 @@ pub struct Quotas {
     /// Bytes of answers the tenant's response cache keeps for its models and apps that
     /// enable it (least recently used first out); 0: none kept.
     pub response_cache_mib: u64,
+    /// Hosts the tenant's HTTP apps may send requests to (`wasi:http/outgoing-handler`):
+    /// `host` (any port) or `host:port`; none by default. A granted host is reached from the
+    /// server's network, so grant only what the tenant may reach from there.
+    pub outgoing_http_hosts: Vec<String>,
 }
 
 /// [`Quotas::instance_reuse`].
@@ -138,7 +142,21 @@ impl Quotas {
                         be at least 1"
                 .to_string());
         }
+        if let Some(bad) = self.outgoing_http_hosts.iter().find(|entry| !is_host_entry(entry)) {
+            return Err(format!(
+                "outgoing_http_hosts entry '{}' is not a host or host:port (no scheme, path or user)",
+                bad.chars().take(128).collect::<String>()
+            ));
+        }
         Ok(())
+    }
+}
+
+/// A host name or address, with an optional port, and nothing else.
+fn is_host_entry(entry: &str) -> bool {
+    match entry.parse::<http::uri::Authority>() {
+        Ok(authority) => !entry.is_empty() && !entry.contains('@') && authority.as_str() == entry,
+        Err(_) => false,
     }
 }
 
@@ -166,6 +184,7 @@ impl Default for Quotas {
             max_log_bytes_per_second: 256 << 10,
             instance_reuse: InstanceReuse::Fresh,
             response_cache_mib: 16,
+            outgoing_http_hosts: Vec::new(),
         }
     }
 }
@@ -563,6 +582,19 @@ mod tests {
             let text = format!("guest_memory_mib = {memory}\nmax_requests_per_second = {rate}\n");
             let quotas: Quotas = toml::from_str(&text).expect("valid quotas");
             prop_assert_eq!((quotas.guest_memory_mib, quotas.max_requests_per_second), (memory, rate));
+        }
+    }
+
+    #[test]
+    fn outgoing_hosts_are_hosts_with_an_optional_port_and_nothing_else() {
+        let with = |hosts: &[&str]| Quotas {
+            outgoing_http_hosts: hosts.iter().map(ToString::to_string).collect(),
+            ..Quotas::default()
+        };
+        assert_eq!(with(&["api.example.com", "127.0.0.1:8080", "[::1]:9000"]).validate(), Ok(()));
+        for bad in ["http://api.example.com", "api.example.com/path", "user@api.example.com", "", "a b"] {
+            let refused = with(&[bad]).validate().expect_err(bad);
+            assert!(refused.contains("outgoing_http_hosts"), "{refused}");
         }
     }
 }

@@ -11,7 +11,7 @@ use super::shadow::ShadowStats;
 use super::traffic::Traffic;
 use crate::registry::AppSpec;
 use crate::registry::ids::VersionName;
-use crate::runtime::{Prepared, WarmPool};
+use crate::runtime::{Component, WarmPool, World};
 use crate::telemetry::slo::AppSlo;
 use crate::telemetry::stats::Counters;
 use crate::telemetry::versions::{VersionSnapshot, VersionStats};
@@ -24,7 +24,7 @@ pub struct UnknownVersion(String);
 /// One version of an app: its component, ready to instantiate, and its outcomes.
 #[derive(Clone)]
 pub struct AppVersion {
-    pub prepared: Prepared,
+    pub component: Component,
     pub sha256: String,
     pub stats: Arc<VersionStats>,
     /// Instances parked for the tenant's next request (serial reuse; empty otherwise).
@@ -32,8 +32,8 @@ pub struct AppVersion {
 }
 
 impl AppVersion {
-    pub fn new(prepared: Prepared, sha256: String) -> Self {
-        Self { prepared, sha256, stats: Arc::default(), warm: Arc::default() }
+    pub fn new(component: Component, sha256: String) -> Self {
+        Self { component, sha256, stats: Arc::default(), warm: Arc::default() }
     }
 }
 
@@ -78,6 +78,11 @@ impl AppState {
 
     pub fn version(&self, version: &VersionName) -> Option<AppVersion> {
         self.versions.read().unwrap_or_else(PoisonError::into_inner).get(version).cloned()
+    }
+
+    /// The world its versions target (all of an app's versions target one), if it has any.
+    pub fn world(&self) -> Option<World> {
+        self.versions.read().unwrap_or_else(PoisonError::into_inner).values().next().map(|v| v.component.world())
     }
 
     pub fn version_names(&self) -> Vec<VersionName> {

@@ -3,6 +3,7 @@
 //! deadline, and classify how it ended.
 
 use tokio::time::Instant;
+use wasmtime::component::ResourceTableError;
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::bindings::sluice::tenant::types::{InferError, InferRequest, InferResponse};
@@ -42,12 +43,20 @@ pub enum GuestError {
     OutOfMemory { mib: usize },
     #[error("the component overflowed its call stack")]
     StackOverflow,
+    #[error("the component held more than {max} host resources at once (header maps, bodies, streams, tensors)")]
+    TooManyResources { max: usize },
     #[error("the component trapped: {0}")]
     Trap(String),
     #[error("{0}")]
     Queue(ComputeError),
     #[error("the server is at capacity: all {slots} component instance slots are in use; retry later")]
     NoInstanceSlot { slots: u32 },
+    #[error("the component returned without setting a response")]
+    NoResponse,
+    #[error("the component's response failed: {0}")]
+    Response(String),
+    #[error("the component's response body is over the tenant's limit of {max} bytes (max_response_bytes)")]
+    ResponseTooLarge { max: usize },
 }
 
 impl GuestError {
@@ -58,12 +67,16 @@ impl GuestError {
             Self::Deadline { .. } => Some("deadline"),
             Self::OutOfMemory { .. } => Some("out_of_memory"),
             Self::StackOverflow => Some("stack_overflow"),
+            Self::TooManyResources { .. } => Some("resources"),
             Self::Trap(_) => Some("trap"),
             Self::InvalidInput(_)
             | Self::Model(_)
             | Self::Internal(_)
             | Self::Queue(_)
-            | Self::NoInstanceSlot { .. } => None,
+            | Self::NoInstanceSlot { .. }
+            | Self::NoResponse
+            | Self::Response(_)
+            | Self::ResponseTooLarge { .. } => None,
         }
     }
 }
@@ -104,21 +117,7 @@ impl Runtime {
                 (store, None, 0)
             }
         };
-        // Guest code yields to the async runtime every epoch tick, so a busy guest never
-        // holds a runtime thread that other requests need; at each tick it also ends its time
-        // slice, giving its CPU turn to a waiting request and waiting for it back in round
-        // robin; past the deadline it is interrupted.
-        let hard_deadline = deadline.into_std();
-        store.epoch_deadline_callback(move |mut context| {
-            if std::time::Instant::now() >= hard_deadline {
-                return Ok(UpdateDeadline::Interrupt);
-            }
-            Ok(match context.data_mut().end_slice() {
-                Some(wait_for_turn) => UpdateDeadline::YieldCustom(1, wait_for_turn),
-                None => UpdateDeadline::Yield(1),
-            })
-        });
-        store.set_epoch_deadline(1);
+        time_slice(&mut store, deadline);
 
         let outcome = {
             let call = async {
@@ -165,7 +164,26 @@ impl Runtime {
     }
 }
 
-fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) -> GuestError {
+/// Guest code yields to the async runtime every epoch tick, so a busy guest never holds a
+/// runtime thread that other requests need; at each tick it also ends its time slice, giving
+/// its CPU turn to a waiting request and waiting for it back in round robin; past the
+/// deadline it is interrupted.
+pub(super) fn time_slice(store: &mut Store<StoreState>, deadline: Instant) {
+    let hard_deadline = deadline.into_std();
+    store.epoch_deadline_callback(move |mut context| {
+        if std::time::Instant::now() >= hard_deadline {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        Ok(match context.data_mut().end_slice() {
+            Some(wait_for_turn) => UpdateDeadline::YieldCustom(1, wait_for_turn),
+            None => UpdateDeadline::Yield(1),
+        })
+    });
+    store.set_epoch_deadline(1);
+}
+
+/// How a call that failed in wasmtime (a trap, a limit, no pool slot) is reported.
+pub(super) fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) -> GuestError {
     // Every pool slot taken is the server's capacity, not the guest's fault.
     if let Some(limit) = error.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
         let slots = limit.to_string().split_whitespace().find_map(|word| word.parse().ok()).unwrap_or(0);
@@ -174,11 +192,14 @@ fn classify_trap(error: &wasmtime::Error, state: &StoreState, deadline_ms: u64) 
     if state.limiter.memory_refused || state.nn.tensor_bytes_refused {
         return GuestError::OutOfMemory { mib: state.limiter.memory_bytes >> 20 };
     }
+    if let Some(ResourceTableError::Full) = error.root_cause().downcast_ref::<ResourceTableError>() {
+        return GuestError::TooManyResources { max: state.table.max_capacity() };
+    }
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => GuestError::Deadline { ms: deadline_ms },
         Some(Trap::StackOverflow) => GuestError::StackOverflow,
         trap => {
-            let cause = trap.map_or_else(|| format!("{error:#}"), |t| t.to_string());
+            let cause = trap.map_or_else(|| error.root_cause().to_string(), |t| t.to_string());
             let stderr = state.stderr_tail();
             let first_line = cause.lines().next().unwrap_or_default().to_string();
             let text = if stderr.is_empty() { first_line } else { format!("{first_line}; guest stderr: {stderr}") };

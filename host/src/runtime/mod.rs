@@ -3,14 +3,17 @@
 //! One [`Runtime`] per process: an engine with the pooling allocator, copy-on-write memory
 //! images and epoch interruption (a ticker thread advances the epoch). Components are
 //! compiled once per content hash and cached on disk ([`compile`]); each app version keeps a
-//! pre-linked [`Prepared`] component; each request gets a fresh store with its tenant's
-//! limits and calls the export `infer` ([`invoke`]). Imports `nn` (whose `wasi:nn` bindings
-//! its world reuses), `oip`, `telemetry` and `tensor`.
+//! pre-linked [`Component`] of one of the two worlds ([`world`]); each request gets a fresh
+//! store with its tenant's limits and calls the export `infer` ([`invoke`]) or, for an HTTP
+//! app, `wasi:http/incoming-handler.handle` ([`http`]). Imports `nn` (whose `wasi:nn`
+//! bindings its world reuses), `oip`, `telemetry` and `tensor`.
 
 mod bindings;
 mod compile;
+mod http;
 mod invoke;
 mod limits;
+mod outgoing;
 mod poll;
 mod store;
 mod tensors;
@@ -24,12 +27,32 @@ use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 pub use bindings::sluice::tenant::types::{Datatype, InferRequest, InferResponse, Tensor as GuestTensor, TensorData};
+pub use http::HttpCall;
 pub use invoke::{GuestCall, GuestError};
 pub use store::{GuestLog, StoreState};
 pub use warm::WarmPool;
+pub use world::World;
 
-/// A component ready to instantiate: compiled and linked against the host's imports.
+/// A `sluice:tenant/component` ready to instantiate: compiled and linked against the host's imports.
 pub type Prepared = bindings::ComponentPre<StoreState>;
+/// A `wasi:http/proxy` component (an HTTP app) ready to instantiate.
+pub type HttpPrepared = wasmtime_wasi_http::p2::bindings::ProxyPre<StoreState>;
+
+/// A tenant component ready to instantiate, in the world it targets.
+#[derive(Clone)]
+pub enum Component {
+    Oip(Prepared),
+    Http(HttpPrepared),
+}
+
+impl Component {
+    pub fn world(&self) -> World {
+        match self {
+            Self::Oip(_) => World::Oip,
+            Self::Http(_) => World::Http,
+        }
+    }
+}
 
 /// Runtime settings.
 #[derive(Debug, Clone)]
@@ -55,7 +78,11 @@ pub enum RuntimeError {
 
 pub struct Runtime {
     engine: Engine,
+    /// The `sluice:tenant/component` world's imports.
     linker: Linker<StoreState>,
+    /// The same and `wasi:http`'s, for HTTP apps: a component of the tenant world cannot
+    /// import `wasi:http`.
+    http_linker: Linker<StoreState>,
     settings: RuntimeSettings,
     /// Uploaded components compile one at a time.
     uploads: tokio::sync::Semaphore,
@@ -97,42 +124,38 @@ impl Runtime {
             .parallel_compilation(false);
         let engine = Engine::new(&config).map_err(engine_error)?;
 
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(engine_error)?;
-        poll::add_to_linker(&mut linker).map_err(engine_error)?;
-        crate::nn::host::add_to_linker(&mut linker, |state: &mut StoreState| crate::nn::host::NnView {
-            ctx: &mut state.nn,
-            table: &mut state.table,
-        })
-        .map_err(engine_error)?;
-        bindings::sluice::tenant::log::add_to_linker::<StoreState, HasSelf<GuestLog>>(&mut linker, |state| {
-            &mut state.log
-        })
-        .map_err(engine_error)?;
+        let linker = tenant_linker(&engine).map_err(engine_error)?;
+        let mut http_linker = tenant_linker(&engine).map_err(engine_error)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut http_linker).map_err(engine_error)?;
 
         start_epoch_ticker(&engine, settings.epoch_tick);
         Ok(Self {
             engine,
             linker,
+            http_linker,
             settings,
             uploads: tokio::sync::Semaphore::new(1),
             idle_instances: Default::default(),
         })
     }
 
-    /// Compile (or load from the cache) and link a component. A compiled form that does not
-    /// link is not kept.
-    pub fn prepare(&self, path: &std::path::Path, sha256: &str, wasm: &[u8]) -> Result<Prepared, RuntimeError> {
+    /// Compile (or load from the cache) and link a component of either world. A compiled
+    /// form that does not link is not kept.
+    pub fn prepare(&self, path: &std::path::Path, sha256: &str, wasm: &[u8]) -> Result<Component, RuntimeError> {
         let component_error = |message: String| RuntimeError::Component { path: path.display().to_string(), message };
+        let world = world::check(wasm).map_err(component_error)?;
         let compile::Compiled { component, stored } =
             compile::load_or_compile(&self.engine, &self.settings.cache_dir, sha256, wasm)
                 .map_err(|e| component_error(format!("{e:#}")))?;
-        let linked = self.linker.instantiate_pre(&component).map_err(|e| {
-            component_error(format!(
-                "{e:#}; it must target the sluice:tenant/component world (build it with sluice-guest)"
-            ))
+        let linker = match world {
+            World::Oip => &self.linker,
+            World::Http => &self.http_linker,
+        };
+        let not_linked = |e: wasmtime::Error| component_error(format!("{e:#}; it targets the {world} world"));
+        let prepared = linker.instantiate_pre(&component).map_err(not_linked).and_then(|pre| match world {
+            World::Oip => Prepared::new(pre).map(Component::Oip).map_err(not_linked),
+            World::Http => HttpPrepared::new(pre).map(Component::Http).map_err(not_linked),
         });
-        let prepared = linked.and_then(|pre| Prepared::new(pre).map_err(|e| component_error(format!("{e:#}"))));
         if let (Err(_), Some(stored)) = (&prepared, stored) {
             let _ = std::fs::remove_file(stored);
         }
@@ -147,7 +170,7 @@ impl Runtime {
         label: PathBuf,
         sha256: String,
         wasm: Vec<u8>,
-    ) -> Result<Prepared, RuntimeError> {
+    ) -> Result<Component, RuntimeError> {
         world::check(&wasm)
             .map_err(|message| RuntimeError::Component { path: label.display().to_string(), message })?;
         let _one_at_a_time = self.uploads.acquire().await;
@@ -180,6 +203,20 @@ impl Runtime {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+}
+
+/// A linker with what every tenant component may import: WASI (nothing granted: see
+/// [`store`]) with the turn-yielding `wasi:io/poll`, `wasi:nn` and the tenant log.
+fn tenant_linker(engine: &Engine) -> wasmtime::Result<Linker<StoreState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    poll::add_to_linker(&mut linker)?;
+    crate::nn::host::add_to_linker(&mut linker, |state: &mut StoreState| crate::nn::host::NnView {
+        ctx: &mut state.nn,
+        table: &mut state.table,
+    })?;
+    bindings::sluice::tenant::log::add_to_linker::<StoreState, HasSelf<GuestLog>>(&mut linker, |state| &mut state.log)?;
+    Ok(linker)
 }
 
 /// Give this thread the lowest CPU priority, so what it does (shadow requests, compiling

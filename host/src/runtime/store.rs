@@ -1,7 +1,9 @@
 //! What one request's store holds: a WASI context with nothing granted (no files, network,
 //! environment or inherited stdio, clocks to the millisecond), the resource table, the
-//! `wasi:nn` context, the limiter, and the guest's log identity. A fresh store serves each
-//! request and is dropped after it, unless its tenant opted into serial reuse ([`super::warm`]).
+//! `wasi:nn` context, the limiter, the guest's log identity, and for HTTP apps the
+//! `wasi:http` context with the outgoing hosts its tenant is granted (none by default). A
+//! fresh store serves each request and is dropped after it, unless its tenant opted into
+//! serial reuse ([`super::warm`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -9,15 +11,24 @@ use std::time::{Duration, Instant, SystemTime};
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::sluice::tenant::log;
 use super::limits::GuestLimiter;
+use super::outgoing::OutgoingHttp;
 use crate::nn::host::NnCtx;
 use crate::telemetry::rate::TokenBucket;
 use crate::telemetry::text::{cut, escape_controls};
 
 /// Resources (WASI streams the guest keeps open) a reused instance may hold.
 const MAX_TABLE_ENTRIES_KEPT: usize = 16;
+
+/// Resources an HTTP app's call may hold at once (requests, responses, header maps, bodies,
+/// streams, pollables, `wasi:nn` handles).
+pub const MAX_HTTP_RESOURCES: usize = 512;
+/// In-memory bytes of one `wasi:http` header map an HTTP app builds (wasmtime's default is
+/// 128 KiB, which times the resources above would let one call hold 64 MiB of host memory).
+pub const MAX_HTTP_FIELDS_BYTES: usize = 16 << 10;
 
 /// Bytes of guest stderr kept, so a panic message can explain a trap.
 const STDERR_CAPACITY: usize = 4096;
@@ -85,6 +96,8 @@ pub struct StoreState {
     pub limiter: GuestLimiter,
     pub log: GuestLog,
     pub stderr: MemoryOutputPipe,
+    http: WasiHttpCtx,
+    pub outgoing: OutgoingHttp,
 }
 
 impl StoreState {
@@ -98,7 +111,25 @@ impl StoreState {
             .monotonic_clock(CoarseMonotonic { start: Instant::now() })
             .wall_clock(CoarseWall)
             .build();
-        Self { wasi, table: ResourceTable::new(), nn, limiter, log, stderr }
+        Self {
+            wasi,
+            table: ResourceTable::new(),
+            nn,
+            limiter,
+            log,
+            stderr,
+            http: WasiHttpCtx::new(),
+            outgoing: OutgoingHttp::denied(),
+        }
+    }
+
+    /// Make this the store of an HTTP app's call: its outgoing grant, and caps on what
+    /// `wasi:http` keeps in host memory for it (header maps: at most
+    /// [`MAX_HTTP_RESOURCES`] resources of at most [`MAX_HTTP_FIELDS_BYTES`] each).
+    pub(super) fn serve_http(&mut self, outgoing: OutgoingHttp) {
+        self.outgoing = outgoing;
+        self.table.set_max_capacity(MAX_HTTP_RESOURCES);
+        self.http.set_field_size_limit(MAX_HTTP_FIELDS_BYTES);
     }
 
     /// Ready a parked instance's store for the next request of the same tenant and app
@@ -145,6 +176,12 @@ impl StoreState {
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for StoreState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.outgoing }
     }
 }
 

@@ -4,11 +4,41 @@
 //! (`instantiate_pre`) stays the full check after compiling; this one only refuses early
 //! what linking would refuse.
 
+use std::fmt;
+
 use wasmparser::{Encoding, Parser, Payload};
 
-/// The export every tenant component provides (`sluice:tenant/component`).
-const HANDLER: &str = "sluice:tenant/handler";
-/// The interface packages the host links for tenant components; an import of any other
+/// The worlds a tenant component may target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum World {
+    /// `sluice:tenant/component`: called with Open Inference Protocol requests (the default).
+    Oip,
+    /// `wasi:http/proxy`, importing `wasi:nn` too: an HTTP app, as written for `wasmtime serve`.
+    Http,
+}
+
+impl World {
+    /// The world's name as WIT spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Oip => "sluice:tenant/component",
+            Self::Http => "wasi:http/proxy",
+        }
+    }
+}
+
+impl fmt::Display for World {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The export of each world, without its version.
+const OIP_HANDLER: &str = "sluice:tenant/handler";
+const HTTP_HANDLER: &str = "wasi:http/incoming-handler";
+/// What an HTTP app imports beyond what every tenant component may.
+const HTTP_ONLY: &str = "wasi:http/";
+/// The interface packages the host links for every tenant component; an import of any other
 /// cannot be satisfied.
 const PROVIDED: [&str; 8] = [
     "sluice:tenant/",
@@ -21,32 +51,29 @@ const PROVIDED: [&str; 8] = [
     "wasi:sockets/",
 ];
 
-/// Refuse `wasm` unless it is a component that exports the tenant handler and imports only
-/// what the host provides; the message says what it is instead.
-pub fn check(wasm: &[u8]) -> Result<(), String> {
+/// Which world `wasm` targets; refused unless it is a component that exports one of the
+/// worlds' handlers and imports only what the host provides for that world. The message says
+/// what it is instead, naming the worlds accepted.
+pub fn check(wasm: &[u8]) -> Result<World, String> {
     let mut depth = 0usize;
     let mut exports = Vec::new();
+    let mut imports = Vec::new();
     for payload in Parser::new(0).parse_all(wasm) {
         let payload = payload.map_err(|e| format!("not a WebAssembly component: {e}"))?;
         match payload {
             Payload::Version { encoding, .. } => {
                 if depth == 0 && encoding != Encoding::Component {
-                    return Err("a core WebAssembly module, not a component: build it for wasm32-wasip2 with \
-                                sluice-guest"
-                        .to_string());
+                    return Err(format!(
+                        "a core WebAssembly module, not a component: build it for wasm32-wasip2 ({})",
+                        accepted()
+                    ));
                 }
                 depth += 1;
             }
             Payload::End(_) => depth = depth.saturating_sub(1),
-            Payload::ComponentImportSection(imports) if depth == 1 => {
-                for import in imports {
-                    let name = import.map_err(|e| format!("not a WebAssembly component: {e}"))?.name.name;
-                    if !PROVIDED.iter().any(|package| name.starts_with(package)) {
-                        return Err(format!(
-                            "it imports '{}', which the sluice:tenant/component world does not provide",
-                            crate::telemetry::text::cut(name, 128)
-                        ));
-                    }
+            Payload::ComponentImportSection(section) if depth == 1 => {
+                for import in section {
+                    imports.push(import.map_err(|e| format!("not a WebAssembly component: {e}"))?.name.name);
                 }
             }
             Payload::ComponentExportSection(section) if depth == 1 => {
@@ -57,14 +84,39 @@ pub fn check(wasm: &[u8]) -> Result<(), String> {
             _ => {}
         }
     }
-    if exports.iter().any(|name| name.split('@').next() == Some(HANDLER)) {
-        return Ok(());
+    let exports_handler = |handler: &str| exports.iter().any(|name| name.split('@').next() == Some(handler));
+    let world = if exports_handler(OIP_HANDLER) {
+        World::Oip
+    } else if exports_handler(HTTP_HANDLER) {
+        World::Http
+    } else {
+        let shown: Vec<&str> = exports.iter().take(8).map(|name| crate::telemetry::text::cut(name, 64)).collect();
+        return Err(format!(
+            "it exports {shown:?}, neither {OIP_HANDLER} nor {HTTP_HANDLER}: it targets another world ({})",
+            accepted()
+        ));
+    };
+    let provided = |name: &str| {
+        PROVIDED.iter().any(|package| name.starts_with(package)) || world == World::Http && name.starts_with(HTTP_ONLY)
+    };
+    if let Some(name) = imports.iter().find(|name| !provided(name)) {
+        return Err(format!(
+            "it imports '{}', which the {world} world does not provide here ({})",
+            crate::telemetry::text::cut(name, 128),
+            accepted()
+        ));
     }
-    let shown: Vec<&str> = exports.iter().take(8).map(|name| crate::telemetry::text::cut(name, 64)).collect();
-    Err(format!(
-        "it exports {shown:?}, not {HANDLER}: it targets another world than sluice:tenant/component (build it \
-         with sluice-guest)"
-    ))
+    Ok(world)
+}
+
+/// The worlds accepted, for messages.
+fn accepted() -> String {
+    format!(
+        "Sluice serves components of the {} world (built with sluice-guest or componentize-py) and of the {} world \
+         importing wasi:nn (HTTP apps)",
+        World::Oip,
+        World::Http
+    )
 }
 
 #[cfg(test)]
@@ -77,10 +129,17 @@ mod tests {
 
     #[test]
     fn tenant_components_pass_and_other_worlds_and_modules_do_not() {
-        assert_eq!(check(&guest("digits")), Ok(()));
-        assert_eq!(check(&guest("hostile_guest")), Ok(()));
+        assert_eq!(check(&guest("digits")), Ok(World::Oip));
+        assert_eq!(check(&guest("hostile_guest")), Ok(World::Oip));
+        assert_eq!(check(&guest("digits_http")), Ok(World::Http));
+        assert_eq!(check(&guest("http_guest")), Ok(World::Http));
         let other = check(&guest("other_world_guest")).expect_err("a wasi:cli/command");
-        assert!(other.contains("wasi:cli/run") && other.contains("sluice:tenant/component"), "{other}");
+        assert!(
+            other.contains("wasi:cli/run")
+                && other.contains("sluice:tenant/component")
+                && other.contains("wasi:http/proxy"),
+            "{other}"
+        );
         let module = check(b"\0asm\x01\0\0\0").expect_err("a core module");
         assert!(module.contains("core WebAssembly module"), "{module}");
         assert!(check(b"not wasm").expect_err("garbage").contains("not a WebAssembly component"));

@@ -355,6 +355,16 @@ impl ServingState {
                         .with_context(|| format!("tenant '{}', app '{name}', version '{version}'", tenant.id))?;
                     versions.insert(version.clone(), AppVersion::new(prepared, component.sha256.clone()));
                 }
+                let mut worlds = versions.values().map(|v| v.component.world());
+                if let Some(first) = worlds.next()
+                    && let Some(other) = worlds.find(|&world| world != first)
+                {
+                    anyhow::bail!(
+                        "tenant '{}', app '{name}': its versions target the {first} and the {other} worlds; every \
+                         version of an app targets one world",
+                        tenant.id
+                    );
+                }
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
                 apps.insert(name.clone(), Arc::new(AppState::new(spec.clone(), versions)));
             }
