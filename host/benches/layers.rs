@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::http::Request;
 use prost::Message;
+use sha2::{Digest, Sha256};
 use sluice::api::grpc::proto::ModelInferRequest;
 use sluice::api::grpc::proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
@@ -39,7 +40,11 @@ use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Res
 use sluice::oip::types::{InferOutcome, TensorLimits, ValidTensor};
 use sluice::registry::ids::ModelName;
 use sluice::registry::placement::Placement;
-use sluice::runtime::{Datatype, GuestTensor, InferRequest, Prepared, TensorData, WarmPool};
+use sluice::runtime::{
+    Component, Datatype, GuestCall, GuestTensor, HttpCall, HttpPrepared, InferRequest, Prepared, Runtime, TensorData,
+    WarmPool,
+};
+use sluice::telemetry::rate::TokenBucket;
 use sluice::tensor::{ElementType, Tensor};
 
 const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 24 };
@@ -300,7 +305,7 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     );
     let own = BTreeMap::from([(ModelName::new("digits-mlp").map_err(anyhow::Error::msg)?, Arc::new(copy))]);
     let models = Arc::new(TenantModels::new(own, Default::default(), u64::MAX));
-    let allowance = Arc::new(sluice::telemetry::rate::TokenBucket::new(1e9, 1e9));
+    let allowance = Arc::new(TokenBucket::new(1e9, 1e9));
     let call = |request: InferRequest| common::guest_call(&models, &allowance, request);
     let echo = || InferRequest { id: None, inputs: Vec::new(), parameters: vec![("mode".into(), "echo".into())] };
     let image = || InferRequest {
@@ -325,6 +330,7 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     .await
     .row("sandbox: the same, digits component (its model call included)");
     python_rows(runtime, digits, &call, image).await?;
+    http_app_rows(runtime, &models, &allowance).await?;
     let (trivial_pool, digits_pool) = (WarmPool::default(), WarmPool::default());
     measure_async(20_000, 1, || async {
         runtime.invoke_reusing(trivial, &trivial_pool, call(echo())).await.expect("echoes");
@@ -358,9 +364,9 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
 /// scripts/build_python_guests.sh) beside the Rust one: compile once, then per request with
 /// a fresh instance and with serial reuse; p50 and p99 of the fresh calls' wall time.
 async fn python_rows(
-    runtime: &sluice::runtime::Runtime,
+    runtime: &Runtime,
     rust: &Prepared,
-    call: &impl Fn(InferRequest) -> sluice::runtime::GuestCall,
+    call: &impl Fn(InferRequest) -> GuestCall,
     image: fn() -> InferRequest,
 ) -> anyhow::Result<()> {
     let built = std::process::Command::new(root().join("scripts/build_python_guests.sh")).output()?;
@@ -398,6 +404,65 @@ async fn python_rows(
     .await
     .row("sandbox: serial reuse, Python digits component");
     Ok(())
+}
+
+/// The `digits` app as an HTTP app (examples/digits-http: the `wasi:http/proxy` world) beside
+/// the OIP component: per request with a fresh instance, one image, its model call included;
+/// p50 and p99 of the calls' wall time.
+async fn http_app_rows(
+    runtime: &Runtime,
+    models: &Arc<TenantModels>,
+    allowance: &Arc<TokenBucket>,
+) -> anyhow::Result<()> {
+    let prepared = http_app(runtime, "digits_http.wasm")?;
+    let took = std::sync::Mutex::new(Vec::with_capacity(20_000));
+    let per_op = measure_async(20_000, 1, || async {
+        let started = Instant::now();
+        let response = runtime.serve_http(&prepared, http_call(models, allowance, pixels())).await;
+        assert_eq!(response.expect("classifies").status(), 200);
+        took.lock().expect("not poisoned").push(started.elapsed());
+    })
+    .await;
+    let mut took = took.into_inner().expect("not poisoned");
+    took.sort();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
+    per_op.row(&format!(
+        "sandbox: fresh, digits as an HTTP app (wasi:http/proxy; wall p50 {:.0} µs, p99 {:.0} µs)",
+        at(0.5),
+        at(0.99)
+    ));
+    Ok(())
+}
+
+/// A `wasi:http/proxy` component (an HTTP app) of the built guests, ready to call.
+fn http_app(runtime: &Runtime, file: &str) -> anyhow::Result<HttpPrepared> {
+    let path = std::path::Path::new(env!("SLUICE_GUEST_DIR")).join(file);
+    let wasm = std::fs::read(&path)?;
+    match runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)? {
+        Component::Http(prepared) => Ok(prepared),
+        Component::Oip(_) => anyhow::bail!("{} is an OIP component, not an HTTP app", path.display()),
+    }
+}
+
+/// One HTTP app call as the server builds it: `POST /classify` with `pixels` as the body,
+/// tenant `bench`, 64 MiB, 1 s, no outgoing hosts, 16 MiB of response.
+fn http_call(models: &Arc<TenantModels>, allowance: &Arc<TokenBucket>, pixels: Vec<u8>) -> HttpCall {
+    let GuestCall { nn, memory_bytes, log, deadline, deadline_ms, .. } =
+        common::guest_call(models, allowance, InferRequest { id: None, inputs: Vec::new(), parameters: Vec::new() });
+    let mut request = Request::new(Bytes::from(pixels));
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = http::Uri::from_static("/classify");
+    request.headers_mut().insert(http::header::HOST, http::HeaderValue::from_static("localhost"));
+    HttpCall {
+        nn,
+        memory_bytes,
+        log,
+        deadline,
+        deadline_ms,
+        outgoing_hosts: Arc::from([]),
+        max_response_bytes: 16 << 20,
+        request,
+    }
 }
 
 /// One OIP infer request over HTTP to `router`, in process; panics unless it succeeds.
