@@ -46,6 +46,9 @@ async fn a_component_of_another_world_is_refused_before_it_is_compiled() {
     assert_eq!(files_in(&data.path().join("registry/blobs/sha256")), 0, "nothing was stored");
     assert!(spent.as_millis() < 60, "refusing it took {spent:?} of server CPU");
     assert!(error_message(&body).contains("wasi:cli/run"), "the message says what it is instead: {body}");
+    for world in ["sluice:tenant/component", "wasi:http/proxy"] {
+        assert!(error_message(&body).contains(world), "the message names the worlds accepted: {body}");
+    }
     assert_eq!(versions(&server).await, ["1"]);
 }
 
