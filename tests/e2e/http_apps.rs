@@ -120,11 +120,31 @@ async fn an_http_app_answers_as_the_oip_digits_app_does() {
     assert_eq!(code, 201, "{body}");
     let (code, body) = call(&server, Method::POST, "web", "/classify", Some(KEY), pixels[..64].to_vec()).await;
     assert_eq!(code, 200, "{}", text(&body));
-    let (code, body) = server.send(Method::PUT, "/control/v1/apps/digits/versions/2", KEY, component).await;
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/digits/versions/2", KEY, component.clone()).await;
     assert_eq!(code, 400, "{body}");
     assert!(error_message(&body).contains("targets one world"), "{body}");
+    // A canary splits an HTTP app's requests as an OIP app's; a shadow, which compares output
+    // tensors, is refused.
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/web/versions/2", KEY, component).await;
+    assert_eq!(code, 201, "{body}");
+    let canary = serde_json::json!({ "stable": "1", "canary": { "version": "2", "weight": 50 } });
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/web/traffic", KEY, canary.to_string().into()).await;
+    assert_eq!(code, 200, "{body}");
+    for _ in 0..8 {
+        let (code, body) = call(&server, Method::POST, "web", "/classify", Some(KEY), pixels[..64].to_vec()).await;
+        assert_eq!(code, 200, "{}", text(&body));
+    }
+    let (code, body) = server.get("/control/v1/apps/web", Some(KEY)).await;
+    assert_eq!(code, 200, "{body}");
+    let served = |version: &str| body["versions"][version]["requests"].as_u64().unwrap_or(0);
+    assert!(served("1") > 0 && served("2") > 0, "both versions served: {body}");
+    assert_eq!(body["world"], "wasi:http/proxy", "{body}");
+    let shadow = serde_json::json!({ "stable": "1", "shadow": { "version": "2", "sample": 1.0 } });
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/web/traffic", KEY, shadow.to_string().into()).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(error_message(&body).contains("HTTP app"), "{body}");
     let oip = std::fs::read(guest("digits")).expect("the component");
-    let (code, body) = server.send(Method::PUT, "/control/v1/apps/web/versions/2", KEY, oip).await;
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/web/versions/3", KEY, oip).await;
     assert_eq!(code, 400, "{body}");
     let (code, body) = server.get("/control/v1/apps/digits", Some(KEY)).await;
     assert_eq!(code, 200, "{body}");

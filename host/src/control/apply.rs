@@ -20,6 +20,7 @@ use crate::registry::store::{NewerState, SaveError, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::traffic::Traffic;
+use crate::runtime::World;
 use crate::state::{ServingState, TenantState};
 
 /// What is saved per tenant: its uploaded models (by weights digest) and each app's
@@ -420,6 +421,13 @@ pub async fn set_traffic(
         traffic
             .check(|v| names.contains(v))
             .map_err(|e| ControlError::Invalid(format!("app '{}': {e}", app.spec.name)))?;
+        if traffic.shadow.is_some() && app.world() == Some(World::Http) {
+            return Err(ControlError::Invalid(format!(
+                "app '{}' is an HTTP app: shadow traffic compares output tensors, which HTTP answers do not have; \
+                 use a canary",
+                app.spec.name
+            )));
+        }
         Ok(app.update_traffic(|current| std::mem::replace(current, traffic.clone())))
     };
     let undo = |previous: &Traffic| app.update_traffic(|current| *current = previous.clone());

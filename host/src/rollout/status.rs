@@ -8,11 +8,15 @@ use serde::Serialize;
 use super::analysis::Event;
 use super::app::AppState;
 use super::shadow::ShadowReport;
+use crate::runtime::World;
 use crate::telemetry::slo::ObjectiveReport;
 
 #[derive(Debug, Serialize)]
 pub struct RolloutStatus {
     pub name: String,
+    /// The world its components target (`sluice:tenant/component`, or `wasi:http/proxy` for
+    /// an HTTP app).
+    pub world: Option<&'static str>,
     pub stable: String,
     pub canary: Option<Weighted>,
     pub shadow: Option<Sampled>,
@@ -64,6 +68,7 @@ pub fn status(app: &AppState) -> RolloutStatus {
         .collect();
     RolloutStatus {
         name: app.spec.name.to_string(),
+        world: app.world().map(World::name),
         stable: traffic.stable.to_string(),
         canary: traffic.canary.map(|c| Weighted { version: c.version.to_string(), weight: c.weight }),
         shadow: traffic.shadow.map(|s| Sampled { version: s.version.to_string(), sample: s.sample }),

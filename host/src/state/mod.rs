@@ -20,7 +20,7 @@ use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::Shadows;
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, World};
 use crate::telemetry::rate::TokenBucket;
 use crate::tenancy::Admission;
 use crate::tenancy::response_cache::ResponseCache;
@@ -356,12 +356,18 @@ impl ServingState {
                     versions.insert(version.clone(), AppVersion::new(prepared, component.sha256.clone()));
                 }
                 let mut worlds = versions.values().map(|v| v.component.world());
-                if let Some(first) = worlds.next()
-                    && let Some(other) = worlds.find(|&world| world != first)
-                {
+                let first = worlds.next();
+                if let (Some(first), Some(other)) = (first, worlds.find(|&world| Some(world) != first)) {
                     anyhow::bail!(
                         "tenant '{}', app '{name}': its versions target the {first} and the {other} worlds; every \
                          version of an app targets one world",
+                        tenant.id
+                    );
+                }
+                if first == Some(World::Http) && spec.traffic.shadow.is_some() {
+                    anyhow::bail!(
+                        "tenant '{}', app '{name}' is an HTTP app: shadow traffic compares output tensors, which HTTP \
+                         answers do not have; use a canary",
                         tenant.id
                     );
                 }
