@@ -101,6 +101,9 @@ async fn an_http_app_answers_as_the_oip_digits_app_does() {
     assert_eq!(call(&server, Method::GET, "digits-http", "/nowhere", Some(KEY), Vec::new()).await.0, 404);
     assert_eq!(call(&server, Method::DELETE, "digits-http", "/classify", Some(KEY), Vec::new()).await.0, 405);
 
+    let (code, metadata) = server.get("/v2/models/digits-http", Some(KEY)).await;
+    assert_eq!((code, &metadata["platform"]), (200, &Value::from("sluice_wasi_http")), "{metadata}");
+
     // The host's refusals: no key, another tenant's key (the app is not its own), an app that
     // does not exist, the wrong protocol for either world.
     assert_eq!(call(&server, Method::GET, "digits-http", "/", None, Vec::new()).await.0, 401);

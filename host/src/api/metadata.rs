@@ -6,6 +6,8 @@ use serde::Serialize;
 use crate::infer::{PLAIN_MODEL_VERSION, Target};
 use crate::nn::backend::{BackendKind, TensorSpec};
 use crate::registry::manifest::TensorMetadata;
+use crate::rollout::app::AppState;
+use crate::runtime::World;
 
 #[derive(Debug, Serialize)]
 pub struct ServerMetadata {
@@ -40,7 +42,7 @@ pub fn model(name: &str, target: &Target) -> ModelMetadata {
         Target::App { app, .. } => ModelMetadata {
             name: name.to_string(),
             versions: app.version_names().iter().map(|v| v.to_string()).collect(),
-            platform: "sluice_wasm".to_string(),
+            platform: app_platform(app).to_string(),
             inputs: app.spec.inputs.clone(),
             outputs: app.spec.outputs.clone(),
         },
@@ -60,4 +62,13 @@ pub fn model(name: &str, target: &Target) -> ModelMetadata {
 
 fn tensor(spec: &TensorSpec) -> TensorMetadata {
     TensorMetadata { name: spec.name.clone(), datatype: spec.ty.oip_name().to_string(), shape: spec.oip_shape() }
+}
+
+/// The platform an app reports in its metadata and config: an HTTP app is not called with
+/// tensors, and says so.
+pub fn app_platform(app: &AppState) -> &'static str {
+    match app.world() {
+        Some(World::Http) => "sluice_wasi_http",
+        _ => "sluice_wasm",
+    }
 }

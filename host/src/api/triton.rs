@@ -212,7 +212,7 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
         }
         Target::App { app, .. } => ModelConfig {
             name: name.to_string(),
-            platform: "sluice_wasm".to_string(),
+            platform: super::metadata::app_platform(app).to_string(),
             backend: "wasm".to_string(),
             max_batch_size: 0,
             input: app.spec.inputs.iter().map(|t| tensor(t, false)).collect(),
