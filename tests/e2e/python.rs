@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use crate::support::*;
 
 const KEY: &str = "test-key-acme";
-const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
+/// componentize-py's pin, shared with scripts/build_python_guests.sh.
+const COMPONENTIZE_PY: &str = include_str!("../../guest-sdk/python/build-requirements.txt");
 
 /// The Python digits example as a component, built once per test run.
 fn python_digits() -> &'static PathBuf {
@@ -30,7 +31,7 @@ fn python_hostile() -> &'static PathBuf {
 /// Build the Python module `module` of `folder`, with the Python guest SDK, into
 /// target/guests/python/`file`.
 fn componentize(folder: &str, module: &str, file: &str) -> PathBuf {
-    let python = python_with(&[COMPONENTIZE_PY]);
+    let python = python_with(&[COMPONENTIZE_PY.trim()]);
     let out = repo_root().join("target/guests/python").join(file);
     std::fs::create_dir_all(out.parent().expect("a folder")).expect("the output folder");
     let status = Command::new(python.with_file_name("componentize-py"))
