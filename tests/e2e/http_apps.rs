@@ -9,6 +9,8 @@
 
 use reqwest::Method;
 use serde_json::Value;
+use sluice::api::grpc::proto::ModelInferRequest;
+use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
@@ -113,6 +115,11 @@ async fn an_http_app_answers_as_the_oip_digits_app_does() {
     let (code, body) = server.infer("digits-http", KEY, &image_request(&pixels[..64], &[64])).await;
     assert_eq!(code, 400, "{body}");
     assert!(error_message(&body).contains("/v2/apps/digits-http/http/"), "{body}");
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects");
+    let request = ModelInferRequest { model_name: "digits-http".into(), ..digits_grpc_request(vec![0.5; 64]) };
+    let refused = grpc.model_infer(authed(request, KEY)).await.expect_err("an HTTP app");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert_eq!(refused.message(), error_message(&body), "the same refusal over both protocols");
     let (code, body) = call(&server, Method::POST, "digits", "/classify", Some(KEY), pixels.clone()).await;
     assert_eq!(code, 400, "{}", text(&body));
     assert!(text(&body).contains("/v2/models/digits/infer"), "{}", text(&body));
