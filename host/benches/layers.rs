@@ -388,14 +388,8 @@ async fn python_rows(
             took.lock().expect("not poisoned").push(started.elapsed());
         })
         .await;
-        let mut took = took.into_inner().expect("not poisoned");
-        took.sort();
-        let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
-        per_op.row(&format!(
-            "sandbox: fresh, {what} digits component (wall p50 {:.0} µs, p99 {:.0} µs)",
-            at(0.5),
-            at(0.99)
-        ));
+        let (p50, p99) = percentiles(took);
+        per_op.row(&format!("sandbox: fresh, {what} digits component (wall p50 {p50:.0} µs, p99 {p99:.0} µs)"));
     }
     let pool = WarmPool::default();
     measure_async(4_000, 1, || async {
@@ -423,15 +417,19 @@ async fn http_app_rows(
         took.lock().expect("not poisoned").push(started.elapsed());
     })
     .await;
+    let (p50, p99) = percentiles(took);
+    per_op.row(&format!(
+        "sandbox: fresh, digits as an HTTP app (wasi:http/proxy; wall p50 {p50:.0} µs, p99 {p99:.0} µs)"
+    ));
+    Ok(())
+}
+
+/// The p50 and p99 of calls' wall times, in µs.
+fn percentiles(took: std::sync::Mutex<Vec<Duration>>) -> (f64, f64) {
     let mut took = took.into_inner().expect("not poisoned");
     took.sort();
     let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
-    per_op.row(&format!(
-        "sandbox: fresh, digits as an HTTP app (wasi:http/proxy; wall p50 {:.0} µs, p99 {:.0} µs)",
-        at(0.5),
-        at(0.99)
-    ));
-    Ok(())
+    (at(0.5), at(0.99))
 }
 
 /// A `wasi:http/proxy` component (an HTTP app) of the built guests, ready to call.

@@ -337,17 +337,16 @@ async fn model_infer(
     .await
 }
 
-/// Admit a request carrying an OIP infer body (JSON, or with binary tensors), read it within
-/// the tenant's size limit and the body timeout, then wait for a CPU turn and parse it within
-/// the tenant's tensor limits. A body declared too large is refused before it is read; no
-/// turn is held while the body arrives.
-async fn enter_and_read(
+/// Admit a request, read its body within the tenant's size limit and the body timeout, then
+/// wait for a CPU turn. A body declared too large is refused before it is read; no turn is
+/// held while the body arrives.
+async fn enter_with_body(
     state: &ServingState,
     tenant: &TenantState,
     quotas: &Quotas,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(infer::Entry, HttpInferRequest), ApiError> {
+) -> Result<(infer::Entry, bytes::Bytes), ApiError> {
     let limit = usize::try_from(quotas.max_request_bytes).unwrap_or(usize::MAX);
     if declared_length(headers).is_some_and(|length| length > limit as u64) {
         return Err(ApiError::body_too_large(limit));
@@ -358,7 +357,19 @@ async fn enter_and_read(
         .await
         .map_err(|_| ApiError::body_timeout(timeout))?
         .map_err(|_| ApiError::body_too_large(limit))?;
-    let entry = infer::enter(state, tenant, admitted, None).await?;
+    Ok((infer::enter(state, tenant, admitted, None).await?, body))
+}
+
+/// [`enter_with_body`] for an OIP infer body (JSON, or with binary tensors), parsed within the
+/// tenant's tensor limits.
+async fn enter_and_read(
+    state: &ServingState,
+    tenant: &TenantState,
+    quotas: &Quotas,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(infer::Entry, HttpInferRequest), ApiError> {
+    let (entry, body) = enter_with_body(state, tenant, quotas, headers, body).await?;
     let limits = TensorLimits { max_elements: quotas.max_tensor_elements };
     let json_length = match headers.get(INFERENCE_HEADER_CONTENT_LENGTH) {
         None => None,
@@ -445,18 +456,7 @@ async fn serve_app_http(
     body: Body,
     routed: &infer::Routed,
 ) -> Result<Response, ApiError> {
-    let limit = usize::try_from(quotas.max_request_bytes).unwrap_or(usize::MAX);
-    if declared_length(&parts.headers).is_some_and(|length| length > limit as u64) {
-        return Err(ApiError::body_too_large(limit));
-    }
-    let admitted = infer::admit(tenant)?;
-    let timeout = state.body_timeouts.request;
-    let body = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit))
-        .await
-        .map_err(|_| ApiError::body_timeout(timeout))?
-        .map_err(|_| ApiError::body_too_large(limit))?;
-    let entry = infer::enter(state, tenant, admitted, None).await?;
-
+    let (entry, body) = enter_with_body(state, tenant, quotas, &parts.headers, body).await?;
     let below = app_path_below(parts.uri.path()).unwrap_or_default();
     let mut uri = if below.is_empty() { "/".to_string() } else { below.to_string() };
     if let Some(query) = parts.uri.query() {

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::error::{ApiError, ErrorKind};
-use super::{Caller, Entry, guest_log, memory_bytes, raw_load};
+use super::error::ApiError;
+use super::{Caller, Entry, guest_log, memory_bytes, raw_load, routed_by_traffic};
 use crate::nn::host::NnCtx;
 use crate::nn::scheduler::Share;
 use crate::runtime::{Component, GuestError, HttpCall};
@@ -32,12 +32,7 @@ pub async fn serve_http_app(
     let holding = turn.holding();
     let not_found = || ApiError::not_found(format!("no HTTP app '{name}' in this tenant"));
     let app = tenant.app(name).ok_or_else(not_found)?;
-    let traffic = app.traffic();
-    let key = traffic.sticky_header.as_deref().and_then(caller.header);
-    let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
-    let chosen = app.version(&route.version).ok_or_else(|| {
-        ApiError::new(ErrorKind::Internal, format!("routed to version '{}', which is not loaded", route.version))
-    })?;
+    let (route, chosen) = routed_by_traffic(&app, name, caller)?;
     let Component::Http(prepared) = &chosen.component else {
         return Err(ApiError::invalid(format!(
             "'{name}' is an Open Inference Protocol app: POST its requests to /v2/models/{name}/infer"

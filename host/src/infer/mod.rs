@@ -340,12 +340,7 @@ async fn run_app(
     let (route, chosen) = if pinned {
         (Route { version: resolved, shadow: None }, chosen)
     } else {
-        let traffic = app.traffic();
-        let key = traffic.sticky_header.as_deref().and_then(caller.header);
-        let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
-        let chosen = app.version(&route.version).ok_or_else(|| {
-            ApiError::new(ErrorKind::Internal, format!("routed to version '{}', which is not loaded", route.version))
-        })?;
+        let (route, chosen) = routed_by_traffic(app, name, caller)?;
         caller.routed.set(name, route.version.as_str(), slo.as_ref());
         (route, chosen)
     };
@@ -416,6 +411,18 @@ async fn run_app(
         state.shadows.mirror(job);
     }
     Ok((outputs, response.parameters, route.version.to_string()))
+}
+
+/// The version of `app` its traffic sends an unpinned request to (stable, canary, sticky key),
+/// and its shadow.
+fn routed_by_traffic(app: &AppState, name: &str, caller: Caller<'_>) -> Result<(Route, AppVersion), ApiError> {
+    let traffic = app.traffic();
+    let key = traffic.sticky_header.as_deref().and_then(caller.header);
+    let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
+    let chosen = app.version(&route.version).ok_or_else(|| {
+        ApiError::new(ErrorKind::Internal, format!("routed to version '{}', which is not loaded", route.version))
+    })?;
+    Ok((route, chosen))
 }
 
 /// Why a failed component call may be answered by its app's fallback: its model calls were
