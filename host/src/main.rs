@@ -59,8 +59,13 @@ struct PerfArgs {
     #[arg(long, env = "SLUICE_KEY")]
     key: Option<String>,
     /// An OIP JSON infer request to send; by default one is generated from the model's metadata.
+    /// With `--http-app`, the request body to send, as it is.
     #[arg(long)]
     input: Option<PathBuf>,
+    /// Drive an HTTP app instead: POST `--input` to this path below the app's
+    /// `/v2/apps/{model}/http` (e.g. `/classify`).
+    #[arg(long, conflicts_with_all = ["grpc", "version"], requires = "input")]
+    http_app: Option<String>,
     /// Requests in flight at once (closed loop), for a single-tenant run.
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
@@ -316,6 +321,7 @@ fn perf_config(args: PerfArgs) -> anyhow::Result<sluice::perf::PerfConfig> {
         model: args.model,
         version: args.version,
         input: args.input,
+        http_app: args.http_app,
         warmup: Duration::from_secs_f64(args.warmup_s),
         duration: Duration::from_secs_f64(args.duration_s),
         tenants,

@@ -159,6 +159,32 @@ async fn an_http_app_answers_as_the_oip_digits_app_does() {
     let (code, body) = server.get("/control/v1/apps/digits", Some(KEY)).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["versions"].as_object().map(|v| v.len()), Some(1), "{body}");
+
+    // `sluice perf` drives an HTTP app with a raw body, counting the app's refusals as errors.
+    let images = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(images.path(), &pixels[..64 * 4]).expect("writing the images");
+    let perf = |below: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["perf", "--address", server.http_address(), "--model", "digits-http", "--key", KEY])
+            .args(["--http-app", below, "--input"])
+            .arg(images.path())
+            .args(["--concurrency", "2", "--warmup-s", "0.2", "--duration-s", "0.5"])
+            .output()
+            .expect("runs sluice perf");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let report = String::from_utf8_lossy(&output.stdout).into_owned();
+        let cells: Vec<String> = report
+            .lines()
+            .map(|line| line.split('|').map(|c| c.trim().to_string()).filter(|c| !c.is_empty()).collect::<Vec<_>>())
+            .find(|cells| cells.first().map(String::as_str) == Some("-"))
+            .unwrap_or_else(|| panic!("no row in\n{report}"));
+        let answered = cells[1].parse::<u64>().unwrap_or_else(|_| panic!("a count: {report}"));
+        (answered, cells[2].clone(), report)
+    };
+    let (answered, errors, report) = perf("/classify");
+    assert!(answered > 10 && errors == "0", "{report}");
+    let (answered, errors, report) = perf("/nowhere");
+    assert!(answered == 0 && errors.starts_with("404: "), "the app's 404s are errors: {report}");
 }
 
 /// A one-answer HTTP server on a local port: every request gets `hello`.

@@ -1,9 +1,9 @@
 //! Serving an HTTP app (a `wasi:http/proxy` component, as written for `wasmtime serve`): the
 //! request, its body already read within the tenant's limits and holding a CPU turn, is
-//! routed by the app's traffic (pinned-free: stable, canary, sticky key) to a version and
-//! handed to a fresh instance with the tenant's limits. Its `wasi:nn` calls go through the
-//! same model queues, batches and fair share as an OIP app's. Shadow traffic is not mirrored
-//! to HTTP apps: their answers have no tensors to compare.
+//! routed by the app's traffic (stable, canary, sticky key; there is no version pinning) to a
+//! version and handed to a fresh instance with the tenant's limits. Its `wasi:nn` calls go
+//! through the same model queues, batches and fair share as an OIP app's. HTTP apps have no
+//! shadow (the control API refuses one: their answers have no tensors to compare).
 
 use std::sync::Arc;
 

@@ -41,19 +41,26 @@ impl fmt::Display for Protocol {
 
 /// The request every call sends, encoded once.
 pub enum PreparedRequest {
-    Http { path: String, host: HeaderValue, body: Bytes },
+    Http { path: String, host: HeaderValue, content_type: &'static str, body: Bytes },
     Grpc(ModelInferRequest),
 }
 
 impl PreparedRequest {
-    /// From an OIP JSON infer request body.
+    /// From an OIP JSON infer request body, or an HTTP app's body (`config.http_app`).
     pub fn new(config: &PerfConfig, body: Vec<u8>) -> anyhow::Result<Self> {
         Ok(match config.protocol {
+            Protocol::Http if config.http_app.is_some() => {
+                let below = config.http_app.as_deref().unwrap_or_default();
+                let separator = if below.starts_with('/') { "" } else { "/" };
+                let path = format!("/v2/apps/{}/http{separator}{below}", config.model);
+                let host = HeaderValue::from_str(&config.address).context("the address is not a valid Host header")?;
+                Self::Http { path, host, content_type: "application/octet-stream", body: body.into() }
+            }
             Protocol::Http => {
                 let version = config.version.as_ref().map(|v| format!("/versions/{v}")).unwrap_or_default();
                 let path = format!("/v2/models/{}{version}/infer", config.model);
                 let host = HeaderValue::from_str(&config.address).context("the address is not a valid Host header")?;
-                Self::Http { path, host, body: body.into() }
+                Self::Http { path, host, content_type: "application/json", body: body.into() }
             }
             Protocol::Grpc => {
                 let parsed = parse_infer_request(&body, None, TensorLimits { max_elements: u64::MAX })
@@ -106,9 +113,9 @@ impl Client {
     pub async fn infer(&self, request: &PreparedRequest, key: Option<&str>) -> Outcome {
         let started = Instant::now();
         let error = match (self, request) {
-            (Self::Http(pool), PreparedRequest::Http { path, host, body }) => {
+            (Self::Http(pool), PreparedRequest::Http { path, host, content_type, body }) => {
                 let mut call =
-                    Request::post(path.as_str()).header(HOST, host.clone()).header(CONTENT_TYPE, "application/json");
+                    Request::post(path.as_str()).header(HOST, host.clone()).header(CONTENT_TYPE, *content_type);
                 if let Some(value) = key.and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok()) {
                     call = call.header(AUTHORIZATION, value);
                 }

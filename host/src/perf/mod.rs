@@ -43,6 +43,8 @@ pub struct PerfConfig {
     pub model: String,
     pub version: Option<String>,
     pub input: Option<PathBuf>,
+    /// POST `input` as it is to this path below the HTTP app `model`'s prefix.
+    pub http_app: Option<String>,
     pub warmup: Duration,
     pub duration: Duration,
     pub tenants: Vec<TenantLoad>,
