@@ -38,6 +38,7 @@ RUN if [ "$ORT_FLAVOUR" = gpu ]; then package="onnxruntime-gpu==$ORT_GPU_VERSION
     && cp /src/examples/digits/model/digits.onnx /src/examples/digits/model/digits_small.onnx /out/models/ \
     && cp /src/examples/magika/model/model.onnx /out/models/magika.onnx \
     && cp /src/target/guests/wasm32-wasip2/release/digits.wasm \
+          /src/target/guests/wasm32-wasip2/release/digits_http.wasm \
           /src/target/guests/wasm32-wasip2/release/magika.wasm \
           /src/target/guests/wasm32-wasip2/release/cascade.wasm /out/components/
 
