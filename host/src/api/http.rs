@@ -418,6 +418,12 @@ async fn serve_infer(
         .into_response())
 }
 
+/// An HTTP app route's parameters (the path below the prefix is read raw, not decoded).
+#[derive(Debug, Deserialize)]
+struct AppPath {
+    app: String,
+}
+
 /// The prefix of an HTTP app's paths; what follows it is the path its component sees.
 fn app_path_below(path: &str) -> Option<&str> {
     let after_apps = path.strip_prefix("/v2/apps/")?;
@@ -429,20 +435,19 @@ fn app_path_below(path: &str) -> Option<&str> {
 /// request as sent to `/{rest}` (method, query, headers but the caller's API key, body).
 async fn app_http(
     State(state): State<Shared>,
-    Path(params): Path<std::collections::HashMap<String, String>>,
+    Path(AppPath { app }): Path<AppPath>,
     request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
     let tenant = &authenticate(&state, &parts.headers)?;
     let spec = tenant.spec();
-    let app = params.get("app").map(String::as_str).unwrap_or_default();
     let routed = infer::Routed::default();
     infer::observed_with(
         spec.id.as_str(),
         Protocol::Http,
         &routed,
         |response: &Response| response.status().as_u16(),
-        Box::pin(serve_app_http(&state, tenant, &spec.quotas, app, parts, body, &routed)),
+        Box::pin(serve_app_http(&state, tenant, &spec.quotas, &app, parts, body, &routed)),
     )
     .await
 }

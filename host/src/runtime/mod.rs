@@ -142,8 +142,20 @@ impl Runtime {
     /// Compile (or load from the cache) and link a component of either world. A compiled
     /// form that does not link is not kept.
     pub fn prepare(&self, path: &std::path::Path, sha256: &str, wasm: &[u8]) -> Result<Component, RuntimeError> {
+        let world = world::check(wasm)
+            .map_err(|message| RuntimeError::Component { path: path.display().to_string(), message })?;
+        self.prepare_world(world, path, sha256, wasm)
+    }
+
+    /// [`Runtime::prepare`] of a component whose world has been read.
+    fn prepare_world(
+        &self,
+        world: World,
+        path: &std::path::Path,
+        sha256: &str,
+        wasm: &[u8],
+    ) -> Result<Component, RuntimeError> {
         let component_error = |message: String| RuntimeError::Component { path: path.display().to_string(), message };
-        let world = world::check(wasm).map_err(component_error)?;
         let compile::Compiled { component, stored } =
             compile::load_or_compile(&self.engine, &self.settings.cache_dir, sha256, wasm)
                 .map_err(|e| component_error(format!("{e:#}")))?;
@@ -171,14 +183,14 @@ impl Runtime {
         sha256: String,
         wasm: Vec<u8>,
     ) -> Result<Component, RuntimeError> {
-        world::check(&wasm)
+        let world = world::check(&wasm)
             .map_err(|message| RuntimeError::Component { path: label.display().to_string(), message })?;
         let _one_at_a_time = self.uploads.acquire().await;
         let (sender, receiver) = tokio::sync::oneshot::channel();
         let runtime = self.clone();
         let spawned = std::thread::Builder::new().name("sluice-compile".to_string()).spawn(move || {
             lowest_cpu_priority();
-            let _ = sender.send(runtime.prepare(&label, &sha256, &wasm));
+            let _ = sender.send(runtime.prepare_world(world, &label, &sha256, &wasm));
         });
         let failed = |message: String| RuntimeError::Engine(message);
         spawned.map_err(|e| failed(format!("cannot start a compile thread: {e}")))?;

@@ -10,8 +10,11 @@ use http::uri::{Authority, Scheme};
 use http_body_util::BodyExt;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
-/// What one request's outgoing HTTP may reach.
-pub struct OutgoingHttp {
+/// What one request's outgoing HTTP may reach: nothing (every OIP component's store, made
+/// without an allocation), or the tenant's granted hosts until the request's deadline.
+pub struct OutgoingHttp(Option<Grant>);
+
+struct Grant {
     /// `host` (any port) or `host:port` entries.
     hosts: Arc<[String]>,
     deadline: Instant,
@@ -20,17 +23,18 @@ pub struct OutgoingHttp {
 impl OutgoingHttp {
     /// Nothing granted.
     pub fn denied() -> Self {
-        Self { hosts: Arc::from([]), deadline: Instant::now() }
+        Self(None)
     }
 
     /// The tenant's granted `hosts`, until `deadline`.
     pub fn granted(hosts: Arc<[String]>, deadline: Instant) -> Self {
-        Self { hosts, deadline }
+        Self(Some(Grant { hosts, deadline }))
     }
 
     fn grants(&self, authority: &Authority, scheme: Option<&Scheme>) -> bool {
+        let Some(grant) = &self.0 else { return false };
         let port = authority.port_u16().unwrap_or(if scheme == Some(&Scheme::HTTPS) { 443 } else { 80 });
-        self.hosts.iter().any(|entry| match entry.rsplit_once(':') {
+        grant.hosts.iter().any(|entry| match entry.rsplit_once(':') {
             Some((host, granted)) => {
                 host.eq_ignore_ascii_case(authority.host()) && granted.parse::<u16>().ok() == Some(port)
             }
@@ -40,7 +44,8 @@ impl OutgoingHttp {
 
     /// The guest's own timeouts, none longer than what is left of the request's deadline.
     fn bounded(&self, options: Option<RequestOptions>) -> RequestOptions {
-        let left = self.deadline.saturating_duration_since(Instant::now());
+        let left =
+            self.0.as_ref().map_or(Duration::ZERO, |grant| grant.deadline.saturating_duration_since(Instant::now()));
         let within = |timeout: Option<Duration>| Some(timeout.map_or(left, |t| t.min(left)));
         let options = options.unwrap_or_default();
         RequestOptions {
