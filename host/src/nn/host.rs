@@ -17,7 +17,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::backend::Backend;
 use super::models::{ModelCopy, TenantModels};
-use super::scheduler::{ComputeError, Loaded, QueueSettings, Residence, Share};
+use super::scheduler::{ComputeError, CpuBoundGuest, Loaded, QueueSettings, Residence, Share, end_batching_turns};
 use crate::registry::placement::Placement;
 use crate::tensor::{ElementType, Tensor};
 use bindings::wasi::nn::{errors, graph, inference, tensor};
@@ -124,6 +124,8 @@ pub struct NnCtx {
     pub queue_failure: Option<ComputeError>,
     /// The request's CPU turn, given up while it waits for a model.
     pub turn: Box<dyn CpuTurn>,
+    /// Set once the guest has run through a time slice.
+    cpu_bound: Option<CpuBoundGuest>,
 }
 
 /// What a tenant allowed to load raw bytes may use.
@@ -151,7 +153,16 @@ impl NnCtx {
             tensor_bytes_refused: false,
             queue_failure: None,
             turn,
+            cpu_bound: None,
         }
+    }
+
+    /// The guest ran through a time slice: it counts as CPU-bound until the request ends,
+    /// model queues waiting for company stop waiting, and the CPU turn's slice ends.
+    pub fn end_slice(&mut self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        self.cpu_bound.get_or_insert_with(CpuBoundGuest::enter);
+        end_batching_turns();
+        self.turn.end_slice()
     }
 
     /// What a parked instance's store keeps between requests: the tenant's namespace, no

@@ -26,6 +26,8 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
+use crate::nn::scheduler::end_batching_turns;
+
 pub use bindings::sluice::tenant::types::{Datatype, InferRequest, InferResponse, Tensor as GuestTensor, TensorData};
 pub use http::HttpCall;
 pub use invoke::{GuestCall, GuestError};
@@ -246,7 +248,8 @@ pub fn lowest_cpu_priority() {
 #[cfg(not(target_os = "linux"))]
 pub fn lowest_cpu_priority() {}
 
-/// Advance the engine's epoch every tick for as long as the process runs.
+/// Advance the engine's epoch every tick for as long as the process runs, and end the model
+/// queues' batching turns.
 fn start_epoch_ticker(engine: &Engine, tick: Duration) {
     let engine = engine.weak();
     std::thread::Builder::new()
@@ -255,6 +258,8 @@ fn start_epoch_ticker(engine: &Engine, tick: Duration) {
             while let Some(engine) = engine.upgrade() {
                 engine.increment_epoch();
                 drop(engine);
+                // Bounds a batch's wait behind any long poll, not only guests' slices.
+                end_batching_turns();
                 std::thread::sleep(tick);
             }
         })

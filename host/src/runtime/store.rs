@@ -161,7 +161,7 @@ impl StoreState {
     /// At an epoch tick: end the guest's time slice when others wait for the CPU, returning
     /// the wait for its turn to come back.
     pub fn end_slice(&mut self) -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> {
-        self.nn.turn.end_slice()
+        self.nn.end_slice()
     }
 
     /// The last lines the guest wrote to stderr (a panic message, usually).
