@@ -4,6 +4,9 @@
 # window, divided by the requests answered), for
 #   floor  the floor server (benches/floor.rs: the same HTTP/gRPC crates and OIP parsing, no
 #          Sluice logic, ten values back),
+#   hop    the same floor answering from another task (a spawned task, over a oneshot), as
+#          Sluice's answers come from a model queue: what an answer that is not ready at
+#          once costs the connection,
 #   listener  the same floor accepting and serving connections through Sluice's own listener
 #          (connection caps, header timeout, drain): what that handling adds,
 #   plain  Sluice's plain model `digits-mlp` (the demo tenant acme),
@@ -14,7 +17,8 @@
 # perf_analyzer 2.40 (fetched by scripts/fetch_perf_analyzer.py; synchronous C++ clients, one
 # thread each; its figures are its last measurement window's, and the requests its whole
 # run sent are estimated as throughput x run time for the CPU column).
-# CLIENTS="sluice-perf perf_analyzer" (the default) picks the clients; KEEP=1 keeps the work
+# CLIENTS="sluice-perf perf_analyzer" (the default) picks the clients, TARGETS="floor hop
+# listener plain app" (the default) the servers; KEEP=1 keeps the work
 # folder (the servers' logs) for a look afterwards.
 # Usage: scripts/bench_overhead.sh [seconds] [rounds]    (needs `cargo build --release`)
 set -euo pipefail
@@ -36,12 +40,14 @@ $server_cpus "$floor" 127.0.0.1:18700 127.0.0.1:18701 >"$work/floor.log" 2>&1 &
 floor_pid=$!
 $server_cpus "$floor" 127.0.0.1:18730 127.0.0.1:18731 --sluice-listener >"$work/listener.log" 2>&1 &
 listener_pid=$!
+$server_cpus "$floor" 127.0.0.1:18740 127.0.0.1:18741 --hop >"$work/hop.log" 2>&1 &
+hop_pid=$!
 $server_cpus "$sluice" serve --http 127.0.0.1:18710 --grpc 127.0.0.1:18711 --metrics 127.0.0.1:18712 \
   --data-dir "$work/data" >"$work/sluice.log" 2>&1 &
 sluice_pid=$!
 for _ in $(seq 600); do
   grep -q "grpc listening" "$work/sluice.log" && grep -q "floor listening" "$work/floor.log" \
-    && grep -q "floor listening" "$work/listener.log" && break
+    && grep -q "floor listening" "$work/listener.log" && grep -q "floor listening" "$work/hop.log" && break
   sleep 0.1
 done
 grep -q "ONNX Runtime loaded" "$work/sluice.log" || echo "note: Sluice is not on ONNX Runtime (see its log)" >&2
@@ -58,6 +64,7 @@ measure() { # client target protocol concurrency
   case $target in
     floor) port=18700 pid=$floor_pid model=digits-mlp request=plain ;;
     listener) port=18730 pid=$listener_pid model=digits-mlp request=plain ;;
+    hop) port=18740 pid=$hop_pid model=digits-mlp request=plain ;;
     plain) port=18710 pid=$sluice_pid model=digits-mlp request=plain ;;
     app) port=18710 pid=$sluice_pid model=digits request=app ;;
   esac
@@ -100,7 +107,7 @@ for _ in $(seq "$rounds"); do
   for client in $clients; do
     for protocol in http grpc; do
       for concurrency in 1 64; do
-        for target in floor listener plain app; do
+        for target in ${TARGETS:-floor hop listener plain app}; do
           measure "$client" "$target" "$protocol" "$concurrency"
         done
       done

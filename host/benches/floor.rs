@@ -5,8 +5,12 @@
 //! connection caps, header timeout and drain), so that what Sluice's own connection handling
 //! costs shows beside the plain crates'.
 //!
-//! Run: `cargo bench --bench floor -- HTTP_ADDRESS GRPC_ADDRESS [--sluice-listener]` (serves
-//! until killed).
+//!
+//! With `--hop` each answer comes from another task (a spawned task, over a oneshot channel),
+//! as Sluice's answers come from a model queue: the connection's task goes idle and is woken.
+//!
+//! Run: `cargo bench --bench floor -- HTTP_ADDRESS GRPC_ADDRESS [--sluice-listener] [--hop]`
+//! (serves until killed).
 
 use std::net::SocketAddr;
 
@@ -23,24 +27,28 @@ const DRAIN: Duration = Duration::from_secs(1);
 
 mod floor_server;
 
+use floor_server::Hop;
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let (addresses, sluice_listener) = match args.as_slice() {
-        [http, grpc] => ([http, grpc], false),
-        [http, grpc, flag] if flag == "--sluice-listener" => ([http, grpc], true),
-        _ => anyhow::bail!("usage: cargo bench --bench floor -- HTTP_ADDRESS GRPC_ADDRESS [--sluice-listener]"),
+    let (addresses, flags): (Vec<&String>, Vec<&String>) = args.iter().partition(|a| !a.starts_with("--"));
+    let known = ["--sluice-listener", "--hop"];
+    let ([http, grpc], true) = (addresses.as_slice(), flags.iter().all(|f| known.contains(&f.as_str()))) else {
+        anyhow::bail!("usage: cargo bench --bench floor -- HTTP_ADDRESS GRPC_ADDRESS [--sluice-listener] [--hop]");
     };
-    let (http, grpc): (SocketAddr, SocketAddr) = (addresses[0].parse()?, addresses[1].parse()?);
+    let sluice_listener = flags.iter().any(|f| *f == "--sluice-listener");
+    let hop = if flags.iter().any(|f| *f == "--hop") { Hop::Task } else { Hop::None };
+    let (http, grpc): (SocketAddr, SocketAddr) = (http.parse()?, grpc.parse()?);
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let (listener, grpc_listener) = (TcpListener::bind(http).await?, TcpListener::bind(grpc).await?);
         println!("floor listening on {http} (HTTP) and {grpc} (gRPC)");
-        let grpc_server = tonic::transport::Server::builder().add_service(floor_server::grpc_service());
+        let grpc_server = tonic::transport::Server::builder().add_service(floor_server::grpc_service(hop));
         if sluice_listener {
             // Sluice's own connection handling (caps, header timeout, TCP_NODELAY, drain):
             // what it adds to the floor is its cost.
             let limits = ConnectionLimits::new(ConnectionSettings::default());
             let incoming = listen::incoming(grpc_listener, limits.clone(), "grpc");
-            let http_server = listen::serve_http(listener, floor_server::http_router(), limits, pending(), DRAIN);
+            let http_server = listen::serve_http(listener, floor_server::http_router(hop), limits, pending(), DRAIN);
             let (_, grpc_served) = tokio::join!(http_server, grpc_server.serve_with_incoming(incoming));
             grpc_served?;
         } else {
@@ -48,7 +56,7 @@ fn main() -> anyhow::Result<()> {
                 let _ = tcp.set_nodelay(true);
             });
             let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
-            let http_server = axum::serve(listener, floor_server::http_router());
+            let http_server = axum::serve(listener, floor_server::http_router(hop));
             let (served, grpc_served) =
                 tokio::join!(http_server.into_future(), grpc_server.serve_with_incoming(incoming));
             served?;

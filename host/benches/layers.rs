@@ -16,7 +16,8 @@
 //! - a request's whole path in process, over HTTP and gRPC (the router and the gRPC service
 //!   `sluice serve` runs, called without a network: everything Sluice does for a request, the
 //!   plain model's and the app's), beside the floor server's handlers called the same way (the
-//!   protocols' own cost), one request at a time and from 64 tasks (as the server runs each
+//!   protocols' own cost; also answering from another task, as Sluice's answers come from a
+//!   model queue), one request at a time and from 64 tasks (as the server runs each
 //!   connection as a task of its own).
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
@@ -153,6 +154,7 @@ mod common;
 mod floor_server;
 
 use common::{digits_row, pixels, root, scaled};
+use floor_server::Hop;
 
 /// A graph that answers its input at once: the queue's own cost.
 struct Echo(Signature);
@@ -538,12 +540,14 @@ async fn handler_layers() -> anyhow::Result<()> {
     let plain_frame = grpc_frame("digits-mlp", "X", "FP32", scaled_bytes());
     let image_frame = grpc_frame("digits", "image", "UINT8", pixels());
 
-    let (floor_router, sluice_router) = (floor_server::http_router(), sluice::api::http::router(state.clone()));
-    http_rows("floor", floor_router, "digits-mlp", &plain).await;
+    let sluice_router = sluice::api::http::router(state.clone());
+    http_rows("floor", floor_server::http_router(Hop::None), "digits-mlp", &plain).await;
+    http_rows("floor answering from another task", floor_server::http_router(Hop::Task), "digits-mlp", &plain).await;
     http_rows("plain model", sluice_router.clone(), "digits-mlp", &plain).await;
     http_rows("digits app", sluice_router, "digits", &image).await;
     let sluice_grpc = sluice::api::grpc::service(state, 64 << 20);
-    grpc_rows("floor", floor_server::grpc_service(), &plain_frame).await;
+    grpc_rows("floor", floor_server::grpc_service(Hop::None), &plain_frame).await;
+    grpc_rows("floor answering from another task", floor_server::grpc_service(Hop::Task), &plain_frame).await;
     grpc_rows("plain model", sluice_grpc.clone(), &plain_frame).await;
     grpc_rows("digits app", sluice_grpc, &image_frame).await;
     Ok(())

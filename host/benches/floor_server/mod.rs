@@ -3,8 +3,9 @@
 //! raw contents), and nothing else: no tenant, no key, no queue, no model. Every infer
 //! request is parsed and validated and answered with ten FP32 values. It describes that model
 //! (metadata and configuration, no statistics) so that NVIDIA's perf_analyzer, which reads
-//! them before it sends, drives it as it drives Sluice. Served by `benches/floor.rs`, called
-//! in process by `benches/layers.rs`.
+//! them before it sends, drives it as it drives Sluice. With [`Hop::Task`] the answer comes
+//! from another task, as Sluice's come from a model queue. Served by `benches/floor.rs`,
+//! called in process by `benches/layers.rs`.
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
@@ -61,7 +62,37 @@ async fn model_config_json(axum::extract::Path(model): axum::extract::Path<Strin
     }))
 }
 
-async fn infer(axum::extract::Path(model): axum::extract::Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+/// Hands `value` to a task of its own and waits for it back, as a Sluice request waits for its
+/// answer from a model queue: the connection's task goes idle and is woken for the answer.
+async fn handed_over<T: Send + 'static>(value: T) -> T {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = sender.send(value);
+    });
+    receiver.await.expect("the spawned task answers")
+}
+
+/// The answer, from another task when `hop` is set.
+async fn answer(model: String, hop: Hop) -> InferOutcome {
+    match hop {
+        Hop::None => outcome(model),
+        Hop::Task => handed_over(outcome(model)).await,
+    }
+}
+
+/// Whether the floor answers from the request's own task or from another one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Hop {
+    None,
+    Task,
+}
+
+async fn infer(
+    axum::extract::State(hop): axum::extract::State<Hop>,
+    axum::extract::Path(model): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let json_length = headers
         .get("inference-header-content-length")
         .and_then(|value| value.to_str().ok())
@@ -70,7 +101,7 @@ async fn infer(axum::extract::Path(model): axum::extract::Path<String>, headers:
         Ok(parsed) => parsed,
         Err(error) => return (StatusCode::BAD_REQUEST, format!("{error:?}")).into_response(),
     };
-    let Ok(encoded) = json::encode_response(outcome(model), &parsed.encoding) else {
+    let Ok(encoded) = json::encode_response(answer(model, hop).await, &parsed.encoding) else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
     let mut bytes = encoded.json;
@@ -79,7 +110,7 @@ async fn infer(axum::extract::Path(model): axum::extract::Path<String>, headers:
 }
 
 /// The floor's gRPC service.
-pub struct Floor;
+pub struct Floor(Hop);
 
 type Answer<T> = Result<tonic::Response<T>, Status>;
 
@@ -128,7 +159,7 @@ impl GrpcInferenceService for Floor {
         let message = request.into_inner();
         let model = message.model_name.clone();
         grpc::parse_infer_request(message, LIMITS).map_err(|error| Status::invalid_argument(format!("{error:?}")))?;
-        Ok(tonic::Response::new(grpc::encode_response(outcome(model))))
+        Ok(tonic::Response::new(grpc::encode_response(answer(model, self.0).await)))
     }
 
     async fn model_config(&self, request: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
@@ -175,15 +206,16 @@ impl GrpcInferenceService for Floor {
 }
 
 /// The floor's HTTP routes.
-pub fn http_router() -> axum::Router {
+pub fn http_router(hop: Hop) -> axum::Router {
     axum::Router::new()
         .route("/v2", axum::routing::get(server_metadata_json))
         .route("/v2/models/{model}", axum::routing::get(model_metadata_json))
         .route("/v2/models/{model}/config", axum::routing::get(model_config_json))
         .route("/v2/models/{model}/infer", axum::routing::post(infer))
+        .with_state(hop)
 }
 
 /// The floor's gRPC service.
-pub fn grpc_service() -> GrpcInferenceServiceServer<Floor> {
-    GrpcInferenceServiceServer::new(Floor)
+pub fn grpc_service(hop: Hop) -> GrpcInferenceServiceServer<Floor> {
+    GrpcInferenceServiceServer::new(Floor(hop))
 }
