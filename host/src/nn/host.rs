@@ -17,7 +17,7 @@ use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::backend::Backend;
 use super::models::{ModelCopy, TenantModels};
-use super::scheduler::{ComputeError, CpuBoundGuest, Loaded, QueueSettings, Residence, Share, end_batching_turns};
+use super::scheduler::{ComputeError, CpuBoundGuest, Loaded, QueueSettings, Residence, Share};
 use crate::registry::placement::Placement;
 use crate::tensor::{ElementType, Tensor};
 use bindings::wasi::nn::{errors, graph, inference, tensor};
@@ -158,10 +158,9 @@ impl NnCtx {
     }
 
     /// The guest ran through a time slice: it counts as CPU-bound until the request ends,
-    /// model queues waiting for company stop waiting, and the CPU turn's slice ends.
+    /// and the CPU turn's slice ends.
     pub fn end_slice(&mut self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
         self.cpu_bound.get_or_insert_with(CpuBoundGuest::enter);
-        end_batching_turns();
         self.turn.end_slice()
     }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::nn::scheduler::end_batching_turns;
+use crate::nn::scheduler::tick_batching_turns;
 
 pub use bindings::sluice::tenant::types::{Datatype, InferRequest, InferResponse, Tensor as GuestTensor, TensorData};
 pub use http::HttpCall;
@@ -258,8 +258,8 @@ fn start_epoch_ticker(engine: &Engine, tick: Duration) {
             while let Some(engine) = engine.upgrade() {
                 engine.increment_epoch();
                 drop(engine);
-                // Bounds a batch's wait behind any long poll, not only guests' slices.
-                end_batching_turns();
+                // Bounds a batch's wait behind any long poll.
+                tick_batching_turns();
                 std::thread::sleep(tick);
             }
         })

@@ -105,6 +105,12 @@ impl Backlog {
             }
         }
     }
+
+    /// Rows of `tenant`'s jobs waiting (another tenant's are not its business).
+    pub fn waiting_rows(&self, tenant: &str) -> usize {
+        let tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        tenants.get(tenant).map_or(0, |(_, rows, _)| *rows)
+    }
 }
 
 #[cfg(test)]

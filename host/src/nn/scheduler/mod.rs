@@ -391,6 +391,11 @@ impl ModelQueue {
         self.last_use.get()
     }
 
+    /// Rows of `tenant`'s requests waiting for a batch now.
+    pub fn waiting_rows(&self, tenant: &str) -> usize {
+        self.backlog.waiting_rows(tenant)
+    }
+
     /// Execution instances loaded now (0 while not resident).
     pub fn instances(&self) -> usize {
         self.instances.load(Ordering::Relaxed)
@@ -844,8 +849,11 @@ impl Drop for ResidentGauge {
     }
 }
 
-/// The queues' actors in a batching turn (see `batching_turn`).
-static BATCHING_TURNS: Mutex<Vec<std::task::Waker>> = Mutex::new(Vec::new());
+/// The queues' actors in a batching turn (see `batching_turn`), with the tick each began in.
+static BATCHING_TURNS: Mutex<Vec<(u64, std::task::Waker)>> = Mutex::new(Vec::new());
+
+/// Epoch ticks counted by [`tick_batching_turns`].
+static TICKS: AtomicU64 = AtomicU64::new(0);
 
 /// Guests whose request is under way and that ran through a time slice (CPU-bound).
 static CPU_BOUND_GUESTS: AtomicUsize = AtomicUsize::new(0);
@@ -867,12 +875,19 @@ impl Drop for CpuBoundGuest {
     }
 }
 
-/// Ends every batching turn in progress. Called when a guest's time slice ends and at each
-/// epoch tick: whatever holds a runtime thread for long (a spinning guest, a large body's
-/// parse), a model call waits for its batch at most that long.
-pub fn end_batching_turns() {
-    let waiting = std::mem::take(&mut *BATCHING_TURNS.lock().unwrap_or_else(PoisonError::into_inner));
-    for waker in waiting {
+/// Ends the batching turns that have lasted a whole tick. The runtime calls it at each epoch
+/// tick: whatever holds a runtime thread for long (a guest before it counts as CPU-bound, a
+/// large body's parse), a model call waits for its batch at most two ticks. Turns younger than
+/// that go on: at 64 requests in flight a turn lasts a few ms, and cutting it shrinks batches.
+pub fn tick_batching_turns() {
+    let now = TICKS.fetch_add(1, Ordering::Relaxed) + 1;
+    let ended: Vec<std::task::Waker> = {
+        let mut turns = BATCHING_TURNS.lock().unwrap_or_else(PoisonError::into_inner);
+        let (ended, going_on) = std::mem::take(&mut *turns).into_iter().partition(|(began, _)| began + 2 <= now);
+        *turns = going_on;
+        ended.into_iter().map(|(_, waker)| waker).collect()
+    };
+    for waker in ended {
         waker.wake();
     }
 }
@@ -880,8 +895,8 @@ pub fn end_batching_turns() {
 /// Waits until this worker has run the tasks ready on it and read the network once (tokio's
 /// `yield_now` wakes a task when its worker next has nothing to run or polls its drivers), so
 /// the handlers whose requests arrived together submit to the same batch. Long polls would
-/// keep a busy worker from that point for many time slices: `end_batching_turns` cuts the
-/// turn short then.
+/// keep a busy worker from that point for many time slices: [`tick_batching_turns`] ends the
+/// turn then.
 async fn batching_turn() {
     let mut deferred = std::pin::pin!(tokio::task::yield_now());
     let mut registered = false;
@@ -889,11 +904,11 @@ async fn batching_turn() {
         let turns = || BATCHING_TURNS.lock().unwrap_or_else(PoisonError::into_inner);
         if deferred.as_mut().poll(context).is_ready() {
             if registered {
-                turns().retain(|waker| !waker.will_wake(context.waker()));
+                turns().retain(|(_, waker)| !waker.will_wake(context.waker()));
             }
             return std::task::Poll::Ready(());
         }
-        turns().push(context.waker().clone());
+        turns().push((TICKS.load(Ordering::Relaxed), context.waker().clone()));
         registered = true;
         std::task::Poll::Pending
     })
@@ -1459,8 +1474,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_batching_turn_ends_with_the_long_poll_in_its_way() {
         let _alone = BATCHING_TURN_TESTS.lock().await;
-        // Without the end, the turn would last until the worker's maintenance: 61 polls.
-        let waited = one_job_beside(spin_for_a_second(end_batching_turns)).await;
+        // The spinner ticks after each poll (as the epoch does every 5 ms). Without the end,
+        // the turn would last until the worker's maintenance: 61 polls.
+        let waited = one_job_beside(spin_for_a_second(tick_batching_turns)).await;
         assert!(waited < Duration::from_millis(100), "a job waited {waited:?} beside 5 ms polls");
     }
 
