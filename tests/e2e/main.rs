@@ -41,4 +41,5 @@ mod startup;
 mod store;
 mod support;
 mod traces;
+mod ui;
 mod uploads;

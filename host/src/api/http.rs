@@ -57,6 +57,7 @@ pub fn router(state: Shared) -> axum::Router {
         .route("/v2/apps/{app}/http/{*rest}", any(app_http))
         .merge(super::control::routes())
         .merge(super::admin::routes())
+        .merge(super::ui::routes())
         .fallback(|| async {
             ApiError::not_found("no such endpoint; see the Open Inference Protocol REST paths under /v2")
         })

@@ -4,7 +4,8 @@
 //! configuration and statistics extensions ([`triton`]), the tenant control API
 //! ([`control`]: models, app versions and traffic), the platform admin API ([`admin`]:
 //! tenants, keys, quotas), the metrics port ([`metrics`]), request ids ([`request_id`]), who
-//! is calling (`auth`) and the rendering of the error table ([`error`]). The pipeline itself
+//! is calling (`auth`), the status page ([`ui`]) and the rendering of the error table
+//! ([`error`]). The pipeline itself
 //! is [`crate::infer`]'s. May import every layer below it; only `serve` imports it.
 
 pub mod admin;
@@ -19,3 +20,4 @@ pub mod metadata;
 pub mod metrics;
 pub mod request_id;
 pub mod triton;
+pub mod ui;

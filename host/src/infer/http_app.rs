@@ -38,7 +38,7 @@ pub async fn serve_http_app(
             "'{name}' is an Open Inference Protocol app: POST its requests to /v2/models/{name}/infer"
         )));
     };
-    caller.routed.set(name, route.version.as_str(), app.slo.as_ref());
+    caller.routed.set(name, route.version.as_str(), app.slo.as_ref(), tenant.activity.of(name));
 
     let spec = tenant.spec();
     let quotas = &spec.quotas;

@@ -230,7 +230,7 @@ pub async fn infer(
         Target::App { app, .. } => app.slo.clone(),
         Target::Model { .. } => None,
     };
-    caller.routed.set(name, target.version(), slo.as_ref());
+    caller.routed.set(name, target.version(), slo.as_ref(), tenant.activity.of(name));
     let spec = tenant.spec();
     // The OIP `timeout` request parameter (microseconds, as Triton reads it) shortens it too.
     let budget = budget.shortened(timeout_parameter(&request.parameters)?);
@@ -341,7 +341,7 @@ async fn run_app(
         (Route { version: resolved, shadow: None }, chosen)
     } else {
         let (route, chosen) = routed_by_traffic(app, name, caller)?;
-        caller.routed.set(name, route.version.as_str(), slo.as_ref());
+        caller.routed.set(name, route.version.as_str(), slo.as_ref(), tenant.activity.of(name));
         (route, chosen)
     };
     let Component::Oip(prepared) = &chosen.component else { return Err(ApiError::http_app(name).into()) };

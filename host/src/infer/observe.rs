@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::error::ApiError;
+use crate::telemetry::activity::Activity;
 use crate::telemetry::metrics::{Protocol, RequestLabels, metrics};
 use crate::telemetry::slo::AppSlo;
 
@@ -21,12 +22,14 @@ struct RoutedTo {
     app: String,
     version: String,
     slo: Option<Arc<AppSlo>>,
+    activity: Option<Arc<Activity>>,
 }
 
 impl Routed {
-    pub(super) fn set(&self, app: &str, version: &str, slo: Option<&Arc<AppSlo>>) {
+    /// `activity`: where the tenant's status page counts the app's or model's requests.
+    pub(super) fn set(&self, app: &str, version: &str, slo: Option<&Arc<AppSlo>>, activity: Option<Arc<Activity>>) {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) =
-            RoutedTo { app: app.to_string(), version: version.to_string(), slo: slo.cloned() };
+            RoutedTo { app: app.to_string(), version: version.to_string(), slo: slo.cloned(), activity };
     }
 
     fn take(&self) -> RoutedTo {
@@ -69,13 +72,16 @@ pub async fn observed_with<T>(
     let result = serve.await;
     cancelled.armed = false;
     let elapsed = cancelled.started.elapsed();
-    let RoutedTo { app, version, slo } = routed.take();
+    let RoutedTo { app, version, slo, activity } = routed.take();
     let (status, failure) = match &result {
         Ok(answer) => (status_of(answer), None),
         Err(err) => (err.kind.status().as_u16(), Some(err.kind.label())),
     };
     if let Some(slo) = slo {
         slo.record(status, elapsed);
+    }
+    if let Some(activity) = activity {
+        activity.record(status, elapsed);
     }
     let labels = RequestLabels { tenant, app: &app, version: &version, protocol };
     metrics().request(labels, status, failure, elapsed);

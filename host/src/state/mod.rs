@@ -21,6 +21,7 @@ use crate::registry::{Registry, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::Shadows;
 use crate::runtime::{Runtime, World};
+use crate::telemetry::activity::TenantActivity;
 use crate::telemetry::rate::TokenBucket;
 use crate::tenancy::Admission;
 use crate::tenancy::response_cache::ResponseCache;
@@ -84,6 +85,8 @@ pub struct TenantState {
     pub admin_managed: AtomicBool,
     /// What its requests cost since start.
     pub usage: Usage,
+    /// Its last hour of traffic per app and plain model (the status page).
+    pub activity: TenantActivity,
 }
 
 impl TenantState {
@@ -103,6 +106,7 @@ impl TenantState {
             apps: RwLock::new(apps),
             admin_managed: AtomicBool::new(false),
             usage: Usage::default(),
+            activity: TenantActivity::default(),
         }
     }
 
