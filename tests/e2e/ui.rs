@@ -120,3 +120,52 @@ async fn the_status_page_shows_the_demo_tenants_and_charts_their_traffic_in_chro
     let size = std::fs::metadata(&screenshot).map_or(0, |m| m.len());
     assert!(size > 10_000, "a screenshot of the page ({size} bytes) at {}", screenshot.display());
 }
+
+/// Markup a hostile tenant puts in what it controls: here its model's tensor names, which the
+/// page shows as drift features.
+const MARKUP: &str = "x<img src=q onerror=alert(1)>";
+
+#[tokio::test]
+async fn a_tenants_own_names_reach_the_page_as_text_never_as_markup() {
+    use crate::onnx::{FLOAT, GraphProto, model, node, value};
+    let folder = tempfile::tempdir().expect("tmp");
+    let path = folder.path().join("mirror.onnx");
+    let output = format!("{MARKUP}-out");
+    std::fs::write(
+        &path,
+        model(GraphProto {
+            node: vec![node("Identity", &[MARKUP], &[&output], Vec::new())],
+            name: "mirror".into(),
+            initializer: Vec::new(),
+            input: vec![value(MARKUP, FLOAT, &[None, Some(2)])],
+            output: vec![value(&output, FLOAT, &[None, Some(2)])],
+        }),
+    )
+    .expect("the model");
+    let tenants = Tenants::new();
+    let drift = "[models.mirror.drift]\nsample_rate = 1.0\nmax_samples_per_second = 100000\nreference_rows = 8\nwindow_rows = 8\n\n";
+    tenants.write("acme.toml", &(tenant_header("acme", "acme-key", "") + &model_entry("mirror", &path, None) + drift));
+    let server = Server::start(tenants.path(), &[]);
+    let request =
+        serde_json::json!({ "inputs": [{ "name": MARKUP, "shape": [1, 2], "datatype": "FP32", "data": [0.5, 1.5] }] });
+    let started = std::time::Instant::now();
+    let panel = loop {
+        let (status, body) = server.infer("mirror", "acme-key", &request).await;
+        assert_eq!(status, 200, "{body}");
+        let (_, drift) = server.get("/v2/models/mirror/drift", Some("acme-key")).await;
+        if drift["features"].as_array().is_some_and(|features| !features.is_empty()) {
+            let client = reqwest::Client::new();
+            let answer = client
+                .get(format!("http://{}/ui/panel", server.http_address()))
+                .bearer_auth("acme-key")
+                .send()
+                .await
+                .expect("the panel answers");
+            break answer.text().await.expect("its markup");
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "no drift features: {drift}");
+    };
+    assert!(panel.contains("data-model=\"mirror\""), "{panel}");
+    assert!(panel.contains("x&lt;img src=q onerror=alert(1)&gt;"), "the name shows, as text: {panel}");
+    assert!(!panel.contains("<img"), "no tenant-written markup in the page: {panel}");
+}
