@@ -5,7 +5,6 @@
 //! connection caps, header timeout and drain), so that what Sluice's own connection handling
 //! costs shows beside the plain crates'.
 //!
-//!
 //! With `--hop` each answer comes from another task (a spawned task, over a oneshot channel),
 //! as Sluice's answers come from a model queue: the connection's task goes idle and is woken.
 //!
