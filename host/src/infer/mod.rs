@@ -30,7 +30,6 @@ use crate::rollout::traffic::Route;
 use crate::runtime::{Component, GuestCall, GuestError, GuestLog, GuestTensor, InferRequest};
 use crate::state::{ServingState, TenantState};
 use crate::telemetry::metrics::metrics;
-use crate::telemetry::slo::AppSlo;
 use crate::telemetry::stats::Counters;
 use crate::tenancy::response_cache::{self, Cached, Key, ResponseCache};
 use crate::tenancy::turns::Turn;
@@ -227,10 +226,10 @@ pub async fn infer(
     let holding = turn.holding();
     let target = resolve(tenant, name, version)?;
     let slo = match &target {
-        Target::App { app, .. } => app.slo.clone(),
+        Target::App { app, .. } => app.slo.as_ref(),
         Target::Model { .. } => None,
     };
-    caller.routed.set(name, target.version(), slo.as_ref(), tenant.activity.of(name));
+    caller.routed.set(name, target.version(), slo, tenant.activity.of(name));
     let spec = tenant.spec();
     // The OIP `timeout` request parameter (microseconds, as Triton reads it) shortens it too.
     let budget = budget.shortened(timeout_parameter(&request.parameters)?);
@@ -264,7 +263,7 @@ pub async fn infer(
         Target::App { app, version, chosen, pinned } => {
             // Kept only where a fallback may need it.
             let spare = app.spec.fallback.as_ref().map(|_| request.clone());
-            let choice = Choice { version, chosen, pinned, slo };
+            let choice = Choice { version, chosen, pinned };
             match run_app(&run, name, &app, choice, request, turn, caller).await {
                 Ok(answer) => Ok(answer),
                 Err(Failed { error, degradable }) => match (degradable, &app.spec.fallback, spare) {
@@ -318,7 +317,6 @@ struct Choice {
     version: VersionName,
     chosen: AppVersion,
     pinned: bool,
-    slo: Option<Arc<AppSlo>>,
 }
 
 /// An app's answer to the request: route it, run the component, mirror it to the shadow.
@@ -336,12 +334,12 @@ async fn run_app(
     let (queued, begun) = (budget.waited(), Instant::now());
     let deadline = budget.deadline();
     let quotas = &spec.quotas;
-    let Choice { version: resolved, chosen, pinned, slo } = choice;
+    let Choice { version: resolved, chosen, pinned } = choice;
     let (route, chosen) = if pinned {
         (Route { version: resolved, shadow: None }, chosen)
     } else {
         let (route, chosen) = routed_by_traffic(app, name, caller)?;
-        caller.routed.set(name, route.version.as_str(), slo.as_ref(), tenant.activity.of(name));
+        caller.routed.set_version(route.version.as_str());
         (route, chosen)
     };
     let Component::Oip(prepared) = &chosen.component else { return Err(ApiError::http_app(name).into()) };
@@ -459,7 +457,7 @@ async fn fall_back(
         Target::Model { model, .. } => run_model(run, fallback, &model, request, turn).await?,
         Target::App { app: other, version, chosen, .. } => {
             // The fallback's own stable version, and no fallback of its own.
-            let choice = Choice { version, chosen, pinned: true, slo: None };
+            let choice = Choice { version, chosen, pinned: true };
             let routed = Routed::default();
             let caller = Caller { header: &|_| None, routed: &routed };
             run_app(run, fallback, &other, choice, request, turn, caller).await.map_err(|failed| failed.error)?

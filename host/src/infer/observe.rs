@@ -32,6 +32,13 @@ impl Routed {
             RoutedTo { app: app.to_string(), version: version.to_string(), slo: slo.cloned(), activity };
     }
 
+    /// The version traffic routing chose, for a request already [`Routed::set`] to its app.
+    pub(super) fn set_version(&self, version: &str) {
+        let mut routed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        routed.version.clear();
+        routed.version.push_str(version);
+    }
+
     fn take(&self) -> RoutedTo {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }

@@ -43,13 +43,16 @@ const FEATURES_SHOWN: usize = 8;
 
 pub fn routes() -> axum::Router<Shared> {
     axum::Router::new()
-        .route("/ui", get(|| async { asset(PAGE, "text/html; charset=utf-8") }))
-        .route("/ui/page.js", get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }))
-        .route("/ui/page.css", get(|| async { asset(STYLE, "text/css; charset=utf-8") }))
+        .route("/ui", get(|| async { served(PAGE, HTML) }))
+        .route("/ui/page.js", get(|| async { served(SCRIPT, "text/javascript; charset=utf-8") }))
+        .route("/ui/page.css", get(|| async { served(STYLE, "text/css; charset=utf-8") }))
         .route("/ui/panel", get(panel))
 }
 
-fn asset(body: &'static str, content_type: &'static str) -> Response {
+const HTML: &str = "text/html; charset=utf-8";
+
+/// `body` with its type and the page's security headers.
+fn served(body: impl IntoResponse, content_type: &'static str) -> Response {
     let headers = [
         (header::CONTENT_TYPE, content_type),
         (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
@@ -71,13 +74,7 @@ async fn panel(State(state): State<Shared>, headers: HeaderMap) -> Result<Respon
             (tenant_section(tenant))
         }
     };
-    let headers = [
-        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-        (header::CACHE_CONTROL, "no-store"),
-        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-    ];
-    Ok((headers, markup.into_string()).into_response())
+    Ok(([(header::CACHE_CONTROL, "no-store")], served(markup.into_string(), HTML)).into_response())
 }
 
 fn tenant_section(tenant: &TenantState) -> Markup {
