@@ -24,6 +24,7 @@
 //! those groups).
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -465,8 +466,25 @@ fn http_call(models: &Arc<TenantModels>, allowance: &Arc<TokenBucket>, pixels: V
     }
 }
 
+/// An HTTP port's service: Sluice's (its routes in their envelope) or the floor's router.
+trait HttpService:
+    tower::Service<Request<Body>, Response = axum::response::Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: tower::Service<Request<Body>, Response = axum::response::Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// One OIP infer request over HTTP to `router`, in process; panics unless it succeeds.
-async fn http_infer(router: axum::Router, model: &str, body: Bytes) {
+async fn http_infer(router: impl HttpService, model: &str, body: Bytes) {
     use tower::ServiceExt;
     let request = Request::post(format!("/v2/models/{model}/infer"))
         .header("authorization", format!("Bearer {}", common::KEY))
@@ -554,7 +572,7 @@ async fn handler_layers() -> anyhow::Result<()> {
 }
 
 /// The HTTP rows of one router.
-async fn http_rows(what: &str, router: axum::Router, model: &'static str, body: &Bytes) {
+async fn http_rows<S: HttpService>(what: &str, router: S, model: &'static str, body: &Bytes) {
     measure_async(20_000, 1, || http_infer(router.clone(), model, body.clone()))
         .await
         .row(&format!("in process, HTTP, {what}, 1 in flight"));

@@ -208,7 +208,11 @@ async fn end_to_end() -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, sluice::api::http::router(Arc::new(state))).await });
+    // The server's own listener, as `sluice serve` runs it.
+    let limits = sluice::serve::listen::ConnectionLimits::new(Default::default());
+    let router = sluice::api::http::router(Arc::new(state));
+    let served = sluice::serve::listen::serve_http(listener, router, limits, std::future::pending(), Duration::ZERO);
+    tokio::spawn(served);
 
     let (plain_body, body) = common::request_bodies()?;
     let client = reqwest::Client::new();

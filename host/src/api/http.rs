@@ -3,6 +3,7 @@
 //! and app route authenticates the tenant first; the body is read only up to the tenant's
 //! request-size limit.
 
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,8 +33,19 @@ type Shared = Arc<ServingState>;
 const INFERENCE_HEADER_CONTENT_LENGTH: header::HeaderName =
     header::HeaderName::from_static("inference-header-content-length");
 
-pub fn router(state: Shared) -> axum::Router {
-    axum::Router::new()
+/// The HTTP port's service: the routes behind the middleware. The middleware wraps the router
+/// once (as a layer on the router it would wrap every route, and each wrapper would be cloned,
+/// allocated, again for every request), and the request's own envelope is one service with one
+/// boxed future (axum's `from_fn` boxes its future and its `Next` again per layer and request).
+pub fn router(
+    state: Shared,
+) -> Enveloped<
+    impl tower::Service<axum::extract::Request, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static,
+> {
+    let routes = axum::Router::new()
         .route("/v2/health/live", get(|| async { Json(serde_json::json!({ "live": true })) }))
         .route("/v2/health/ready", get(server_ready))
         .route("/v2", get(|| async { Json(metadata::server()) }))
@@ -61,12 +73,50 @@ pub fn router(state: Shared) -> axum::Router {
         .fallback(|| async {
             ApiError::not_found("no such endpoint; see the Open Inference Protocol REST paths under /v2")
         })
-        // tritonclient may compress requests and ask for compressed responses.
-        .layer(tower_http::decompression::RequestDecompressionLayer::new())
-        .layer(tower_http::compression::CompressionLayer::new())
-        .layer(axum::middleware::from_fn(super::request_id::http))
-        .layer(axum::middleware::from_fn(close_when_body_unread))
-        .with_state(state)
+        .with_state(state);
+    Enveloped(
+        tower::ServiceBuilder::new()
+            .map_response(IntoResponse::into_response)
+            // tritonclient may compress requests and ask for compressed responses.
+            .layer(tower_http::compression::CompressionLayer::new())
+            .layer(tower_http::decompression::RequestDecompressionLayer::new())
+            .service(routes),
+    )
+}
+
+/// Every HTTP request's envelope around `S`: its id and span ([`super::request_id::http`]),
+/// and the rest of a body its answer left unread ([`close_when_body_unread`]).
+#[derive(Clone)]
+pub struct Enveloped<S>(S);
+
+impl<S, B> tower::Service<http::Request<B>> for Enveloped<S>
+where
+    S: tower::Service<axum::extract::Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<axum::BoxError>> + Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+        // `S` is made ready in the request's future (`oneshot`).
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let inner = self.0.clone();
+        let request = request.map(Body::new);
+        Box::pin(async move {
+            let routed = |request| async move {
+                match tower::ServiceExt::oneshot(inner, request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            };
+            Ok(close_when_body_unread(request, |request| super::request_id::http(request, routed)).await)
+        })
+    }
 }
 
 /// The most of a body left unread by an early answer (a refusal before the body: a wrong
@@ -81,16 +131,19 @@ const DRAIN_WAIT: Duration = Duration::from_millis(50);
 /// rest where it is small and has arrived ([`DRAIN_LIMIT`], [`DRAIN_WAIT`]); otherwise answer
 /// `Connection: close`: the server closes such a connection, and a client told nothing may
 /// reuse it just as it closes.
-async fn close_when_body_unread(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+async fn close_when_body_unread<Answered: Future<Output = Response>>(
+    request: axum::extract::Request,
+    next: impl FnOnce(axum::extract::Request) -> Answered,
+) -> Response {
     let declared = declared_length(request.headers());
     let has_body =
         declared.is_some_and(|length| length > 0) || request.headers().contains_key(header::TRANSFER_ENCODING);
     if !has_body {
-        return next.run(request).await;
+        return next(request).await;
     }
     let rest = Arc::new(Mutex::new(Rest::Reading));
     let request = request.map(|body| Body::new(Tracked { body: Some(body), rest: rest.clone() }));
-    let mut response = next.run(request).await;
+    let mut response = next(request).await;
     let rest = std::mem::replace(&mut *rest.lock().unwrap_or_else(std::sync::PoisonError::into_inner), Rest::Ended);
     let drained = match rest {
         Rest::Ended => true,
@@ -322,9 +375,10 @@ async fn model_drift_baseline(
 async fn model_infer(
     State(state): State<Shared>,
     Path(path): Path<ModelPath>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
+    // The headers taken from the request, not copied by axum's `HeaderMap` extractor.
+    let (http::request::Parts { headers, .. }, body) = request.into_parts();
     let tenant = &authenticate(&state, &headers)?;
     let spec = tenant.spec();
     let routed = infer::Routed::default();

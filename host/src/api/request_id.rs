@@ -6,7 +6,6 @@
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue};
-use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
@@ -65,14 +64,17 @@ pub fn record_status(span: &tracing::Span, status: u16, server_error: bool) {
     }
 }
 
-/// Axum middleware: pick the id, run the request in its span, send the id back.
-pub async fn http(request: Request, next: Next) -> Response {
+/// The HTTP middleware: pick the id, run the request (`next`) in its span, send the id back.
+pub async fn http<Answered: Future<Output = Response>>(
+    request: Request,
+    next: impl FnOnce(Request) -> Answered,
+) -> Response {
     let headers = request.headers();
     let id = choose(headers.get(X_REQUEST_ID).and_then(|v| v.to_str().ok()));
     let span = span(&id, "http", request.uri().path());
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     traces::continue_client_trace(&span, header(traces::TRACEPARENT), header(traces::TRACESTATE));
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let mut response = next(request).instrument(span.clone()).await;
     record_status(&span, response.status().as_u16(), response.status().is_server_error());
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(X_REQUEST_ID, value);
