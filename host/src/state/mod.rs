@@ -256,8 +256,11 @@ impl ServingState {
 
     /// The tenant owning an API key.
     pub fn authenticate(&self, api_key: &str) -> Option<Arc<TenantState>> {
-        let digest = hex::encode(Sha256::digest(api_key.as_bytes()));
-        let id = self.keys.read().unwrap_or_else(PoisonError::into_inner).get(&digest)?.clone();
+        // Hex on the stack: this runs for every request.
+        let mut hex_digest = [0u8; 64];
+        hex::encode_to_slice(Sha256::digest(api_key.as_bytes()), &mut hex_digest).ok()?;
+        let digest = std::str::from_utf8(&hex_digest).ok()?;
+        let id = self.keys.read().unwrap_or_else(PoisonError::into_inner).get(digest)?.clone();
         self.tenant(&id)
     }
 
