@@ -5,12 +5,15 @@
 # Prints one line per run with the server's CPU per request (from /proc/PID/stat).
 #
 # MODEL=digits-mlp measures the plain model instead; CONCURRENCY=1 another concurrency;
+# PROTOCOL=grpc speaks gRPC instead of HTTP;
 # BEFORE_TENANTS / AFTER_TENANTS serve another tenants folder on that side (the same binary
 # twice, two settings: a quota, say).
 # Usage: scripts/bench_ab.sh BEFORE_BINARY AFTER_BINARY [ROUNDS]   (after `cargo build --release`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 before=$1 after=$2 rounds=${3:-3} model=${MODEL:-digits} concurrency=${CONCURRENCY:-64}
+address=(--address 127.0.0.1:18100)
+[ "${PROTOCOL:-http}" = grpc ] && address=(--grpc --address 127.0.0.1:18101)
 perf=target/release/sluice
 library=$(ls target/onnxruntime/libonnxruntime.so.* 2>/dev/null | tail -1)
 [ -n "$library" ] || { echo "no ONNX Runtime in target/onnxruntime: build once (cargo build --release)" >&2; exit 1; }
@@ -25,7 +28,7 @@ for round in $(seq "$rounds"); do
     pid=$!
     for _ in $(seq 100); do grep -q "grpc listening" "$log" && break; sleep 0.2; done
     ticks_before=$(awk '{print $14+$15}' /proc/$pid/stat)
-    row=$(taskset -c 1 "$perf" perf --address 127.0.0.1:18100 --model "$model" --key acme-demo-key \
+    row=$(taskset -c 1 "$perf" perf "${address[@]}" --model "$model" --key acme-demo-key \
       --concurrency "$concurrency" --warmup-s 2 --duration-s 10 | grep '^| - |')
     ticks_after=$(awk '{print $14+$15}' /proc/$pid/stat)
     requests=$(echo "$row" | awk -F'|' '{print $3}' | tr -d ' ')

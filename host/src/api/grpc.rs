@@ -250,7 +250,9 @@ impl GrpcApi {
         let tenant = &self.tenant(&request)?;
         let spec = tenant.spec();
         let routed = infer::Routed::default();
-        let outcome = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, async {
+        // Boxed: this future is large (~19 KB inline), and each move of the call's future
+        // (tonic boxes it, the span wraps it) would copy all of it.
+        let serve = Box::pin(async {
             // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
             let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
             // Admitted by the body layer before the message was read (see `grpc_body`).
@@ -272,8 +274,8 @@ impl GrpcApi {
             let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
             let caller = infer::Caller { header: &header, routed: &routed };
             infer::infer(&self.state, tenant, entry, &name, pinned.as_deref(), valid, caller).await
-        })
-        .await?;
+        });
+        let outcome = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, serve).await?;
         Ok(Response::new(encode_response(outcome)))
     }
 }
