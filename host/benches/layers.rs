@@ -24,7 +24,6 @@
 //! those groups).
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +35,7 @@ use sha2::{Digest, Sha256};
 use sluice::api::grpc::proto::ModelInferRequest;
 use sluice::api::grpc::proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
+use sluice::api::http::HttpService;
 use sluice::nn::backend::{self, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
 use sluice::nn::models::{ModelCopy, TenantModels};
 use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Residence, Share};
@@ -466,25 +466,8 @@ fn http_call(models: &Arc<TenantModels>, allowance: &Arc<TokenBucket>, pixels: V
     }
 }
 
-/// An HTTP port's service: Sluice's (its routes in their envelope) or the floor's router.
-trait HttpService:
-    tower::Service<Request<Body>, Response = axum::response::Response, Error = Infallible, Future: Send + 'static>
-    + Clone
-    + Send
-    + 'static
-{
-}
-
-impl<S> HttpService for S where
-    S: tower::Service<Request<Body>, Response = axum::response::Response, Error = Infallible, Future: Send + 'static>
-        + Clone
-        + Send
-        + 'static
-{
-}
-
 /// One OIP infer request over HTTP to `router`, in process; panics unless it succeeds.
-async fn http_infer(router: impl HttpService, model: &str, body: Bytes) {
+async fn http_infer(router: impl HttpService<Body>, model: &str, body: Bytes) {
     use tower::ServiceExt;
     let request = Request::post(format!("/v2/models/{model}/infer"))
         .header("authorization", format!("Bearer {}", common::KEY))
@@ -572,7 +555,7 @@ async fn handler_layers() -> anyhow::Result<()> {
 }
 
 /// The HTTP rows of one router.
-async fn http_rows<S: HttpService>(what: &str, router: S, model: &'static str, body: &Bytes) {
+async fn http_rows<S: HttpService<Body>>(what: &str, router: S, model: &'static str, body: &Bytes) {
     measure_async(20_000, 1, || http_infer(router.clone(), model, body.clone()))
         .await
         .row(&format!("in process, HTTP, {what}, 1 in flight"));

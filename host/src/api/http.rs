@@ -37,14 +37,7 @@ const INFERENCE_HEADER_CONTENT_LENGTH: header::HeaderName =
 /// once (as a layer on the router it would wrap every route, and each wrapper would be cloned,
 /// allocated, again for every request), and the request's own envelope is one service with one
 /// boxed future (axum's `from_fn` boxes its future and its `Next` again per layer and request).
-pub fn router(
-    state: Shared,
-) -> Enveloped<
-    impl tower::Service<axum::extract::Request, Response = Response, Error = Infallible, Future: Send + 'static>
-    + Clone
-    + Send
-    + 'static,
-> {
+pub fn router(state: Shared) -> Enveloped<impl HttpService<Body>> {
     let routes = axum::Router::new()
         .route("/v2/health/live", get(|| async { Json(serde_json::json!({ "live": true })) }))
         .route("/v2/health/ready", get(server_ready))
@@ -84,6 +77,24 @@ pub fn router(
     )
 }
 
+/// What the HTTP port serves requests with bodies of type `B` through: [`router`]'s service
+/// (for hyper's bodies by default), or another router in its place (the benches' floor).
+pub trait HttpService<B = hyper::body::Incoming>:
+    tower::Service<http::Request<B>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> HttpService<B> for S where
+    S: tower::Service<http::Request<B>, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + 'static
+{
+}
+
 /// Every HTTP request's envelope around `S`: its id and span ([`super::request_id::http`]),
 /// and the rest of a body its answer left unread ([`close_when_body_unread`]).
 #[derive(Clone)]
@@ -91,8 +102,7 @@ pub struct Enveloped<S>(S);
 
 impl<S, B> tower::Service<http::Request<B>> for Enveloped<S>
 where
-    S: tower::Service<axum::extract::Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
+    S: HttpService<Body>,
     B: http_body::Body<Data = bytes::Bytes, Error: Into<axum::BoxError>> + Send + 'static,
 {
     type Response = Response;

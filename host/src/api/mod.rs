@@ -5,8 +5,8 @@
 //! ([`control`]: models, app versions and traffic), the platform admin API ([`admin`]:
 //! tenants, keys, quotas), the metrics port ([`metrics`]), request ids ([`request_id`]), who
 //! is calling (`auth`), the status page ([`ui`]) and the rendering of the error table
-//! ([`error`]). The pipeline itself
-//! is [`crate::infer`]'s. May import every layer below it; only `serve` imports it.
+//! ([`error`]). The pipeline itself is [`crate::infer`]'s. May import every layer below it;
+//! only `serve` imports it.
 
 pub mod admin;
 mod auth;

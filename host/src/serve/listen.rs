@@ -209,14 +209,7 @@ pub fn incoming(
 /// requests they are serving (at most `timeout`); idle keep-alive connections close.
 pub async fn serve_http(
     listener: TcpListener,
-    router: impl tower::Service<
-        http::Request<hyper::body::Incoming>,
-        Response = axum::response::Response,
-        Error = std::convert::Infallible,
-        Future: Send + 'static,
-    > + Clone
-    + Send
-    + 'static,
+    router: impl crate::api::http::HttpService,
     limits: Arc<ConnectionLimits>,
     stop: impl Future<Output = ()>,
     timeout: Duration,
