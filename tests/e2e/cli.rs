@@ -79,10 +79,24 @@ async fn model_push_uploads_weights_that_serve_at_once() {
     assert_eq!(server.infer("pushed", KEY, &row).await.0, 404, "not there before the push");
 
     let pushed = stdout(&sluice(&server, KEY, &["model", "push", "pushed", &weights.display().to_string()]));
-    assert_eq!(pushed, format!("model pushed added (sha256 {})\n", sha256_file(&weights)));
+    assert_eq!(pushed, format!("model pushed: version 1 added (sha256 {})\n", sha256_file(&weights)));
     let (status, body) = server.infer("pushed", KEY, &row).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(output(&body, "probabilities")["shape"], serde_json::json!([1, 10]), "{body}");
+
+    // New weights under the same name are a version; deleting it leaves version 1.
+    let larger = digits_model();
+    let args = ["model", "push", "pushed", &larger.display().to_string(), "--version", "2"];
+    assert_eq!(
+        stdout(&sluice(&server, KEY, &args)),
+        format!("model pushed: version 2 added (sha256 {})\n", sha256_file(&larger))
+    );
+    let (status, body) = server.infer("pushed", KEY, &row).await;
+    assert_eq!((status, body["model_version"].as_str()), (200, Some("2")), "{body}");
+    let deleted = stdout(&sluice(&server, KEY, &["model", "delete", "pushed", "--version", "2"]));
+    assert_eq!(deleted, "model pushed: version 2 deleted\n");
+    let (status, body) = server.infer("pushed", KEY, &row).await;
+    assert_eq!((status, body["model_version"].as_str()), (200, Some("1")), "{body}");
 
     let json =
         stdout(&sluice(&server, KEY, &["model", "push", "again", &weights.display().to_string(), "--output", "json"]));

@@ -43,3 +43,4 @@ mod support;
 mod traces;
 mod ui;
 mod uploads;
+mod versions;

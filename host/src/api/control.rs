@@ -5,11 +5,13 @@
 //! only once its component is checked against the tenant world. Changes apply while serving
 //! and are saved in the data directory.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -18,7 +20,7 @@ use futures::StreamExt;
 use super::auth::{authenticate, declared_length};
 use super::error::{ApiError, ErrorKind};
 use crate::control::apply::{self, Addition};
-use crate::registry::ids::{AppName, ModelName, VersionName};
+use crate::registry::ids::{AppName, ModelName, ModelVersion, VersionName};
 use crate::registry::store::{UploadError, Uploaded};
 use crate::rollout::app::AppState;
 use crate::rollout::status::status;
@@ -36,6 +38,10 @@ pub fn routes() -> axum::Router<Shared> {
         .route("/control/v1/apps/{app}/promote", post(promote))
         .route("/control/v1/apps/{app}/rollback", post(rollback))
         .route("/control/v1/models/{model}", get(model_status).put(upload_model).delete(delete_model))
+        .route(
+            "/control/v1/models/{model}/versions/{version}",
+            get(model_status).put(upload_model).delete(delete_model),
+        )
 }
 
 fn app_of(tenant: &TenantState, name: &str) -> Result<Arc<AppState>, ApiError> {
@@ -70,21 +76,45 @@ async fn usage(State(state): State<Shared>, headers: HeaderMap) -> Result<Respon
     Ok(Json(body).into_response())
 }
 
-/// `GET /control/v1/models/{model}`: one of the tenant's own models: its state, execution
-/// instances and where they run, memory and the autoscaler's latest decisions.
+/// A model path: a name, and a version where the route has one.
+#[derive(Debug, serde::Deserialize)]
+struct ModelPath {
+    model: String,
+    version: Option<String>,
+}
+
+impl ModelPath {
+    fn version(&self) -> Result<Option<ModelVersion>, ApiError> {
+        self.version.as_deref().map(|version| parse("model version", version, ModelVersion::parse)).transpose()
+    }
+}
+
+/// `GET /control/v1/models/{model}[/versions/{version}]`: one of the tenant's own models (its
+/// newest version unless named): its state, execution instances and where they run, memory
+/// and the autoscaler's latest decisions.
 async fn model_status(
     State(state): State<Shared>,
-    Path(model): Path<String>,
+    Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
+    let model = &path.model;
     let not_found = || ApiError::not_found(format!("model '{model}' not found in this tenant"));
-    let (name, copy) = tenant.models.own(&model).ok_or_else(not_found)?;
+    let (name, version, copy) = match path.version()? {
+        None => tenant.models.own_newest(model).ok_or_else(not_found)?,
+        Some(version) => {
+            let not_found = || ApiError::not_found(format!("version {version} of model '{model}' not found"));
+            let (name, copy) = tenant.models.own_version(model, version).ok_or_else(not_found)?;
+            (name, version, copy)
+        }
+    };
     let states = tenant.models.states();
-    let (_, model_state) = states.into_iter().find(|(n, _)| *n == name).ok_or_else(not_found)?;
+    let (_, _, model_state) = states.into_iter().find(|(n, v, _)| *n == name && *v == version).ok_or_else(not_found)?;
     let (model_state, reason) = super::triton::state_and_reason(model_state);
     let body = serde_json::json!({
         "model": name,
+        "version": version,
+        "versions": tenant.models.versions(model),
         "state": model_state,
         "reason": reason,
         "backend": copy.backend.to_string(),
@@ -133,55 +163,85 @@ async fn receive(
     upload.finish().map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
 }
 
-/// `PUT /control/v1/apps/{app}/versions/{version}` with the component's bytes.
+/// The query of an app version's upload: `models=digits-mlp:2,other:1` pins model versions.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VersionQuery {
+    models: Option<String>,
+}
+
+/// Model pins as `name:version`, comma-separated.
+fn parse_pins(text: &str) -> Result<BTreeMap<ModelName, ModelVersion>, ApiError> {
+    let mut pins = BTreeMap::new();
+    for pin in text.split(',').filter(|pin| !pin.is_empty()) {
+        let invalid = || ApiError::invalid(format!("model pin '{pin}': write models=NAME:VERSION[,NAME:VERSION...]"));
+        let (name, version) = pin.split_once(':').ok_or_else(invalid)?;
+        let name = parse("model name", name, ModelName::new)?;
+        let version = parse("model version", version, ModelVersion::parse)?;
+        if pins.insert(name.clone(), version).is_some() {
+            return Err(ApiError::invalid(format!("model '{name}' is pinned twice")));
+        }
+    }
+    Ok(pins)
+}
+
+/// `PUT /control/v1/apps/{app}/versions/{version}[?models=NAME:VERSION,...]` with the
+/// component's bytes.
 async fn upload_version(
     State(state): State<Shared>,
     Path((app, version)): Path<(String, String)>,
+    query: Result<Query<VersionQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
     let app_name = parse("app name", &app, AppName::new)?;
     let version = parse("version", &version, VersionName::new)?;
+    let Query(query) = query.map_err(|e| ApiError::invalid(format!("the upload's query: {}", e.body_text())))?;
+    let pins = parse_pins(query.models.as_deref().unwrap_or_default())?;
     let max = tenant.spec().quotas.max_component_bytes;
     let addition = Addition::Version { app: app_name.as_str() };
     apply::check_storage(&state, tenant, addition, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_component_bytes").await?;
     apply::check_storage(&state, tenant, addition, uploaded.length)?;
     let sha256 = uploaded.sha256.clone();
-    let app = apply::add_app_version(&state, tenant, app_name, version.clone(), uploaded).await?;
-    let body = serde_json::json!({ "app": app.spec.name, "version": version, "sha256": sha256 });
+    let app = apply::add_app_version(&state, tenant, (app_name, version.clone()), pins.clone(), uploaded).await?;
+    let body = serde_json::json!({ "app": app.spec.name, "version": version, "sha256": sha256, "models": pins });
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// `PUT /control/v1/models/{model}` with ONNX weights.
+/// `PUT /control/v1/models/{model}[/versions/{version}]` with ONNX weights: a new model (at
+/// version 1), or a new version of one.
 async fn upload_model(
     State(state): State<Shared>,
-    Path(model): Path<String>,
+    Path(path): Path<ModelPath>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
-    let name = parse("model name", &model, ModelName::new)?;
+    let name = parse("model name", &path.model, ModelName::new)?;
+    let version = path.version()?;
     let max = tenant.spec().quotas.max_model_bytes;
     apply::check_storage(&state, tenant, Addition::Model, declared_length(&headers).unwrap_or(0))?;
     let uploaded = receive(&state, &headers, body, max, "max_model_bytes").await?;
     apply::check_storage(&state, tenant, Addition::Model, uploaded.length)?;
     let sha256 = uploaded.sha256.clone();
-    apply::add_model(&state, tenant, name.clone(), uploaded).await?;
-    let body = serde_json::json!({ "model": name, "sha256": sha256 });
+    let version = apply::add_model(&state, tenant, name.clone(), version, uploaded).await?;
+    let body = serde_json::json!({ "model": name, "version": version, "sha256": sha256 });
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// `DELETE /control/v1/models/{model}`: one of the tenant's uploaded models.
+/// `DELETE /control/v1/models/{model}[/versions/{version}]`: one of the tenant's uploaded
+/// models, or one version of it.
 async fn delete_model(
     State(state): State<Shared>,
-    Path(model): Path<String>,
+    Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
-    let name = apply::delete_model(&state, tenant, &model).await?;
-    Ok(Json(serde_json::json!({ "model": name, "deleted": true })).into_response())
+    let version = path.version()?;
+    let name = apply::delete_model(&state, tenant, &path.model, version).await?;
+    Ok(Json(serde_json::json!({ "model": name, "version": version, "deleted": true })).into_response())
 }
 
 /// `DELETE /control/v1/apps/{app}/versions/{version}`: an uploaded version not in traffic.

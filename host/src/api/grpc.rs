@@ -91,7 +91,7 @@ impl GrpcInferenceService for GrpcApi {
         let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
-        let meta = metadata::model(&message.name, &target);
+        let meta = metadata::model(tenant, &message.name, &target);
         let tensor = |t: crate::registry::manifest::TensorMetadata| model_metadata_response::TensorMetadata {
             name: t.name,
             datatype: t.datatype,
@@ -200,7 +200,8 @@ impl GrpcInferenceService for GrpcApi {
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
         let duration = |d: triton::Duration| Some(StatisticDuration { count: d.count, ns: d.ns });
-        let model_stats = triton::statistics(tenant.spec().id.as_str(), &message.name, &target)
+        let named = !message.version.is_empty();
+        let model_stats = triton::statistics(tenant, &message.name, &target, named)
             .model_stats
             .into_iter()
             .map(|m| ModelStatistics {

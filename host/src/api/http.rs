@@ -236,11 +236,11 @@ fn describe<T: serde::Serialize>(
     state: &ServingState,
     headers: &HeaderMap,
     path: &ModelPath,
-    render: impl FnOnce(&str, &infer::Target) -> T,
+    render: impl FnOnce(&TenantState, &str, &infer::Target) -> T,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(state, headers)?;
     let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(render(&path.model, &target)).into_response())
+    Ok(Json(render(tenant, &path.model, &target)).into_response())
 }
 
 async fn model_metadata(
@@ -330,7 +330,7 @@ async fn model_config(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    describe(&state, &headers, &path, triton::config)
+    describe(&state, &headers, &path, |_, name, target| triton::config(name, target))
 }
 
 async fn model_stats(
@@ -340,7 +340,8 @@ async fn model_stats(
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
     let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    Ok(Json(triton::statistics(tenant.spec().id.as_str(), &path.model, &target)).into_response())
+    let named = path.version.is_some();
+    Ok(Json(triton::statistics(tenant, &path.model, &target, named)).into_response())
 }
 
 /// `GET /v2/models/{model}/drift`: the caller's drift figures for one of its models.

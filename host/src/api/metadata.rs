@@ -3,11 +3,12 @@
 
 use serde::Serialize;
 
-use crate::infer::{PLAIN_MODEL_VERSION, Target};
+use crate::infer::Target;
 use crate::nn::backend::{BackendKind, TensorSpec};
 use crate::registry::manifest::TensorMetadata;
 use crate::rollout::app::AppState;
 use crate::runtime::World;
+use crate::state::TenantState;
 
 #[derive(Debug, Serialize)]
 pub struct ServerMetadata {
@@ -36,8 +37,8 @@ pub struct ModelMetadata {
     pub outputs: Vec<TensorMetadata>,
 }
 
-/// Metadata of a resolved model or app.
-pub fn model(name: &str, target: &Target) -> ModelMetadata {
+/// Metadata of a resolved model or app (a model's versions are the ones the tenant has).
+pub fn model(tenant: &TenantState, name: &str, target: &Target) -> ModelMetadata {
     match target {
         Target::App { app, .. } => ModelMetadata {
             name: name.to_string(),
@@ -48,7 +49,7 @@ pub fn model(name: &str, target: &Target) -> ModelMetadata {
         },
         Target::Model { model, .. } => ModelMetadata {
             name: name.to_string(),
-            versions: vec![PLAIN_MODEL_VERSION.to_string()],
+            versions: tenant.models.versions(name).iter().map(ToString::to_string).collect(),
             platform: match model.backend {
                 BackendKind::Onnxruntime => "onnxruntime_onnx",
                 BackendKind::Tract => "tract_onnx",

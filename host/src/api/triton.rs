@@ -94,13 +94,16 @@ pub fn repository_index(tenant: &TenantState, ready_only: bool) -> Vec<IndexEntr
         state: "READY",
         reason: String::new(),
     });
-    let models = tenant.models.states().into_iter().map(|(name, state)| {
+    let models = tenant.models.states().into_iter().map(|(name, version, state)| {
         let (state, reason) = state_and_reason(state);
-        IndexEntry { name: name.to_string(), version: crate::infer::PLAIN_MODEL_VERSION.to_string(), state, reason }
+        IndexEntry { name: name.to_string(), version: version.to_string(), state, reason }
     });
     let mut index: Vec<IndexEntry> = apps.chain(models).collect();
     index.retain(|entry| !ready_only || entry.state == "READY");
-    index.sort_by(|a, b| a.name.cmp(&b.name));
+    // A model's versions in order (apps' and models' names never clash).
+    index.sort_by(|a, b| {
+        a.name.cmp(&b.name).then(a.version.len().cmp(&b.version.len())).then(a.version.cmp(&b.version))
+    });
     index
 }
 
@@ -295,35 +298,44 @@ impl From<&DurationCounter> for Duration {
 }
 
 /// The statistics of this model or app as `tenant` used it (an app is the tenant's own; a
-/// model's weights may be shared with other tenants, whose use is not shown).
-pub fn statistics(tenant: &str, name: &str, target: &Target) -> StatisticsResponse {
-    let own;
-    let stats: &Counters = match target {
-        Target::Model { model, .. } => {
-            own = model.stats.view(tenant);
-            &own
+/// model's weights may be shared with other tenants, whose use is not shown). A model asked
+/// for without a version (`version_named` false) answers for each of its versions, as Triton.
+pub fn statistics(tenant: &TenantState, name: &str, target: &Target, version_named: bool) -> StatisticsResponse {
+    let id = tenant.spec().id.clone();
+    let model_stats = match target {
+        Target::App { app, .. } => vec![version_statistics(name, &target.version(), &app.stats)],
+        Target::Model { version, model, .. } if version_named => {
+            vec![version_statistics(name, &version.to_string(), &model.stats.view(id.as_str()))]
         }
-        Target::App { app, .. } => &app.stats,
+        Target::Model { .. } => {
+            let versions = tenant.models.versions(name).into_iter();
+            let models = versions.filter_map(|version| Some((version, tenant.models.own_version(name, version)?.1)));
+            models
+                .map(|(version, model)| version_statistics(name, &version.to_string(), &model.stats.view(id.as_str())))
+                .collect()
+        }
     };
+    StatisticsResponse { model_stats }
+}
+
+fn version_statistics(name: &str, version: &str, stats: &Counters) -> ModelStatistics {
     let load = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
-    StatisticsResponse {
-        model_stats: vec![ModelStatistics {
-            name: name.to_string(),
-            version: target.version().to_string(),
-            last_inference: load(&stats.last_inference_ms),
-            inference_count: load(&stats.inference_count),
-            execution_count: load(&stats.execution_count),
-            inference_stats: InferStatistics {
-                success: (&stats.success).into(),
-                fail: (&stats.fail).into(),
-                queue: (&stats.queue).into(),
-                compute_input: (&stats.compute_input).into(),
-                compute_infer: (&stats.compute_infer).into(),
-                compute_output: (&stats.compute_output).into(),
-                cache_hit: (&stats.cache_hit).into(),
-                cache_miss: (&stats.cache_miss).into(),
-            },
-            batch_stats: Vec::new(),
-        }],
+    ModelStatistics {
+        name: name.to_string(),
+        version: version.to_string(),
+        last_inference: load(&stats.last_inference_ms),
+        inference_count: load(&stats.inference_count),
+        execution_count: load(&stats.execution_count),
+        inference_stats: InferStatistics {
+            success: (&stats.success).into(),
+            fail: (&stats.fail).into(),
+            queue: (&stats.queue).into(),
+            compute_input: (&stats.compute_input).into(),
+            compute_infer: (&stats.compute_infer).into(),
+            compute_output: (&stats.compute_output).into(),
+            cache_hit: (&stats.cache_hit).into(),
+            cache_miss: (&stats.cache_miss).into(),
+        },
+        batch_stats: Vec::new(),
     }
 }

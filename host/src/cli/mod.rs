@@ -80,11 +80,15 @@ pub enum ControlCommand {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum AppCommand {
-    /// `sluice app push APP VERSION COMPONENT.wasm`
+    /// `sluice app push APP VERSION COMPONENT.wasm [--models NAME:VERSION,...]`
     Push {
         app: String,
         version: String,
         component: PathBuf,
+        /// Model versions its `load-by-name` calls get, as `NAME:VERSION,...` (others: the
+        /// newest).
+        #[arg(long)]
+        models: Option<String>,
         #[command(flatten)]
         connection: Connection,
     },
@@ -99,16 +103,22 @@ pub enum AppCommand {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ModelCommand {
-    /// `sluice model push NAME MODEL.onnx`
+    /// `sluice model push NAME MODEL.onnx [--version N]`
     Push {
         name: String,
         weights: PathBuf,
+        /// Upload the weights as this version of the model (a new name without it).
+        #[arg(long)]
+        version: Option<u64>,
         #[command(flatten)]
         connection: Connection,
     },
-    /// `sluice model delete NAME` (one of the tenant's uploaded models)
+    /// `sluice model delete NAME [--version N]` (one of the tenant's uploaded models, or one
+    /// version of it)
     Delete {
         name: String,
+        #[arg(long)]
+        version: Option<u64>,
         #[command(flatten)]
         connection: Connection,
     },
@@ -155,24 +165,30 @@ pub async fn run(command: ControlCommand) -> anyhow::Result<()> {
     let output = command.connection().output;
     let client = ControlClient::new(command.connection())?;
     let (app, answer) = match command {
-        ControlCommand::App(AppCommand::Push { app, version, component, .. }) => {
+        ControlCommand::App(AppCommand::Push { app, version, component, models, .. }) => {
             let bytes = std::fs::read(&component).with_context(|| {
                 format!("cannot read {}: pass the path of a built .wasm component", component.display())
             })?;
-            let answer = client.upload(&format!("/control/v1/apps/{app}/versions/{version}"), bytes, output).await?;
+            let query = models.map(|models| format!("?models={models}")).unwrap_or_default();
+            let path = format!("/control/v1/apps/{app}/versions/{version}{query}");
+            let answer = client.upload(&path, bytes, output).await?;
             if output == Output::Text {
                 println!("app {app}: version {version} added (sha256 {})", answer["sha256"].as_str().unwrap_or("?"));
                 return Ok(());
             }
             (app, answer)
         }
-        ControlCommand::Model(ModelCommand::Push { name, weights, .. }) => {
+        ControlCommand::Model(ModelCommand::Push { name, weights, version, .. }) => {
             let bytes = std::fs::read(&weights)
                 .with_context(|| format!("cannot read {}: pass the path of an ONNX model", weights.display()))?;
-            let answer = client.upload(&format!("/control/v1/models/{name}"), bytes, output).await?;
+            let answer = client.upload(&model_path(&name, version), bytes, output).await?;
             match output {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
-                Output::Text => println!("model {name} added (sha256 {})", answer["sha256"].as_str().unwrap_or("?")),
+                Output::Text => println!(
+                    "model {name}: version {} added (sha256 {})",
+                    answer["version"].as_str().unwrap_or("?"),
+                    answer["sha256"].as_str().unwrap_or("?")
+                ),
             }
             return Ok(());
         }
@@ -184,11 +200,12 @@ pub async fn run(command: ControlCommand) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        ControlCommand::Model(ModelCommand::Delete { name, .. }) => {
-            let answer = client.send("DELETE", &format!("/control/v1/models/{name}"), None).await?;
-            match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
-                Output::Text => println!("model {name} deleted"),
+        ControlCommand::Model(ModelCommand::Delete { name, version, .. }) => {
+            let answer = client.send("DELETE", &model_path(&name, version), None).await?;
+            match (output, version) {
+                (Output::Json, _) => println!("{}", serde_json::to_string_pretty(&answer)?),
+                (Output::Text, None) => println!("model {name} deleted"),
+                (Output::Text, Some(version)) => println!("model {name}: version {version} deleted"),
             }
             return Ok(());
         }
@@ -227,6 +244,14 @@ pub async fn run(command: ControlCommand) -> anyhow::Result<()> {
         Output::Text => print!("{}", render::status(&app, &answer)),
     }
     Ok(())
+}
+
+/// A model's control path, or one version's.
+fn model_path(name: &str, version: Option<u64>) -> String {
+    match version {
+        None => format!("/control/v1/models/{name}"),
+        Some(version) => format!("/control/v1/models/{name}/versions/{version}"),
+    }
 }
 
 /// `VERSION:NUMBER` as `{"version": …, field: number}`.

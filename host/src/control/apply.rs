@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ControlError;
 use crate::nn::models::{CapFull, ModelCopy, ModelLoadError};
-use crate::registry::ids::{AppName, ModelName, TenantId, VersionName};
+use crate::registry::ids::{AppName, ModelName, ModelVersion, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
 use crate::registry::placement::{OnMissingDevice, Placement};
 use crate::registry::store::{NewerState, SaveError, Uploaded};
@@ -23,8 +23,8 @@ use crate::rollout::traffic::Traffic;
 use crate::runtime::World;
 use crate::state::{ServingState, TenantState};
 
-/// What is saved per tenant: its uploaded models (by weights digest) and each app's
-/// versions (by component digest) and traffic.
+/// What is saved per tenant: its uploaded models' versions (by weights digest) and each
+/// app's versions (by component digest, with their model pins) and traffic.
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantControl {
@@ -34,15 +34,40 @@ pub struct TenantControl {
     pub quotas: Option<Quotas>,
     #[serde(default)]
     pub keys: Option<Vec<String>>,
+    /// Version 1 of each uploaded model.
     #[serde(default)]
     pub models: BTreeMap<ModelName, String>,
+    /// Uploaded models' other versions.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_versions: BTreeMap<ModelName, BTreeMap<ModelVersion, String>>,
     pub apps: BTreeMap<AppName, AppControl>,
+}
+
+impl TenantControl {
+    /// Every blob it names: its models' weights and its apps' components.
+    pub fn blobs(self) -> impl Iterator<Item = String> {
+        let versions = self.model_versions.into_values().flat_map(BTreeMap::into_values);
+        let components = self.apps.into_values().flat_map(|app| app.versions.into_values());
+        self.models.into_values().chain(versions).chain(components)
+    }
+
+    /// Every uploaded model version's weights digest.
+    fn weights(&self) -> BTreeMap<(ModelName, ModelVersion), String> {
+        let first = self.models.iter().map(|(name, sha256)| ((name.clone(), ModelVersion::FIRST), sha256.clone()));
+        let others = self.model_versions.iter().flat_map(|(name, versions)| {
+            versions.iter().map(move |(version, sha256)| ((name.clone(), *version), sha256.clone()))
+        });
+        first.chain(others).collect()
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AppControl {
     pub versions: BTreeMap<VersionName, String>,
+    /// The model versions each of its versions pins (versions pinning none are left out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pins: BTreeMap<VersionName, BTreeMap<ModelName, ModelVersion>>,
     pub traffic: Traffic,
 }
 
@@ -123,19 +148,34 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
         .apps()
         .into_iter()
         .map(|(name, app)| {
-            let versions =
-                app.version_names().into_iter().filter_map(|v| Some((v.clone(), app.version(&v)?.sha256))).collect();
-            (name, AppControl { versions, traffic: app.traffic() })
+            let versions: Vec<(VersionName, AppVersion)> =
+                app.version_names().into_iter().filter_map(|v| Some((v.clone(), app.version(&v)?))).collect();
+            let pins = versions
+                .iter()
+                .filter(|(_, version)| !version.models.is_empty())
+                .map(|(name, version)| (name.clone(), (*version.models).clone()))
+                .collect();
+            let versions = versions.into_iter().map(|(name, version)| (name, version.sha256)).collect();
+            (name, AppControl { versions, pins, traffic: app.traffic() })
         })
         .collect();
-    let models = tenant.models.own_digests().into_iter().collect();
+    let (mut models, mut model_versions) = (BTreeMap::new(), BTreeMap::<ModelName, BTreeMap<_, _>>::new());
+    for (name, version, sha256) in tenant.models.own_weights() {
+        if tenant.spec().models.contains_key(&name) {
+            continue; // the manifest's, from the manifest's files
+        }
+        match version == ModelVersion::FIRST {
+            true => _ = models.insert(name, sha256),
+            false => _ = model_versions.entry(name).or_default().insert(version, sha256),
+        }
+    }
     let spec = tenant.spec();
     let (quotas, keys) = if tenant.admin_managed.load(Ordering::Relaxed) {
         (Some(spec.quotas.clone()), Some(state.key_digests_of(&spec.id)))
     } else {
         (None, None)
     };
-    TenantControl { quotas, keys, models, apps }
+    TenantControl { quotas, keys, models, model_versions, apps }
 }
 
 /// Apply the versions of tenants' control state this replica does not serve yet: at start
@@ -208,6 +248,7 @@ fn parse_saved(saved: &NewerState) -> Result<TenantControl, ControlError> {
 async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantControl) -> Result<(), ControlError> {
     let spec = tenant.spec();
     let id = spec.id.clone();
+    let saved_weights = saved.weights();
     if let Some(quotas) = saved.quotas {
         if quotas != spec.quotas {
             tenant.set_quotas(quotas);
@@ -218,23 +259,30 @@ async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantCo
         state.restore_keys(&id, keys);
         tenant.admin_managed.store(true, Ordering::Relaxed);
     }
-    for (name, sha256) in &saved.models {
+    let mut models_changed = false;
+    for ((name, version), sha256) in &saved_weights {
         if spec.models.contains_key(name) {
-            continue; // the manifest's model, from the manifest's file
+            continue; // the manifest's model, from the manifest's files
         }
-        match tenant.models.own(name.as_str()) {
+        match tenant.models.own_version(name.as_str(), *version) {
             Some((_, model)) if model.sha256 == *sha256 => continue,
-            Some(_) => drop(tenant.models.remove(name)),
+            Some(_) => drop(tenant.models.remove_version(name, *version)),
             None => {}
         }
         let bytes = read_blob(state, sha256).await?;
-        let model = load_model(state, tenant, name, sha256, bytes).await?;
-        tenant.models.add(name.clone(), model);
+        let model = load_model(state, tenant, (name, *version), sha256, bytes).await?;
+        tenant.models.add(name.clone(), *version, model);
+        models_changed = true;
     }
-    for (name, _) in tenant.models.own_digests() {
-        if !saved.models.contains_key(&name) && !spec.models.contains_key(&name) {
-            tenant.models.remove(&name);
+    for (name, version, _) in tenant.models.own_weights() {
+        if !saved_weights.contains_key(&(name.clone(), version)) && !spec.models.contains_key(&name) {
+            tenant.models.remove_version(&name, version);
+            models_changed = true;
         }
+    }
+    if models_changed {
+        // Which version serves a name may have changed: no app answer computed before may stay.
+        tenant.policy().response_cache.clear();
     }
     for (name, saved_app) in &saved.apps {
         let app = match tenant.app(name.as_str()) {
@@ -252,7 +300,8 @@ async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantCo
             let prepared = state.runtime.prepare(&path, sha256, &bytes).map_err(|e| {
                 store_failure("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
             })?;
-            app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone()));
+            let pins = saved_app.pins.get(version).cloned().unwrap_or_default();
+            app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone(), Arc::new(pins)));
         }
         if app.traffic() != saved_app.traffic {
             let names = app.version_names();
@@ -287,12 +336,13 @@ async fn read_blob(state: &ServingState, sha256: &str) -> Result<Vec<u8>, Contro
 }
 
 /// Make an uploaded component version `version` of `app_name` (creating the app, with
-/// this version stable, if it is new), then save.
+/// this version stable, if it is new), pinning the model versions `pins` names (each one
+/// the tenant has), then save.
 pub async fn add_app_version(
     state: &ServingState,
     tenant: &TenantState,
-    app_name: AppName,
-    version: VersionName,
+    (app_name, version): (AppName, VersionName),
+    pins: BTreeMap<ModelName, ModelVersion>,
     uploaded: Uploaded,
 ) -> Result<Arc<AppState>, ControlError> {
     if tenant.app(app_name.as_str()).is_some_and(|app| app.version(&version).is_some()) {
@@ -300,6 +350,17 @@ pub async fn add_app_version(
             "version '{version}' of app '{app_name}' exists; versions are immutable, upload a new one"
         )));
     }
+    for (model, &pinned) in &pins {
+        if !tenant.models.has_version(model.as_str(), pinned) {
+            let versions: Vec<String> =
+                tenant.models.versions(model.as_str()).iter().map(ToString::to_string).collect();
+            return Err(ControlError::Invalid(format!(
+                "version '{version}' pins version {pinned} of model '{model}', which the tenant does not have; its \
+                 versions: {versions:?}"
+            )));
+        }
+    }
+    let pins = Arc::new(pins);
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
     let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
     let prepared = state
@@ -323,7 +384,7 @@ pub async fn add_app_version(
                  every version of an app targets one world (upload it as another app)"
             )));
         }
-        if !app.add_version(version.clone(), AppVersion::new(prepared.clone(), uploaded.sha256.clone())) {
+        if !app.add_version(version.clone(), AppVersion::new(prepared.clone(), uploaded.sha256.clone(), pins.clone())) {
             return Err(ControlError::Conflict(format!("version '{version}' of app '{app_name}' exists")));
         }
         Ok((app, created))
@@ -339,13 +400,13 @@ pub async fn add_app_version(
     Ok(app)
 }
 
-/// Load uploaded weights as the tenant's model `name` on the best backend (building its plan
-/// is the check that they are a usable model), within the tenant's cap of resident model
-/// memory.
+/// Load uploaded weights as a version of the tenant's model `name` on the best backend
+/// (building its plan is the check that they are a usable model), within the tenant's cap
+/// of resident model memory.
 async fn load_model(
     state: &ServingState,
     tenant: &TenantState,
-    name: &ModelName,
+    (name, version): (&ModelName, ModelVersion),
     sha256: &str,
     bytes: Vec<u8>,
 ) -> Result<Arc<ModelCopy>, ControlError> {
@@ -356,6 +417,7 @@ async fn load_model(
     tenant.models.room_to_load(bytes.len() as u64).await.map_err(cap_full)?;
     let spec = ModelSpec {
         name: name.clone(),
+        version,
         path: state.store.blob_path(sha256),
         sha256: sha256.to_string(),
         bytes: Arc::from(bytes),
@@ -385,27 +447,45 @@ async fn load_model(
     Ok(model)
 }
 
-/// Make uploaded weights the tenant's model `name`, then save.
+/// Make uploaded weights a version of the tenant's model `name`, then save: `None`, a new
+/// name at version 1; a version, that version of a new name or of one it uploaded before.
 pub async fn add_model(
     state: &ServingState,
     tenant: &TenantState,
     name: ModelName,
+    version: Option<ModelVersion>,
     uploaded: Uploaded,
-) -> Result<(), ControlError> {
-    if tenant.models.own(name.as_str()).is_some() {
+) -> Result<ModelVersion, ControlError> {
+    if tenant.spec().models.contains_key(&name) {
         return Err(ControlError::Conflict(format!(
-            "model '{name}' exists; model names are immutable, upload under a new name"
+            "model '{name}' is declared in the tenant's manifest; its versions are declared there"
         )));
     }
-    let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
-    let model = load_model(state, tenant, &name, &uploaded.sha256, bytes).await?;
-    let add = || match tenant.models.add(name.clone(), model.clone()) {
-        true => Ok(()),
-        false => Err(ControlError::Conflict(format!("model '{name}' exists"))),
+    let exists = match version {
+        None if tenant.models.own(name.as_str()).is_some() => Some(format!(
+            "model '{name}' exists; upload new weights as a version: PUT /control/v1/models/{name}/versions/{{version}}"
+        )),
+        Some(version) if tenant.models.own_version(name.as_str(), version).is_some() => {
+            Some(format!("version {version} of model '{name}' exists; versions are immutable, upload a new one"))
+        }
+        _ => None,
     };
-    change_and_save(state, tenant, Some(&uploaded), add, |()| drop(tenant.models.remove(&name))).await?;
-    tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %uploaded.sha256, "model added");
-    Ok(())
+    if let Some(message) = exists {
+        return Err(ControlError::Conflict(message));
+    }
+    let version = version.unwrap_or(ModelVersion::FIRST);
+    let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
+    let model = load_model(state, tenant, (&name, version), &uploaded.sha256, bytes).await?;
+    let add = || match tenant.models.add(name.clone(), version, model.clone()) {
+        true => Ok(()),
+        false => Err(ControlError::Conflict(format!("version {version} of model '{name}' exists"))),
+    };
+    let undo = |_: &()| drop(tenant.models.remove_version(&name, version));
+    change_and_save(state, tenant, Some(&uploaded), add, undo).await?;
+    // Which version serves the name may have changed.
+    tenant.policy().response_cache.clear();
+    tracing::info!(tenant = %tenant.spec().id, model = %name, %version, sha256 = %uploaded.sha256, "model added");
+    Ok(version)
 }
 
 /// Replace an app's traffic after checking it, then save.
@@ -436,28 +516,69 @@ pub async fn set_traffic(
     Ok(())
 }
 
-/// Delete one of the tenant's uploaded models, then save. Requests already using it finish
-/// on it; it is unloaded when the last one ends (unless another name serves the same
-/// weights), and its blob removed once nothing references it. A model the tenant's
-/// manifest declares is refused (the manifest would bring it back at the next start).
-pub async fn delete_model(state: &ServingState, tenant: &TenantState, name: &str) -> Result<ModelName, ControlError> {
-    let not_found = || ControlError::NotFound(format!("model '{name}' not found in this tenant"));
+/// Delete one of the tenant's uploaded models (`version` `None`: every version; else that
+/// one, and the name with its last), then save. Requests already using it finish on it; it
+/// is unloaded when the last one ends (unless another name serves the same weights), and
+/// its blob removed once nothing references it. A model the tenant's manifest declares is
+/// refused (the manifest would bring it back at the next start), and so is a version an
+/// app version pins.
+pub async fn delete_model(
+    state: &ServingState,
+    tenant: &TenantState,
+    name: &str,
+    version: Option<ModelVersion>,
+) -> Result<ModelName, ControlError> {
+    let not_found = || match version {
+        None => ControlError::NotFound(format!("model '{name}' not found in this tenant")),
+        Some(version) => {
+            ControlError::NotFound(format!("version {version} of model '{name}' not found in this tenant"))
+        }
+    };
     let (name, _) = tenant.models.own(name).ok_or_else(not_found)?;
     if tenant.spec().models.contains_key(&name) {
         return Err(ControlError::Conflict(format!(
             "model '{name}' is declared in the tenant's manifest; remove it there"
         )));
     }
-    let remove = || tenant.models.remove(&name).ok_or_else(not_found);
-    let undo = |model: &Arc<ModelCopy>| {
-        tenant.models.add(name.clone(), model.clone());
+    let remove = || {
+        if let Some(pinned_by) = pinned_by(tenant, &name, version) {
+            return Err(ControlError::Conflict(format!(
+                "{pinned_by}; delete that app version or upload one pinning another"
+            )));
+        }
+        match version {
+            None => tenant.models.remove(&name).ok_or_else(not_found),
+            Some(version) => {
+                let model = tenant.models.remove_version(&name, version).ok_or_else(not_found)?;
+                Ok(BTreeMap::from([(version, model)]))
+            }
+        }
+    };
+    let undo = |removed: &BTreeMap<ModelVersion, Arc<ModelCopy>>| {
+        for (version, model) in removed {
+            tenant.models.add(name.clone(), *version, model.clone());
+        }
     };
     let removed = change_and_save(state, tenant, None, remove, undo).await?;
     // Its name may come back with other weights: no app answer computed with it may stay.
     tenant.policy().response_cache.clear();
-    collect_blob(state, &removed.sha256).await;
-    tracing::info!(tenant = %tenant.spec().id, model = %name, sha256 = %removed.sha256, "model deleted");
+    for (version, model) in removed {
+        collect_blob(state, &model.sha256).await;
+        tracing::info!(tenant = %tenant.spec().id, model = %name, %version, sha256 = %model.sha256, "model deleted");
+    }
     Ok(name)
+}
+
+/// The first app version that pins `version` of model `name` (any version: `None`), said.
+fn pinned_by(tenant: &TenantState, name: &ModelName, version: Option<ModelVersion>) -> Option<String> {
+    tenant.apps().into_iter().find_map(|(app_name, app)| {
+        app.version_names().into_iter().find_map(|app_version| {
+            let pinned = *app.version(&app_version)?.models.get(name)?;
+            version.is_none_or(|version| version == pinned).then(|| {
+                format!("version {pinned} of model '{name}' is pinned by version '{app_version}' of app '{app_name}'")
+            })
+        })
+    })
 }
 
 /// Delete an uploaded version of an app, then save. A version in the app's traffic (stable,
@@ -510,7 +631,7 @@ pub async fn delete_version(
 async fn collect_blob(state: &ServingState, sha256: &str) {
     let _one_writer = state.control_writes.lock().await;
     let referenced = state.all_tenants().iter().any(|tenant| {
-        tenant.models.own_digests().iter().any(|(_, digest)| digest == sha256)
+        tenant.models.own_weights().iter().any(|(_, _, digest)| digest == sha256)
             || tenant.apps().iter().any(|(_, app)| {
                 app.version_names().iter().any(|v| app.version(v).is_some_and(|version| version.sha256 == sha256))
             })
@@ -542,9 +663,10 @@ pub fn check_storage(
     let uploaded: BTreeMap<String, u64> = uploaded_blobs(state, tenant);
     match addition {
         Addition::Model => {
-            let models = tenant.models.own_names().len();
+            // Each version is a model of its own in memory, queues and metric series.
+            let models = tenant.models.own_weights().len();
             if models >= quotas.max_models as usize {
-                return Err(full(format!("the tenant has {models} models, its limit (max_models)")));
+                return Err(full(format!("the tenant has {models} model versions, its limit (max_models)")));
             }
         }
         Addition::Version { app } => match tenant.app(app) {
@@ -575,7 +697,7 @@ pub fn check_storage(
 /// The tenant's uploaded blobs (its models' weights and its apps' components that are in
 /// the store) and their sizes.
 fn uploaded_blobs(state: &ServingState, tenant: &TenantState) -> BTreeMap<String, u64> {
-    let models = tenant.models.own_digests().into_iter().map(|(_, digest)| digest);
+    let models = tenant.models.own_weights().into_iter().map(|(_, _, digest)| digest);
     let versions = tenant.apps().into_iter().flat_map(|(_, app)| {
         app.version_names().into_iter().filter_map(move |v| app.version(&v)).map(|v| v.sha256).collect::<Vec<_>>()
     });

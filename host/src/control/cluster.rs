@@ -455,8 +455,7 @@ impl Cluster {
         let mut named = std::collections::HashSet::new();
         for listed in self.store.list("control").await? {
             let Some(document) = self.store.get_json::<TenantControl>(&listed.key).await? else { continue };
-            named.extend(document.models.into_values());
-            named.extend(document.apps.into_values().flat_map(|app| app.versions.into_values()));
+            named.extend(document.blobs());
         }
         let mut deleted = 0;
         for listed in self.store.list("blobs/sha256").await? {
@@ -578,7 +577,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let store = SharedStore::open(&format!("file://{}", dir.path().display())).expect("opens");
         let cluster = Cluster::new(store, "r1", Duration::from_millis(100));
-        // Version 1 names the model "aa"; version 2 the app version "bb" (both kept).
+        // Version 1 names the model "aa"; version 2 the app version "bb" and the model's
+        // version 2 "dd" (all kept).
         let named = |models: serde_json::Value, apps: serde_json::Value| {
             Bytes::from(serde_json::json!({ "models": models, "apps": apps }).to_string())
         };
@@ -588,14 +588,16 @@ mod tests {
             .await
             .expect("writes");
         let app = serde_json::json!({ "app": { "versions": { "1": "bb" }, "traffic": { "stable": "1" } } });
-        cluster.store.write_control("acme", 2, named(serde_json::json!({}), app)).await.expect("writes");
-        for digest in ["aa", "bb", "cc"] {
+        let mut second: serde_json::Value = serde_json::from_slice(&named(serde_json::json!({}), app)).expect("json");
+        second["model_versions"] = serde_json::json!({ "m": { "2": "dd" } });
+        cluster.store.write_control("acme", 2, Bytes::from(second.to_string())).await.expect("writes");
+        for digest in ["aa", "bb", "cc", "dd"] {
             cluster.store.put_blob(digest, Bytes::from_static(b"bytes")).await.expect("stores");
         }
         let hour = BLOB_GRACE_MS;
         assert_eq!(cluster.sweep_blobs(unix_ms()).await.expect("sweeps"), 0, "an unnamed blob is young: it stays");
         assert_eq!(cluster.sweep_blobs(unix_ms() + hour + 60_000).await.expect("sweeps"), 1, "an old unnamed one goes");
-        for (digest, kept) in [("aa", true), ("bb", true), ("cc", false)] {
+        for (digest, kept) in [("aa", true), ("bb", true), ("cc", false), ("dd", true)] {
             assert_eq!(cluster.store.get_blob(digest).await.expect("reads").is_some(), kept, "{digest}");
         }
     }

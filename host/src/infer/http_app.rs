@@ -46,7 +46,8 @@ pub async fn serve_http_app(
     let bill = share.bill.clone();
     let (deadline, memory_bytes) = (budget.deadline(), memory_bytes(quotas));
     let call = HttpCall {
-        nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load(tenant, quotas), memory_bytes, Box::new(turn)),
+        nn: NnCtx::new(tenant.models.clone(), share, deadline, raw_load(tenant, quotas), memory_bytes, Box::new(turn))
+            .with_pins(chosen.models.clone()),
         memory_bytes,
         log: guest_log(tenant, &spec, &app, &route.version),
         deadline,

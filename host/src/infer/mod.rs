@@ -18,11 +18,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::nn::host::{NnCtx, RawLoad, Unmetered};
-use crate::nn::models::ModelCopy;
+use crate::nn::models::{ModelCopy, ModelPins};
 use crate::nn::scheduler::{ComputeError, Share};
 use crate::oip::types::{InferOutcome, ValidInferRequest, ValidTensor};
 use crate::registry::Tenant;
-use crate::registry::ids::VersionName;
+use crate::registry::ids::{ModelVersion, VersionName};
 use crate::registry::manifest::{InstanceReuse, Quotas};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::ShadowJob;
@@ -36,7 +36,7 @@ use crate::tenancy::turns::Turn;
 use error::{ApiError, ErrorKind};
 pub use http_app::serve_http_app;
 pub use observe::{Caller, Routed, count_refused, observed, observed_with};
-pub use resolve::{PLAIN_MODEL_VERSION, Target, resolve};
+pub use resolve::{Target, resolve};
 
 /// The `timeout` request parameter (microseconds), if given.
 fn timeout_parameter(parameters: &[(String, String)]) -> Result<Option<Duration>, ApiError> {
@@ -229,7 +229,7 @@ pub async fn infer(
         Target::App { app, .. } => app.slo.as_ref(),
         Target::Model { .. } => None,
     };
-    caller.routed.set(name, target.version(), slo, tenant.activity.of(name));
+    caller.routed.set(name, &target.version(), slo, tenant.activity.of(name));
     let spec = tenant.spec();
     // The OIP `timeout` request parameter (microseconds, as Triton reads it) shortens it too.
     let budget = budget.shortened(timeout_parameter(&request.parameters)?);
@@ -259,7 +259,7 @@ pub async fn infer(
     let (id, requested) = (request.id.clone(), request.requested_outputs.clone());
 
     let answer = match target {
-        Target::Model { model, .. } => run_model(&run, name, &model, request, turn).await,
+        Target::Model { version, model, .. } => run_model(&run, (name, version), &model, request, turn).await,
         Target::App { app, version, chosen, pinned } => {
             // Kept only where a fallback may need it.
             let spare = app.spec.fallback.as_ref().map(|_| request.clone());
@@ -290,7 +290,7 @@ pub async fn infer(
 /// A plain model's answer to the request.
 async fn run_model(
     run: &Run<'_>,
-    name: &str,
+    (name, version): (&str, ModelVersion),
     model: &Arc<ModelCopy>,
     request: ValidInferRequest,
     mut turn: Turn,
@@ -309,7 +309,7 @@ async fn run_model(
     let outputs: Vec<ValidTensor> =
         outputs.into_iter().map(|(name, tensor)| ValidTensor::from_model_tensor(name, tensor)).collect();
     check_response_size(name, &outputs, run.spec.quotas.max_response_bytes)?;
-    Ok((outputs, Vec::new(), PLAIN_MODEL_VERSION.to_string()))
+    Ok((outputs, Vec::new(), version.to_string()))
 }
 
 /// Which version of an app serves: the resolved one, pinned or to be routed by traffic.
@@ -349,8 +349,10 @@ async fn run_app(
     let request =
         InferRequest { id: request.id, inputs: inputs.map_err(ApiError::from)?, parameters: request.parameters };
     let mirror = route.shadow.as_ref().and_then(|shadow| {
-        let Component::Oip(prepared) = app.version(shadow)?.component else { return None };
-        let call = shadow_call(tenant, spec, app, shadow, share, request.clone(), memory_bytes);
+        let AppVersion { component: Component::Oip(prepared), models: pins, .. } = app.version(shadow)? else {
+            return None;
+        };
+        let call = shadow_call(tenant, spec, (app, shadow, pins), share, request.clone(), memory_bytes);
         Some((prepared, call))
     });
     let call = GuestCall {
@@ -361,7 +363,8 @@ async fn run_app(
             raw_load(tenant, quotas),
             memory_bytes,
             Box::new(turn),
-        ),
+        )
+        .with_pins(chosen.models.clone()),
         memory_bytes,
         log: guest_log(tenant, spec, app, &route.version),
         deadline,
@@ -454,7 +457,7 @@ async fn fall_back(
     metrics().degraded(run.spec.id.as_str(), app, reason);
     let turn = run.state.turns.enter(run.share.tenant.clone(), run.share.weight, run.budget.deadline()).await?;
     let (outputs, mut parameters, version) = match resolve(run.tenant, fallback, None)? {
-        Target::Model { model, .. } => run_model(run, fallback, &model, request, turn).await?,
+        Target::Model { version, model, .. } => run_model(run, (fallback, version), &model, request, turn).await?,
         Target::App { app: other, version, chosen, .. } => {
             // The fallback's own stable version, and no fallback of its own.
             let choice = Choice { version, chosen, pinned: true };
@@ -501,8 +504,8 @@ impl Cache {
             return None;
         }
         let (identity, counters, with_parameters) = match target {
-            Target::Model { model, .. } => {
-                let identity = format!("{PLAIN_MODEL_VERSION}/{}", model.sha256);
+            Target::Model { version, model, .. } => {
+                let identity = format!("{version}/{}", model.sha256);
                 (identity, CountersOf::Model(model.stats.of(spec.id.as_str())), false)
             }
             Target::App { app, version, chosen, pinned } => {
@@ -589,8 +592,7 @@ fn guest_log(tenant: &TenantState, spec: &Tenant, app: &AppState, version: &Vers
 fn shadow_call(
     tenant: &TenantState,
     spec: &Tenant,
-    app: &AppState,
-    version: &VersionName,
+    (app, version, pins): (&AppState, &VersionName, ModelPins),
     share: &Share,
     request: InferRequest,
     memory_bytes: usize,
@@ -601,7 +603,7 @@ fn shadow_call(
         let budget = Budget::new(Instant::now(), deadline_ms, None);
         let deadline = budget.deadline();
         GuestCall {
-            nn: NnCtx::new(models, share, deadline, None, memory_bytes, Box::new(Unmetered)),
+            nn: NnCtx::new(models, share, deadline, None, memory_bytes, Box::new(Unmetered)).with_pins(pins),
             memory_bytes,
             log,
             deadline,

@@ -1,24 +1,24 @@
 //! Resolve a name inside the caller's tenant: an app (with its pinned or stable version) or
 //! a plain model. Unknown and foreign names get the same answer.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::error::ApiError;
 use crate::nn::models::ModelCopy;
-use crate::registry::ids::{ModelName, VersionName};
+use crate::registry::ids::{ModelName, ModelVersion, VersionName};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::state::TenantState;
-
-/// The version every plain model reports.
-pub const PLAIN_MODEL_VERSION: &str = "1";
 
 /// What a name resolves to inside a tenant.
 pub enum Target {
     /// An app: the pinned version, or (when `pinned` is false) the stable one; unpinned
     /// requests are routed by the app's traffic when they run.
     App { app: Arc<AppState>, version: VersionName, chosen: AppVersion, pinned: bool },
+    /// A plain model: the pinned version, or its newest.
     Model {
         name: ModelName,
+        version: ModelVersion,
         model: Arc<ModelCopy>,
         /// The tenant's manifest keeps its answers in the response cache.
         response_cache: bool,
@@ -34,10 +34,10 @@ impl Target {
         }
     }
 
-    pub fn version(&self) -> &str {
+    pub fn version(&self) -> Cow<'_, str> {
         match self {
-            Self::App { version, .. } => version.as_str(),
-            Self::Model { .. } => PLAIN_MODEL_VERSION,
+            Self::App { version, .. } => Cow::Borrowed(version.as_str()),
+            Self::Model { version, .. } => Cow::Owned(version.to_string()),
         }
     }
 }
@@ -49,16 +49,27 @@ pub fn resolve(tenant: &TenantState, name: &str, version: Option<&str>) -> Resul
         let (chosen_name, chosen) = app.select(version)?;
         return Ok(Target::App { app, version: chosen_name, chosen, pinned: version.is_some() });
     }
-    if let Some((model_name, model)) = tenant.models.own(name) {
-        if let Some(pinned) = version
-            && pinned != PLAIN_MODEL_VERSION
-        {
-            return Err(ApiError::not_found(format!(
-                "version '{pinned}' of model '{name}' not found; versions: [\"{PLAIN_MODEL_VERSION}\"]"
-            )));
-        }
-        let response_cache = tenant.spec().models.get(&model_name).is_some_and(|spec| spec.response_cache);
-        return Ok(Target::Model { name: model_name, model, response_cache });
+    if let Some((model_name, newest_version, newest)) = tenant.models.own_newest(name) {
+        let (version, model) = match version {
+            None => (newest_version, newest),
+            Some(pinned) => {
+                let found = ModelVersion::parse(pinned)
+                    .ok()
+                    .and_then(|version| Some((version, tenant.models.own_version(name, version)?.1)));
+                found.ok_or_else(|| {
+                    let versions: Vec<String> = tenant.models.versions(name).iter().map(ToString::to_string).collect();
+                    ApiError::not_found(format!(
+                        "version '{pinned}' of model '{name}' not found; versions: {versions:?}"
+                    ))
+                })?
+            }
+        };
+        let response_cache = tenant
+            .spec()
+            .models
+            .get(&model_name)
+            .is_some_and(|versions| versions.values().next().is_some_and(|spec| spec.response_cache));
+        return Ok(Target::Model { name: model_name, version, model, response_cache });
     }
     let mut known: Vec<String> = tenant.apps().into_iter().map(|(a, _)| a.to_string()).collect();
     known.extend(tenant.models.own_names().iter().map(ToString::to_string));

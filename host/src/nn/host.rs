@@ -16,7 +16,7 @@ use std::sync::Arc;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
 use super::backend::Backend;
-use super::models::{ModelCopy, TenantModels};
+use super::models::{ModelCopy, ModelPins, TenantModels};
 use super::scheduler::{ComputeError, CpuBoundGuest, Loaded, QueueSettings, Residence, Share};
 use crate::registry::placement::Placement;
 use crate::tensor::{ElementType, Tensor};
@@ -107,6 +107,8 @@ const RESOURCE_OVERHEAD: usize = 128;
 /// Limits and namespace of one request's `wasi:nn` use.
 pub struct NnCtx {
     pub models: Arc<TenantModels>,
+    /// The model versions the calling app version's `load-by-name` gets.
+    pins: ModelPins,
     /// The calling tenant and its compute weight, for fair share in the model queues.
     pub share: Share,
     pub deadline: tokio::time::Instant,
@@ -145,6 +147,7 @@ impl NnCtx {
     ) -> Self {
         Self {
             models,
+            pins: ModelPins::default(),
             share,
             deadline,
             raw_load,
@@ -155,6 +158,12 @@ impl NnCtx {
             turn,
             cpu_bound: None,
         }
+    }
+
+    /// Give `load-by-name` the model versions the calling app version pins.
+    pub fn with_pins(mut self, pins: ModelPins) -> Self {
+        self.pins = pins;
+        self
     }
 
     /// The guest ran through a time slice: it counts as CPU-bound until the request ends,
@@ -392,18 +401,27 @@ impl graph::Host for NnView<'_> {
             let message = format!("model '{}…' not found: names are at most {MAX_NAME_BYTES} bytes", shown(&name));
             return self.error(errors::ErrorCode::NotFound, message);
         }
-        match self.ctx.models.resolve(&name) {
+        let pinned = self.ctx.pins.iter().find(|(pinned, _)| pinned.as_str() == name).map(|(_, &version)| version);
+        match self.ctx.models.resolve(&name, pinned) {
             Some(model) => {
-                let model = model.clone();
                 self.track(name.len() + RESOURCE_OVERHEAD)?;
                 Ok(Ok(self.table.push(HostGraph { name, model })?))
             }
-            None if self.ctx.models.own(&name).is_some() => {
+            None if self.ctx.models.is_unloaded(&name) => {
                 let message =
                     format!("model '{name}' is unloaded; load it with POST /v2/repository/models/{name}/load");
                 self.error(errors::ErrorCode::NotFound, message)
             }
-            None => self.error(errors::ErrorCode::NotFound, format!("model '{name}' not found")),
+            None => match pinned {
+                Some(version) => {
+                    let served: Vec<String> = self.ctx.models.versions(&name).iter().map(ToString::to_string).collect();
+                    let message = format!(
+                        "version {version} of model '{name}', which this app version pins, not found; versions: {served:?}"
+                    );
+                    self.error(errors::ErrorCode::NotFound, message)
+                }
+                None => self.error(errors::ErrorCode::NotFound, format!("model '{name}' not found")),
+            },
         }
     }
 }

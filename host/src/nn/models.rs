@@ -24,7 +24,7 @@ use super::scheduler::{
     ComputeError, LoadError, LoadReason, Loaded, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency,
     Share,
 };
-use crate::registry::ids::ModelName;
+use crate::registry::ids::{ModelName, ModelVersion};
 use crate::registry::manifest::{BreakerSettings, Drift, Padding};
 use crate::registry::placement::{DeviceId, Placement};
 use crate::registry::{ModelOrigin, ModelSpec};
@@ -277,6 +277,9 @@ impl Drop for ModelCopy {
         tracing::info!(model = %self.queue.model(), backend = %self.backend, sha256 = %self.sha256, "model dropped: nothing serves it");
     }
 }
+
+/// The model versions an app version's `load-by-name` calls get, by model name.
+pub type ModelPins = Arc<BTreeMap<ModelName, ModelVersion>>;
 
 /// Every resident model, keyed by weights digest, backend and placements (identical weights
 /// placed alike share one copy and one queue). The store does not keep a model alive: a
@@ -761,11 +764,18 @@ impl std::fmt::Display for CapFull {
 
 impl std::error::Error for CapFull {}
 
-/// One of a tenant's names for a model copy.
+/// One of a tenant's model names: the copies of its versions (at least one).
 struct Binding {
-    model: Arc<ModelCopy>,
-    /// The tenant unloaded it: its calls are refused until it loads it again.
+    /// Its versions' copies; the newest serves calls that name no version.
+    versions: BTreeMap<ModelVersion, Arc<ModelCopy>>,
+    /// The tenant unloaded it (every version): its calls are refused until it loads it again.
     unloaded: bool,
+}
+
+impl Binding {
+    fn newest(&self) -> Option<&Arc<ModelCopy>> {
+        self.versions.values().next_back()
+    }
 }
 
 /// Where one of a tenant's own models stands, as the repository index shows it.
@@ -807,7 +817,7 @@ impl TenantModels {
             .into_iter()
             .map(|(name, model)| {
                 model.want();
-                (name, Binding { model, unloaded: false })
+                (name, Binding { versions: BTreeMap::from([(ModelVersion::FIRST, model)]), unloaded: false })
             })
             .collect();
         Self {
@@ -832,18 +842,58 @@ impl TenantModels {
     }
 
     /// A model by name for `load-by-name`: the tenant's own first (unless it unloaded it),
-    /// then the shared ones.
-    pub fn resolve(&self, name: &str) -> Option<Arc<ModelCopy>> {
+    /// then the shared ones (which have version 1 only); `version` or else the newest.
+    pub fn resolve(&self, name: &str, version: Option<ModelVersion>) -> Option<Arc<ModelCopy>> {
         let name = ModelName::new(name).ok()?;
         match self.own_models().get(&name) {
-            Some(binding) => (!binding.unloaded).then(|| binding.model.clone()),
-            None => self.shared.get(&name).cloned(),
+            Some(binding) if binding.unloaded => None,
+            Some(binding) => match version {
+                Some(version) => binding.versions.get(&version).cloned(),
+                None => binding.newest().cloned(),
+            },
+            None if version.is_none_or(|version| version == ModelVersion::FIRST) => self.shared.get(&name).cloned(),
+            None => None,
         }
     }
 
-    /// One of the tenant's own models (the ones its plain-model endpoints serve).
+    /// One of the tenant's own models (the ones its plain-model endpoints serve): its newest
+    /// version.
     pub fn own(&self, name: &str) -> Option<(ModelName, Arc<ModelCopy>)> {
-        self.own_models().iter().find(|(n, _)| n.as_str() == name).map(|(n, b)| (n.clone(), b.model.clone()))
+        self.own_newest(name).map(|(name, _, model)| (name, model))
+    }
+
+    /// One of the tenant's own models' newest version, with its number.
+    pub fn own_newest(&self, name: &str) -> Option<(ModelName, ModelVersion, Arc<ModelCopy>)> {
+        let own = self.own_models();
+        let (name, binding) = own.iter().find(|(n, _)| n.as_str() == name)?;
+        let (version, model) = binding.versions.iter().next_back()?;
+        Some((name.clone(), *version, model.clone()))
+    }
+
+    /// One version of one of the tenant's own models.
+    pub fn own_version(&self, name: &str, version: ModelVersion) -> Option<(ModelName, Arc<ModelCopy>)> {
+        let own = self.own_models();
+        let (name, binding) = own.iter().find(|(n, _)| n.as_str() == name)?;
+        Some((name.clone(), binding.versions.get(&version)?.clone()))
+    }
+
+    /// Whether it has this version of a model, its own (loaded or not) or a shared one (which
+    /// has version 1 only).
+    pub fn has_version(&self, name: &str, version: ModelVersion) -> bool {
+        let own = self.own_models();
+        match own.iter().find(|(n, _)| n.as_str() == name) {
+            Some((_, binding)) => binding.versions.contains_key(&version),
+            None => version == ModelVersion::FIRST && self.shared.keys().any(|n| n.as_str() == name),
+        }
+    }
+
+    /// The versions one of its own models has (ascending; empty if it has no such model).
+    pub fn versions(&self, name: &str) -> Vec<ModelVersion> {
+        let own = self.own_models();
+        own.iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, b)| b.versions.keys().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Whether the tenant unloaded one of its own models.
@@ -855,18 +905,20 @@ impl TenantModels {
         self.own_models().keys().cloned().collect()
     }
 
-    /// The tenant's own models with the digest of their weights.
-    pub fn own_digests(&self) -> Vec<(ModelName, String)> {
-        self.own_models().iter().map(|(n, b)| (n.clone(), b.model.sha256.clone())).collect()
+    /// The tenant's own models' versions with the digest of their weights.
+    pub fn own_weights(&self) -> Vec<(ModelName, ModelVersion, String)> {
+        let own = self.own_models();
+        let versions = own.iter().flat_map(|(n, b)| b.versions.iter().map(move |(v, model)| (n, v, model)));
+        versions.map(|(name, version, model)| (name.clone(), *version, model.sha256.clone())).collect()
     }
 
-    /// The tenant's own models and where each stands.
-    pub fn states(&self) -> Vec<(ModelName, ModelState)> {
-        let state = |binding: &Binding| {
-            if binding.unloaded {
+    /// The tenant's own models' versions and where each stands.
+    pub fn states(&self) -> Vec<(ModelName, ModelVersion, ModelState)> {
+        let state = |unloaded: bool, model: &ModelCopy| {
+            if unloaded {
                 return ModelState::Unloaded;
             }
-            match binding.model.residency() {
+            match model.residency() {
                 Residency::Ready => ModelState::Ready { resident: true },
                 Residency::Unloaded => ModelState::Ready { resident: false },
                 Residency::Loading => ModelState::Loading,
@@ -874,7 +926,9 @@ impl TenantModels {
                 Residency::Failed(reason) => ModelState::Failed(reason),
             }
         };
-        self.own_models().iter().map(|(name, binding)| (name.clone(), state(binding))).collect()
+        let own = self.own_models();
+        let versions = own.iter().flat_map(|(n, b)| b.versions.iter().map(move |(v, model)| (n, b.unloaded, v, model)));
+        versions.map(|(name, unloaded, version, model)| (name.clone(), *version, state(unloaded, model))).collect()
     }
 
     /// Change one of the tenant's own names under the write lock.
@@ -884,39 +938,46 @@ impl TenantModels {
         binding.map(change).ok_or_else(|| RepositoryError::NotFound(name.to_string()))
     }
 
-    /// Stop serving one of the tenant's own models; its copy leaves memory once no name of
-    /// any tenant wants it and nothing runs or waits on it. Unloading twice is no error.
+    /// Stop serving one of the tenant's own models (every version); each copy leaves memory
+    /// once no name of any tenant wants it and nothing runs or waits on it. Unloading twice
+    /// is no error.
     pub async fn unload(&self, name: &str) -> Result<(), RepositoryError> {
         let released = self.change_binding(name, |binding| {
-            let released = (!binding.unloaded).then(|| binding.model.clone());
+            let released: Vec<Arc<ModelCopy>> = match binding.unloaded {
+                true => Vec::new(),
+                false => binding.versions.values().cloned().collect(),
+            };
             binding.unloaded = true;
             released
         })?;
-        if let Some(model) = released {
+        for model in released {
             model.unwant().await;
         }
         Ok(())
     }
 
-    /// Serve one of the tenant's own models again (or still) and make it resident; returns
-    /// once it is ready.
+    /// Serve one of the tenant's own models again (or still) and make every version of it
+    /// resident; returns once they are ready.
     pub async fn load(&self, name: &str) -> Result<(), RepositoryError> {
-        let model = self.change_binding(name, |binding| {
+        let models = self.change_binding(name, |binding| {
             if binding.unloaded {
                 binding.unloaded = false;
-                binding.model.want();
+                binding.versions.values().for_each(|model| model.want());
             }
-            binding.model.clone()
+            binding.versions.values().cloned().collect::<Vec<_>>()
         })?;
         let _one_at_a_time = self.loads.lock().await;
-        if !model.holds_memory() {
-            let full = |full| RepositoryError::ResidentCap { model: name.to_string(), full };
-            self.make_room(model.footprint, Some(&model), None).await.map_err(full)?;
+        for model in models {
+            if !model.holds_memory() {
+                let full = |full| RepositoryError::ResidentCap { model: name.to_string(), full };
+                self.make_room(model.footprint, Some(&model), None).await.map_err(full)?;
+            }
+            model.queue.load(LoadReason::Request).await.map_err(|error| match error {
+                LoadError::NoRoom(reason) => RepositoryError::NoRoom { model: name.to_string(), reason },
+                LoadError::Failed(reason) => RepositoryError::LoadFailed { model: name.to_string(), reason },
+            })?;
         }
-        model.queue.load(LoadReason::Request).await.map_err(|error| match error {
-            LoadError::NoRoom(reason) => RepositoryError::NoRoom { model: name.to_string(), reason },
-            LoadError::Failed(reason) => RepositoryError::LoadFailed { model: name.to_string(), reason },
-        })
+        Ok(())
     }
 
     /// Make one of the tenant's own copies resident for a call, within its cap (a shared
@@ -975,21 +1036,26 @@ impl TenantModels {
     /// The tenant's own model that takes the most memory resident, with what it takes.
     pub fn largest_footprint(&self) -> Option<(ModelName, u64)> {
         let own = self.own_models();
-        own.iter().map(|(name, binding)| (name.clone(), binding.model.footprint)).max_by_key(|(_, bytes)| *bytes)
+        let versions = own.iter().flat_map(|(name, binding)| binding.versions.values().map(move |model| (name, model)));
+        versions.map(|(name, model)| (name.clone(), model.footprint)).max_by_key(|(_, bytes)| *bytes)
     }
 
     /// Whether one of the tenant's own names (not unloaded) serves this copy.
     fn serves(&self, model: &Arc<ModelCopy>) -> bool {
-        self.own_models().values().any(|binding| !binding.unloaded && Arc::ptr_eq(&binding.model, model))
+        self.own_models()
+            .values()
+            .any(|binding| !binding.unloaded && binding.versions.values().any(|served| Arc::ptr_eq(served, model)))
     }
 
-    /// The copies its own names serve, each once, with how many of its names serve each.
+    /// The copies its own names' versions serve, each once, with how many of them serve each.
     fn served(&self) -> Vec<(Arc<ModelCopy>, usize)> {
         let mut served: Vec<(Arc<ModelCopy>, usize)> = Vec::new();
-        for binding in self.own_models().values().filter(|binding| !binding.unloaded) {
-            match served.iter_mut().find(|(model, _)| Arc::ptr_eq(model, &binding.model)) {
+        let own = self.own_models();
+        let models = own.values().filter(|binding| !binding.unloaded).flat_map(|binding| binding.versions.values());
+        for model in models {
+            match served.iter_mut().find(|(served, _)| Arc::ptr_eq(served, model)) {
                 Some((_, names)) => *names += 1,
-                None => served.push((binding.model.clone(), 1)),
+                None => served.push((model.clone(), 1)),
             }
         }
         served
@@ -1047,24 +1113,44 @@ impl TenantModels {
         }
     }
 
-    /// Take a model out (a deletion, or an upload whose state could not be saved).
-    pub fn remove(&self, name: &ModelName) -> Option<Arc<ModelCopy>> {
+    /// Take a model out with every version (a deletion): its versions' copies.
+    pub fn remove(&self, name: &ModelName) -> Option<BTreeMap<ModelVersion, Arc<ModelCopy>>> {
         let binding = self.own_models_mut().remove(name)?;
         if !binding.unloaded {
-            // Dropped with its last holder if nothing else serves it; no unload to ask for.
-            binding.model.wanted.fetch_sub(1, Ordering::Relaxed);
+            // Dropped with its last holder if nothing else serves them; no unload to ask for.
+            binding.versions.values().for_each(|model| _ = model.wanted.fetch_sub(1, Ordering::Relaxed));
         }
-        Some(binding.model)
+        Some(binding.versions)
     }
 
-    /// Add a model; `false` if the name is taken (model names are immutable).
-    pub fn add(&self, name: ModelName, model: Arc<ModelCopy>) -> bool {
+    /// Take one version of a model out (a deletion, or an upload whose state could not be
+    /// saved); the name goes with its last version.
+    pub fn remove_version(&self, name: &ModelName, version: ModelVersion) -> Option<Arc<ModelCopy>> {
         let mut own = self.own_models_mut();
-        if own.contains_key(&name) {
+        let binding = own.get_mut(name)?;
+        let model = binding.versions.remove(&version)?;
+        if !binding.unloaded {
+            model.wanted.fetch_sub(1, Ordering::Relaxed);
+        }
+        if binding.versions.is_empty() {
+            own.remove(name);
+        }
+        Some(model)
+    }
+
+    /// Add a model's version (a new name, or another version of one); `false` if the
+    /// version is there already (versions are immutable). A version added to an unloaded
+    /// name is served when the name is loaded again.
+    pub fn add(&self, name: ModelName, version: ModelVersion, model: Arc<ModelCopy>) -> bool {
+        let mut own = self.own_models_mut();
+        let binding = own.entry(name).or_insert_with(|| Binding { versions: BTreeMap::new(), unloaded: false });
+        if binding.versions.contains_key(&version) {
             return false;
         }
-        model.want();
-        own.insert(name, Binding { model, unloaded: false });
+        if !binding.unloaded {
+            model.want();
+        }
+        binding.versions.insert(version, model);
         true
     }
 }

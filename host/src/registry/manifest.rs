@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::ids::{AppName, ModelName, TenantId, VersionName};
+use super::ids::{AppName, ModelName, ModelVersion, TenantId, VersionName};
 use super::placement::{InstanceGroup, OnMissingDevice};
 
 /// Which backend serves a model (a manifest may pin one; the engines are `nn::backend`'s).
@@ -92,7 +92,7 @@ pub struct Quotas {
     /// in full for each tenant serving it); past it, the tenant's own least recently used
     /// idle model leaves before another of its models loads.
     pub max_resident_model_mib: u64,
-    /// Models the tenant may have (its manifest's and its uploads).
+    /// Models the tenant may have (its manifest's and its uploads), each version counted.
     pub max_models: u32,
     /// Apps the tenant may have.
     pub max_apps: u32,
@@ -193,10 +193,17 @@ impl Default for Quotas {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelManifest {
-    /// Path of the `.onnx` file, relative to the manifest.
+    /// Path of the `.onnx` file (its version 1), relative to the manifest.
     pub path: PathBuf,
     /// Expected SHA-256 (hex) of the file; a mismatch refuses to start.
     pub sha256: String,
+    /// `[models.X.versions.N]`: further versions' weights under the same name (N from 2),
+    /// served with the same settings.
+    #[serde(default)]
+    pub versions: BTreeMap<ModelVersion, ModelWeights>,
+    /// Which versions are served (Triton's `version_policy`); by default the newest.
+    #[serde(default)]
+    pub version_policy: VersionPolicy,
     /// Pin a backend; by default onnxruntime when its library is present, else tract.
     #[serde(default)]
     pub backend: Option<BackendKind>,
@@ -229,6 +236,51 @@ pub struct ModelManifest {
     /// Keep its answers in the tenant's response cache (Triton's `response_cache`).
     #[serde(default)]
     pub response_cache: bool,
+}
+
+/// One version's weights.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelWeights {
+    /// Path of the `.onnx` file, relative to the manifest.
+    pub path: PathBuf,
+    /// Expected SHA-256 (hex) of the file; a mismatch refuses to start.
+    pub sha256: String,
+}
+
+/// Which of a model's declared versions are loaded and served, as Triton's `version_policy`:
+/// `{ latest = N }` (the newest N; the default is the newest one), `"all"`, or
+/// `{ specific = [1, 3] }`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum VersionPolicy {
+    Latest(usize),
+    All,
+    Specific(Vec<ModelVersion>),
+}
+
+impl Default for VersionPolicy {
+    fn default() -> Self {
+        Self::Latest(1)
+    }
+}
+
+impl VersionPolicy {
+    /// The versions it serves out of those declared (ascending).
+    pub fn select(&self, declared: &[ModelVersion]) -> Result<Vec<ModelVersion>, String> {
+        let mut declared = declared.to_vec();
+        declared.sort();
+        match self {
+            Self::Latest(0) => Err("version_policy latest needs at least 1 version".into()),
+            Self::Latest(count) => Ok(declared.split_off(declared.len().saturating_sub(*count))),
+            Self::All => Ok(declared),
+            Self::Specific(wanted) if wanted.is_empty() => Err("version_policy specific names no version".into()),
+            Self::Specific(wanted) => match wanted.iter().find(|v| !declared.contains(v)) {
+                Some(missing) => Err(format!("version_policy names version {missing}, which is not declared")),
+                None => Ok(declared.into_iter().filter(|v| wanted.contains(v)).collect()),
+            },
+        }
+    }
 }
 
 /// `[models.X.autoscale]`: execution instances grow from `min_instances` to `max_instances`
@@ -552,6 +604,10 @@ pub struct ShadowManifest {
 pub struct AppVersionManifest {
     /// Path of the component `.wasm`, relative to the manifest.
     pub component: PathBuf,
+    /// Model versions its `load-by-name` calls get (`models = { "digits-mlp" = 2 }`); a
+    /// model it does not name: the newest version served.
+    #[serde(default)]
+    pub models: BTreeMap<ModelName, ModelVersion>,
 }
 
 /// A tensor as OIP metadata describes it.

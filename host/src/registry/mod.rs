@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use ids::{AppName, ModelName, TenantId, VersionName};
+use ids::{AppName, ModelName, ModelVersion, TenantId, VersionName};
 use manifest::{
     Analysis, AppManifest, Autoscale, Batching, BreakerSettings, Drift, ModelManifest, PlatformManifest, Quotas,
     Resident, SCHEMA_VERSION, SloManifest, TenantManifest, TensorMetadata,
@@ -46,6 +46,8 @@ pub enum RegistryError {
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
     pub name: ModelName,
+    /// Which of the name's versions these weights are.
+    pub version: ModelVersion,
     pub path: PathBuf,
     pub sha256: String,
     pub bytes: Arc<[u8]>,
@@ -84,7 +86,12 @@ pub struct ComponentSpec {
     pub path: PathBuf,
     pub sha256: String,
     pub bytes: Arc<[u8]>,
+    /// The model versions its `load-by-name` calls get.
+    pub models: BTreeMap<ModelName, ModelVersion>,
 }
+
+/// A model's served versions, each with its weights (the settings are the same).
+pub type ModelVersions = BTreeMap<ModelVersion, ModelSpec>;
 
 /// An app with its versions.
 #[derive(Debug, Clone)]
@@ -107,7 +114,7 @@ pub struct AppSpec {
 pub struct Tenant {
     pub id: TenantId,
     pub quotas: Quotas,
-    pub models: BTreeMap<ModelName, ModelSpec>,
+    pub models: BTreeMap<ModelName, ModelVersions>,
     pub apps: BTreeMap<AppName, AppSpec>,
 }
 
@@ -141,6 +148,12 @@ impl Registry {
                 let manifest: PlatformManifest = parse(&path, &text)?;
                 check_version(&path, manifest.version)?;
                 for (name, model) in manifest.shared_models {
+                    if !model.versions.is_empty() {
+                        return Err(RegistryError::Invalid {
+                            path,
+                            message: format!("shared model '{name}': shared models have one version"),
+                        });
+                    }
                     let spec = load_model(&path, name.clone(), model)?;
                     registry.shared_models.insert(name, spec);
                 }
@@ -172,11 +185,28 @@ impl Registry {
             if manifest.apps.contains_key(&AppName::new(name.as_str()).map_err(invalid)?) {
                 return Err(invalid(format!("'{name}' names both a model and an app; OIP names must be unique")));
             }
-            models.insert(name.clone(), load_model(path, name, model)?);
+            models.insert(name.clone(), load_versions(path, name, model)?);
         }
         let mut apps = BTreeMap::new();
         for (name, app) in manifest.apps {
             apps.insert(name.clone(), load_app(path, name, app)?);
+        }
+        // A pin of a manifest model names a version it serves (pins of uploaded models are
+        // checked when called).
+        for (name, app) in &apps {
+            for (version, component) in &app.versions {
+                for (model, pinned) in &component.models {
+                    if let Some(served) = models.get(model)
+                        && !served.contains_key(pinned)
+                    {
+                        let served: Vec<String> = served.keys().map(ToString::to_string).collect();
+                        return Err(invalid(format!(
+                            "app '{name}', version '{version}' pins version {pinned} of model '{model}', which \
+                             its version_policy does not serve (served: {served:?})"
+                        )));
+                    }
+                }
+            }
         }
         for (name, app) in &apps {
             let Some(fallback) = &app.fallback else { continue };
@@ -228,12 +258,48 @@ fn read_beside(manifest: &Path, relative: &Path) -> Result<(PathBuf, Arc<[u8]>, 
     Ok((path, bytes.into(), digest))
 }
 
-fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<ModelSpec, RegistryError> {
-    let (path, bytes, actual) = read_beside(manifest, &model.path)?;
-    let expected = model.sha256.to_ascii_lowercase();
+/// Read weights beside the manifest and check them against their declared digest.
+fn read_weights(manifest: &Path, relative: &Path, sha256: &str) -> Result<(PathBuf, Arc<[u8]>, String), RegistryError> {
+    let (path, bytes, actual) = read_beside(manifest, relative)?;
+    let expected = sha256.to_ascii_lowercase();
     if actual != expected {
         return Err(RegistryError::DigestMismatch { path, manifest: manifest.to_path_buf(), expected, actual });
     }
+    Ok((path, bytes, actual))
+}
+
+/// A model's versions its `version_policy` serves, each read and checked (the others are
+/// not read).
+fn load_versions(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<ModelVersions, RegistryError> {
+    let invalid = |message: String| RegistryError::Invalid {
+        path: manifest.to_path_buf(),
+        message: format!("model '{name}': {message}"),
+    };
+    if model.versions.contains_key(&ModelVersion::FIRST) {
+        return Err(invalid("version 1 is the model's own path and sha256; declare versions from 2".into()));
+    }
+    let mut declared = vec![ModelVersion::FIRST];
+    declared.extend(model.versions.keys().copied());
+    let served = model.version_policy.select(&declared).map_err(invalid)?;
+    let (versions, policy) = (model.versions.clone(), model.version_policy.clone());
+    let first = load_model(manifest, name, model)?;
+    tracing::debug!(model = %first.name, ?policy, ?served, "model versions served");
+    let mut specs = ModelVersions::new();
+    for version in served {
+        let spec = match versions.get(&version) {
+            None => first.clone(),
+            Some(weights) => {
+                let (path, bytes, sha256) = read_weights(manifest, &weights.path, &weights.sha256)?;
+                ModelSpec { version, path, bytes, sha256, ..first.clone() }
+            }
+        };
+        specs.insert(version, spec);
+    }
+    Ok(specs)
+}
+
+fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<ModelSpec, RegistryError> {
+    let (path, bytes, actual) = read_weights(manifest, &model.path, &model.sha256)?;
     if model.batching.max_batch_size == 0 || model.batching.max_queue_size == 0 || model.batching.instances == 0 {
         return Err(RegistryError::Invalid {
             path: manifest.to_path_buf(),
@@ -307,6 +373,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
     let placements = placements.unwrap_or_else(|| vec![Placement::CPU; batching.instances]);
     Ok(ModelSpec {
         name,
+        version: ModelVersion::FIRST,
         path,
         sha256: actual,
         bytes,
@@ -346,7 +413,7 @@ fn load_app(manifest: &Path, name: AppName, app: AppManifest) -> Result<AppSpec,
     let mut versions = BTreeMap::new();
     for (version, spec) in app.versions {
         let (path, bytes, sha256) = read_beside(manifest, &spec.component)?;
-        versions.insert(version, ComponentSpec { path, sha256, bytes });
+        versions.insert(version, ComponentSpec { path, sha256, bytes, models: spec.models });
     }
     let analysis = app.analysis;
     if analysis.steps.is_empty()

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use super::analysis::{self, AnalysisState, Decision, Event, ReplicaCounters, THIS_REPLICA, Window, WindowFigures};
 use super::shadow::ShadowStats;
 use super::traffic::Traffic;
+use crate::nn::models::ModelPins;
 use crate::registry::AppSpec;
 use crate::registry::ids::VersionName;
 use crate::runtime::{Component, WarmPool, World};
@@ -26,14 +27,16 @@ pub struct UnknownVersion(String);
 pub struct AppVersion {
     pub component: Component,
     pub sha256: String,
+    /// The model versions its `load-by-name` calls get.
+    pub models: ModelPins,
     pub stats: Arc<VersionStats>,
     /// Instances parked for the tenant's next request (serial reuse; empty otherwise).
     pub warm: Arc<WarmPool>,
 }
 
 impl AppVersion {
-    pub fn new(component: Component, sha256: String) -> Self {
-        Self { component, sha256, stats: Arc::default(), warm: Arc::default() }
+    pub fn new(component: Component, sha256: String, models: ModelPins) -> Self {
+        Self { component, sha256, models, stats: Arc::default(), warm: Arc::default() }
     }
 }
 

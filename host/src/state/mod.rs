@@ -344,14 +344,14 @@ impl ServingState {
             // Loaded as uploads are, within the tenant's cap of resident model memory.
             let models =
                 Arc::new(TenantModels::new(BTreeMap::new(), shared.clone(), tenant.quotas.resident_model_bytes()));
-            for (name, spec) in &tenant.models {
+            for spec in tenant.models.values().flat_map(BTreeMap::values) {
                 let context = || format!("tenant '{}', model {}", tenant.id, spec.path.display());
                 let estimate = spec.bytes.len() as u64 * spec.batching.instances as u64;
                 models.room_to_load(estimate).await.with_context(context)?;
                 let model = resident.load(spec, &backends, &model_defaults).await.with_context(context)?;
                 models.settle(&model).await.with_context(context)?;
-                tracing::info!(tenant = %tenant.id, model = %name, backend = %model.backend, "model serves");
-                models.add(name.clone(), model);
+                tracing::info!(tenant = %tenant.id, model = %spec.name, version = %spec.version, backend = %model.backend, "model serves");
+                models.add(spec.name.clone(), spec.version, model);
             }
             let mut apps = BTreeMap::new();
             for (name, spec) in &tenant.apps {
@@ -360,7 +360,8 @@ impl ServingState {
                     let prepared = runtime
                         .prepare(&component.path, &component.sha256, &component.bytes)
                         .with_context(|| format!("tenant '{}', app '{name}', version '{version}'", tenant.id))?;
-                    versions.insert(version.clone(), AppVersion::new(prepared, component.sha256.clone()));
+                    let pins = Arc::new(component.models.clone());
+                    versions.insert(version.clone(), AppVersion::new(prepared, component.sha256.clone(), pins));
                 }
                 let mut worlds = versions.values().map(|v| v.component.world());
                 let first = worlds.next();

@@ -193,15 +193,16 @@ fn models_table(tenant: &TenantState, id: &str) -> Markup {
     html! {
         table.models {
             tr {
-                th { "Model" } th { "State" } th { "Backend" } th { "Instances" } th { "Memory" }
+                th { "Model" } th { "Version" } th { "State" } th { "Backend" } th { "Instances" } th { "Memory" }
                 th { "Rows waiting" } th { "Placement" } th { "Drift" }
             }
-            @for (name, model_state) in states {
-                @if let Some((_, copy)) = tenant.models.own(name.as_str()) {
+            @for (name, version, model_state) in states {
+                @if let Some((_, copy)) = tenant.models.own_version(name.as_str(), version) {
                     @let (state, reason) = state_and_reason(model_state);
                     @let drift = copy.drift.get(id).map(|monitor| monitor.report());
-                    tr data-model=(name.as_str()) {
+                    tr data-model=(name.as_str()) data-version=(version.to_string()) {
                         td { (name.as_str()) }
+                        td { (version.to_string()) }
                         td title=(reason) { (state) }
                         td { (copy.backend.to_string()) }
                         td { (copy.queue.instances()) }
