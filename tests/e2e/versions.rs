@@ -279,3 +279,30 @@ async fn uploaded_weights_canary_under_one_name_pinned_by_app_versions_and_survi
     let (code, meta) = server.get("/v2/models/digits-mlp", Some(KEY)).await;
     assert_eq!((code, &meta["versions"]), (200, &json!(["2"])), "{meta}");
 }
+
+#[tokio::test]
+async fn a_weights_only_shadow_runs_the_other_weights_and_is_compared() {
+    let tenants = Tenants::new();
+    // The newest weights serve; the shadow pins the older ones (unpinned, it would get the newest).
+    let shadowed = manifest("\"all\"").replace("stable = \"1\"", "stable = \"2\"")
+        + "[apps.digits.traffic]\nshadow = { version = \"1\", sample = 1.0 }\n";
+    tenants.write("acme.toml", &shadowed);
+    let server = Server::start(tenants.path(), &[]);
+    for _ in 0..5 {
+        let (code, answer) = server.infer("digits", KEY, &app_request()).await;
+        assert_eq!((code, answer["model_version"].as_str()), (200, Some("2")), "{answer}");
+    }
+    let started = std::time::Instant::now();
+    let status = loop {
+        let (code, status) = server.get("/control/v1/apps/digits", Some(KEY)).await;
+        assert_eq!(code, 200, "{status}");
+        if status["shadow_comparison"]["compared"] == 5 || started.elapsed() > std::time::Duration::from_secs(20) {
+            break status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let comparison = &status["shadow_comparison"];
+    assert_eq!(comparison["compared"], 5, "{status}");
+    // The same component on other weights: other probabilities (same weights would differ by 0).
+    assert!(comparison["max_abs_diff"].as_f64().unwrap_or(0.0) > 1e-4, "{status}");
+}
