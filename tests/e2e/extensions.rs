@@ -74,7 +74,8 @@ async fn config_and_statistics_describe_batching_count_requests_and_are_listed_a
     // Server metadata names these extensions, the same over both protocols.
     let (_, metadata) = server.get("/v2", None).await;
     let listed: Vec<String> = serde_json::from_value(metadata["extensions"].clone()).expect("a list of names");
-    for extension in ["model_configuration", "statistics", "model_repository", "binary_tensor_data"] {
+    for extension in ["model_configuration", "statistics", "model_repository", "binary_tensor_data", "schedule_policy"]
+    {
         assert!(listed.iter().any(|name| name == extension), "{extension} not in {listed:?}");
     }
     let over_grpc = grpc.server_metadata(ServerMetadataRequest {}).await.expect("metadata").into_inner();

@@ -18,11 +18,11 @@ pub struct ServerMetadata {
 }
 
 /// The OIP/Triton extensions served, under Triton's names: binary tensors in HTTP bodies,
-/// the repository index/load/unload calls, model configuration, statistics, and request
-/// parameters (`timeout`, `binary_data_output`, a guest's own). Not yet: `schedule_policy`
-/// (no per-request priority), shared memory, sequences, trace and logging settings.
-const EXTENSIONS: [&str; 5] =
-    ["binary_tensor_data", "model_repository", "model_configuration", "statistics", "parameters"];
+/// the repository index/load/unload calls, model configuration, statistics, request
+/// parameters (`binary_data_output`, a guest's own), and the schedule policy's per-request
+/// `priority` and `timeout`. Not yet: shared memory, sequences, trace and logging settings.
+const EXTENSIONS: [&str; 6] =
+    ["binary_tensor_data", "model_repository", "model_configuration", "statistics", "parameters", "schedule_policy"];
 
 pub fn server() -> ServerMetadata {
     ServerMetadata { name: "sluice", version: env!("CARGO_PKG_VERSION"), extensions: EXTENSIONS.to_vec() }
