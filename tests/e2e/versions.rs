@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use reqwest::Method;
 use serde_json::{Value, json};
 use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
-use sluice::api::grpc::proto::{ModelMetadataRequest, RepositoryIndexRequest};
+use sluice::api::grpc::proto::model_version_policy::{self, PolicyChoice};
+use sluice::api::grpc::proto::{ModelConfigRequest, ModelMetadataRequest, RepositoryIndexRequest};
 
 use crate::support::*;
 
@@ -85,6 +86,8 @@ async fn manifest_versions_answer_by_number_and_apps_get_the_versions_they_pin()
     }
     let (code, ready) = server.get("/v2/models/digits-mlp/versions/1/ready", Some(KEY)).await;
     assert_eq!(code, 200, "{ready}");
+    let (code, config) = server.get("/v2/models/digits-mlp/config", Some(KEY)).await;
+    assert_eq!((code, &config["version_policy"]), (200, &json!({ "all": {} })), "{config}");
 
     // Each app version computes with the weights it pins: its answer is that version's.
     for (app_version, expected) in [("1", p1), ("2", p2)] {
@@ -126,6 +129,15 @@ async fn manifest_versions_answer_by_number_and_apps_get_the_versions_they_pin()
         .expect("metadata")
         .into_inner();
     assert_eq!(meta.versions, ["1", "2"]);
+    let config = client
+        .model_config(authed(ModelConfigRequest { name: "digits-mlp".into(), version: String::new() }, KEY))
+        .await
+        .expect("config")
+        .into_inner()
+        .config
+        .expect("a config");
+    let policy = config.version_policy.and_then(|policy| policy.policy_choice);
+    assert_eq!(policy, Some(PolicyChoice::All(model_version_policy::All {})));
     let x: Vec<f32> = pixels().iter().map(|&p| f32::from(p) / 255.0).collect();
     let mut request = digits_grpc_request(x);
     request.model_version = "1".into();
@@ -169,6 +181,12 @@ async fn the_version_policy_decides_what_serves_and_a_pin_it_leaves_out_refuses_
     assert_eq!(code, 404, "version 1 is left out by the policy: {body}");
     let (code, meta) = server.get("/v2/models/digits-mlp", Some(OTHER_KEY)).await;
     assert_eq!((code, &meta["versions"]), (200, &json!(["1"])), "each tenant its own policy: {meta}");
+    for (key, policy) in
+        [(KEY, json!({ "latest": { "num_versions": 1 } })), (OTHER_KEY, json!({ "specific": { "versions": [1] } }))]
+    {
+        let (code, config) = server.get("/v2/models/digits-mlp/config", Some(key)).await;
+        assert_eq!((code, &config["version_policy"]), (200, &policy), "{config}");
+    }
     let (code, answer) = server.infer("digits-mlp", OTHER_KEY, &model_request()).await;
     assert_eq!((code, answer["model_version"].as_str()), (200, Some("1")), "{answer}");
     drop(server);
@@ -226,6 +244,8 @@ async fn uploaded_weights_canary_under_one_name_pinned_by_app_versions_and_survi
     assert!(error_message(&body).contains("/versions/"), "{body}");
     let (code, body) = upload_weights(&server, "/versions/0", &digits_small_model()).await;
     assert_eq!(code, 400, "{body}");
+    let (code, config) = server.get("/v2/models/digits-mlp/config", Some(KEY)).await;
+    assert_eq!((code, &config["version_policy"]), (200, &json!({ "all": {} })), "uploads serve every version");
     let (_, first) = model_answer(&server, Some("1")).await;
     let (_, second) = model_answer(&server, Some("2")).await;
     let p1 = (top_probability(&first, "probabilities") * 1e4).round() as u32;

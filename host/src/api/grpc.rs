@@ -113,7 +113,7 @@ impl GrpcInferenceService for GrpcApi {
         let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
         let target = infer::resolve(tenant, &message.name, version(&message.version))?;
-        let config = triton::config(&message.name, &target);
+        let config = triton::config(tenant, &message.name, &target);
         let input = config
             .input
             .into_iter()
@@ -141,6 +141,7 @@ impl GrpcInferenceService for GrpcApi {
             config: Some(ModelConfig {
                 name: config.name,
                 platform: config.platform,
+                version_policy: config.version_policy.map(version_policy),
                 backend: config.backend,
                 max_batch_size: config.max_batch_size,
                 input,
@@ -290,6 +291,19 @@ const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
 fn is_server_failure(code: tonic::Code) -> bool {
     use tonic::Code::*;
     matches!(code, Unknown | DeadlineExceeded | Unimplemented | Internal | Unavailable | DataLoss)
+}
+
+/// Triton's `ModelVersionPolicy` message for a configuration's policy.
+fn version_policy(policy: triton::VersionPolicyConfig) -> ModelVersionPolicy {
+    use model_version_policy::{All, Latest, PolicyChoice, Specific};
+    let choice = match policy {
+        triton::VersionPolicyConfig::Latest { num_versions } => PolicyChoice::Latest(Latest { num_versions }),
+        triton::VersionPolicyConfig::All {} => PolicyChoice::All(All {}),
+        triton::VersionPolicyConfig::Specific { versions } => PolicyChoice::Specific(Specific {
+            versions: versions.into_iter().map(|v| i64::try_from(v).unwrap_or(i64::MAX)).collect(),
+        }),
+    };
+    ModelVersionPolicy { policy_choice: Some(choice) }
 }
 
 fn version(version: &str) -> Option<&str> {

@@ -330,7 +330,7 @@ async fn model_config(
     Path(path): Path<ModelPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    describe(&state, &headers, &path, |_, name, target| triton::config(name, target))
+    describe(&state, &headers, &path, triton::config)
 }
 
 async fn model_stats(

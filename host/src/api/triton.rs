@@ -13,7 +13,7 @@ use crate::nn::backend::{BackendKind, TensorSpec};
 use crate::nn::models::ModelState;
 use crate::nn::scheduler::Residency;
 use crate::oip::types::Datatype;
-use crate::registry::manifest::TensorMetadata;
+use crate::registry::manifest::{TensorMetadata, VersionPolicy};
 use crate::registry::placement::{DeviceId, Placement};
 use crate::state::TenantState;
 use crate::telemetry::stats::{Counters, DurationCounter};
@@ -22,6 +22,9 @@ use crate::telemetry::stats::{Counters, DurationCounter};
 pub struct ModelConfig {
     pub name: String,
     pub platform: String,
+    /// A plain model's: which of its versions are served (apps have none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version_policy: Option<VersionPolicyConfig>,
     pub backend: String,
     pub max_batch_size: i32,
     pub input: Vec<TensorConfig>,
@@ -32,6 +35,28 @@ pub struct ModelConfig {
     /// Triton's `response_cache`, shown when enabled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response_cache: Option<ResponseCacheConfig>,
+}
+
+/// Triton's `version_policy`: `{"latest": {"num_versions": N}}`, `{"all": {}}` or
+/// `{"specific": {"versions": [...]}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VersionPolicyConfig {
+    Latest { num_versions: u32 },
+    All {},
+    Specific { versions: Vec<u64> },
+}
+
+impl From<&VersionPolicy> for VersionPolicyConfig {
+    fn from(policy: &VersionPolicy) -> Self {
+        match policy {
+            VersionPolicy::Latest(count) => Self::Latest { num_versions: *count },
+            VersionPolicy::All => Self::All {},
+            VersionPolicy::Specific(versions) => {
+                Self::Specific { versions: versions.iter().map(|v| v.get()).collect() }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -167,7 +192,7 @@ pub async fn unload(tenant: &TenantState, name: &str) -> Result<(), ApiError> {
 }
 
 /// The configuration Triton would report for this model or app.
-pub fn config(name: &str, target: &Target) -> ModelConfig {
+pub fn config(tenant: &TenantState, name: &str, target: &Target) -> ModelConfig {
     let tensor = |spec: &TensorMetadata, batched: bool| {
         let datatype = Datatype::parse(&spec.datatype);
         TensorConfig {
@@ -178,7 +203,7 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
         }
     };
     match target {
-        Target::Model { model, .. } => {
+        Target::Model { name: model_name, model, .. } => {
             let batched = model.signature.batchable();
             let from_spec = |spec: &TensorSpec| TensorMetadata {
                 name: spec.name.clone(),
@@ -189,9 +214,17 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
                 BackendKind::Onnxruntime => "onnxruntime",
                 BackendKind::Tract => "tract",
             };
+            // A manifest's model says; an uploaded one serves every version.
+            let policy = tenant
+                .spec()
+                .models
+                .get(model_name)
+                .and_then(|versions| versions.values().next())
+                .map_or(VersionPolicy::All, |spec| spec.version_policy.clone());
             ModelConfig {
                 name: name.to_string(),
                 platform: format!("{backend}_onnx"),
+                version_policy: Some((&policy).into()),
                 backend: backend.to_string(),
                 max_batch_size: if batched {
                     i32::try_from(model.settings.max_batch_rows).unwrap_or(i32::MAX)
@@ -216,6 +249,7 @@ pub fn config(name: &str, target: &Target) -> ModelConfig {
         Target::App { app, .. } => ModelConfig {
             name: name.to_string(),
             platform: super::metadata::app_platform(app).to_string(),
+            version_policy: None,
             backend: "wasm".to_string(),
             max_batch_size: 0,
             input: app.spec.inputs.iter().map(|t| tensor(t, false)).collect(),

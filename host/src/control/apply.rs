@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::ControlError;
 use crate::nn::models::{CapFull, ModelCopy, ModelLoadError};
 use crate::registry::ids::{AppName, ModelName, ModelVersion, TenantId, VersionName};
-use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, Warmup};
+use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, VersionPolicy, Warmup};
 use crate::registry::placement::{OnMissingDevice, Placement};
 use crate::registry::store::{NewerState, SaveError, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
@@ -418,6 +418,7 @@ async fn load_model(
     let spec = ModelSpec {
         name: name.clone(),
         version,
+        version_policy: VersionPolicy::All,
         path: state.store.blob_path(sha256),
         sha256: sha256.to_string(),
         bytes: Arc::from(bytes),

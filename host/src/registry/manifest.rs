@@ -254,7 +254,8 @@ pub struct ModelWeights {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum VersionPolicy {
-    Latest(usize),
+    /// The newest N.
+    Latest(u32),
     All,
     Specific(Vec<ModelVersion>),
 }
@@ -272,7 +273,10 @@ impl VersionPolicy {
         declared.sort();
         match self {
             Self::Latest(0) => Err("version_policy latest needs at least 1 version".into()),
-            Self::Latest(count) => Ok(declared.split_off(declared.len().saturating_sub(*count))),
+            Self::Latest(count) => {
+                let count = usize::try_from(*count).unwrap_or(usize::MAX);
+                Ok(declared.split_off(declared.len().saturating_sub(count)))
+            }
             Self::All => Ok(declared),
             Self::Specific(wanted) if wanted.is_empty() => Err("version_policy specific names no version".into()),
             Self::Specific(wanted) => match wanted.iter().find(|v| !declared.contains(v)) {

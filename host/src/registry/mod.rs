@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use ids::{AppName, ModelName, ModelVersion, TenantId, VersionName};
 use manifest::{
     Analysis, AppManifest, Autoscale, Batching, BreakerSettings, Drift, ModelManifest, PlatformManifest, Quotas,
-    Resident, SCHEMA_VERSION, SloManifest, TenantManifest, TensorMetadata,
+    Resident, SCHEMA_VERSION, SloManifest, TenantManifest, TensorMetadata, VersionPolicy,
 };
 
 use crate::registry::manifest::BackendKind;
@@ -48,6 +48,8 @@ pub struct ModelSpec {
     pub name: ModelName,
     /// Which of the name's versions these weights are.
     pub version: ModelVersion,
+    /// Which of the name's versions are served (uploads: every one).
+    pub version_policy: VersionPolicy,
     pub path: PathBuf,
     pub sha256: String,
     pub bytes: Arc<[u8]>,
@@ -281,9 +283,8 @@ fn load_versions(manifest: &Path, name: ModelName, model: ModelManifest) -> Resu
     let mut declared = vec![ModelVersion::FIRST];
     declared.extend(model.versions.keys().copied());
     let served = model.version_policy.select(&declared).map_err(invalid)?;
-    let (versions, policy) = (model.versions.clone(), model.version_policy.clone());
+    let versions = model.versions.clone();
     let first = load_model(manifest, name, model)?;
-    tracing::debug!(model = %first.name, ?policy, ?served, "model versions served");
     let mut specs = ModelVersions::new();
     for version in served {
         let spec = match versions.get(&version) {
@@ -374,6 +375,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
     Ok(ModelSpec {
         name,
         version: ModelVersion::FIRST,
+        version_policy: model.version_policy,
         path,
         sha256: actual,
         bytes,
