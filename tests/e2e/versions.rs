@@ -266,6 +266,9 @@ async fn uploaded_weights_canary_under_one_name_pinned_by_app_versions_and_survi
     let (code, body) =
         server.send(Method::PUT, "/control/v1/apps/digits/traffic", KEY, traffic.to_string().into()).await;
     assert_eq!(code, 200, "{body}");
+    let (_, status) = server.get("/control/v1/apps/digits", Some(KEY)).await;
+    assert_eq!(status["versions"]["2"]["models"], json!({ "digits-mlp": "2" }), "the status shows pins: {status}");
+    assert!(status["versions"]["1"].get("models").is_none(), "version 1 pins nothing: {status}");
     let expected = BTreeSet::from([("1b".to_string(), p1), ("2".to_string(), p2)]);
     assert_eq!(app_answers(&server, 40).await, expected, "each app version answers with its own weights");
 

@@ -48,6 +48,9 @@ pub struct VersionStatus {
     pub errors: u64,
     /// Upper bound of the latency bucket holding the 99th percentile, in ms.
     pub p99_ms: Option<f64>,
+    /// The model versions it pins (a weights-only canary differs here alone).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, String>,
 }
 
 pub fn status(app: &AppState) -> RolloutStatus {
@@ -62,6 +65,7 @@ pub fn status(app: &AppState) -> RolloutStatus {
                 requests: snapshot.requests,
                 errors: snapshot.errors,
                 p99_ms: snapshot.quantile_ms(0.99).filter(|ms| ms.is_finite()),
+                models: state.models.iter().map(|(model, pinned)| (model.to_string(), pinned.to_string())).collect(),
             };
             (version.to_string(), status)
         })
