@@ -30,14 +30,19 @@ pub fn status(app: &str, status: &Value) -> String {
     if let Some(header) = status["sticky_header"].as_str() {
         let _ = writeln!(text, "  sticky   {header}");
     }
-    text += "  VERSION  REQUESTS  ERRORS  P99 (ms)\n";
+    text += "  VERSION  REQUESTS  ERRORS  P99 (ms)  MODELS\n";
     for (version, figures) in status["versions"].as_object().into_iter().flatten() {
+        // The model versions it pins, as `NAME:VERSION` (a weights-only canary differs here).
+        let pins = figures["models"].as_object().into_iter().flatten();
+        let pins: Vec<String> =
+            pins.map(|(model, pinned)| format!("{model}:{}", pinned.as_str().unwrap_or("?"))).collect();
         let _ = writeln!(
             text,
-            "  {version:<8} {:>8}  {:>6}  {:>8}",
+            "  {version:<8} {:>8}  {:>6}  {:>8}  {}",
             figures["requests"],
             figures["errors"],
-            number(&figures["p99_ms"])
+            number(&figures["p99_ms"]),
+            if pins.is_empty() { "-".to_string() } else { pins.join(",") }
         );
     }
     let shadow = &status["shadow_comparison"];
@@ -177,4 +182,25 @@ pub fn tenants(tenants: &Value) -> String {
         );
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn status_shows_the_model_versions_each_version_pins() {
+        let status = json!({
+            "stable": "1",
+            "versions": {
+                "1": { "requests": 3, "errors": 0, "p99_ms": null },
+                "2": { "requests": 1, "errors": 0, "p99_ms": 1.5, "models": { "digits-mlp": "2" } },
+            },
+            "shadow_comparison": { "mirrored": 0 },
+        });
+        let text = super::status("digits", &status);
+        let row = |version: &str| text.lines().find(|line| line.trim_start().starts_with(&format!("{version} ")));
+        assert!(row("2").is_some_and(|line| line.ends_with("  digits-mlp:2")), "{text}");
+        assert!(row("1").is_some_and(|line| line.ends_with("  -")), "{text}");
+    }
 }
