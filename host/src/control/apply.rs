@@ -160,8 +160,9 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
         })
         .collect();
     let (mut models, mut model_versions) = (BTreeMap::new(), BTreeMap::<ModelName, BTreeMap<_, _>>::new());
+    let declared = tenant.spec();
     for (name, version, sha256) in tenant.models.own_weights() {
-        if tenant.spec().models.contains_key(&name) {
+        if declared.models.contains_key(&name) {
             continue; // the manifest's, from the manifest's files
         }
         match version == ModelVersion::FIRST {
@@ -350,16 +351,8 @@ pub async fn add_app_version(
             "version '{version}' of app '{app_name}' exists; versions are immutable, upload a new one"
         )));
     }
-    for (model, &pinned) in &pins {
-        if !tenant.models.has_version(model.as_str(), pinned) {
-            let versions: Vec<String> =
-                tenant.models.versions(model.as_str()).iter().map(ToString::to_string).collect();
-            return Err(ControlError::Invalid(format!(
-                "version '{version}' pins version {pinned} of model '{model}', which the tenant does not have; its \
-                 versions: {versions:?}"
-            )));
-        }
-    }
+    // Checked again where the version is added, under the control lock a deletion takes.
+    check_pins(tenant, &version, &pins)?;
     let pins = Arc::new(pins);
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
     let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
@@ -369,6 +362,7 @@ pub async fn add_app_version(
         .await
         .map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
     let add = || {
+        check_pins(tenant, &version, &pins)?;
         let (app, created) = match tenant.app(app_name.as_str()) {
             Some(app) => (app, false),
             None => {
@@ -398,6 +392,25 @@ pub async fn add_app_version(
     let (app, _) = change_and_save(state, tenant, Some(&uploaded), add, undo).await?;
     tracing::info!(tenant = %tenant.spec().id, app = %app_name, %version, sha256 = %uploaded.sha256, "app version added");
     Ok(app)
+}
+
+/// Each pinned model version is one the tenant has.
+fn check_pins(
+    tenant: &TenantState,
+    version: &VersionName,
+    pins: &BTreeMap<ModelName, ModelVersion>,
+) -> Result<(), ControlError> {
+    for (model, &pinned) in pins {
+        if !tenant.models.has_version(model.as_str(), pinned) {
+            let versions: Vec<String> =
+                tenant.models.versions(model.as_str()).iter().map(ToString::to_string).collect();
+            return Err(ControlError::Invalid(format!(
+                "version '{version}' pins version {pinned} of model '{model}', which the tenant does not have; its \
+                 versions: {versions:?}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Load uploaded weights as a version of the tenant's model `name` on the best backend
