@@ -37,7 +37,7 @@ impl Target {
     pub fn version(&self) -> Cow<'_, str> {
         match self {
             Self::App { version, .. } => Cow::Borrowed(version.as_str()),
-            Self::Model { version, .. } => Cow::Owned(version.to_string()),
+            Self::Model { version, .. } => version.text(),
         }
     }
 }

@@ -107,8 +107,9 @@ const RESOURCE_OVERHEAD: usize = 128;
 /// Limits and namespace of one request's `wasi:nn` use.
 pub struct NnCtx {
     pub models: Arc<TenantModels>,
-    /// The model versions the calling app version's `load-by-name` gets.
-    pins: ModelPins,
+    /// The model versions the calling app version's `load-by-name` gets (none: no allocation
+    /// for a context that pins nothing).
+    pins: Option<ModelPins>,
     /// The calling tenant and its compute weight, for fair share in the model queues.
     pub share: Share,
     pub deadline: tokio::time::Instant,
@@ -147,7 +148,7 @@ impl NnCtx {
     ) -> Self {
         Self {
             models,
-            pins: ModelPins::default(),
+            pins: None,
             share,
             deadline,
             raw_load,
@@ -162,7 +163,7 @@ impl NnCtx {
 
     /// Give `load-by-name` the model versions the calling app version pins.
     pub fn with_pins(mut self, pins: ModelPins) -> Self {
-        self.pins = pins;
+        self.pins = (!pins.is_empty()).then_some(pins);
         self
     }
 
@@ -401,7 +402,8 @@ impl graph::Host for NnView<'_> {
             let message = format!("model '{}…' not found: names are at most {MAX_NAME_BYTES} bytes", shown(&name));
             return self.error(errors::ErrorCode::NotFound, message);
         }
-        let pinned = self.ctx.pins.iter().find(|(pinned, _)| pinned.as_str() == name).map(|(_, &version)| version);
+        let pins = self.ctx.pins.iter().flat_map(|pins| pins.iter());
+        let pinned = pins.into_iter().find(|(pinned, _)| pinned.as_str() == name).map(|(_, &version)| version);
         match self.ctx.models.resolve(&name, pinned) {
             Some(model) => {
                 self.track(name.len() + RESOURCE_OVERHEAD)?;

@@ -95,6 +95,16 @@ impl ModelVersion {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// Its text, without an allocation for versions 1 to 9 (each plain request names its
+    /// version once).
+    pub fn text(self) -> std::borrow::Cow<'static, str> {
+        const SMALL: [&str; 9] = ["1", "2", "3", "4", "5", "6", "7", "8", "9"];
+        match self.0 {
+            1..=9 => std::borrow::Cow::Borrowed(SMALL[(self.0 - 1) as usize]),
+            other => std::borrow::Cow::Owned(other.to_string()),
+        }
+    }
 }
 
 impl fmt::Display for ModelVersion {
@@ -140,6 +150,7 @@ mod tests {
     #[test]
     fn model_versions_are_positive_whole_numbers_from_numbers_or_text() {
         assert_eq!(ModelVersion::parse("2"), Ok(ModelVersion(2)));
+        assert_eq!((ModelVersion(9).text(), ModelVersion(10).text()), ("9".into(), "10".into()));
         for bad in ["", "0", "-1", "1.5", "+3", " 2", "99999999999999999999", "v2"] {
             assert!(ModelVersion::parse(bad).is_err(), "{bad:?} should be rejected");
         }
