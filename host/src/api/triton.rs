@@ -215,12 +215,9 @@ pub fn config(tenant: &TenantState, name: &str, target: &Target) -> ModelConfig 
                 BackendKind::Tract => "tract",
             };
             // A manifest's model says; an uploaded one serves every version.
-            let policy = tenant
-                .spec()
-                .models
-                .get(model_name)
-                .and_then(|versions| versions.values().next())
-                .map_or(VersionPolicy::All, |spec| spec.version_policy.clone());
+            let declared = tenant.spec();
+            let declared = declared.declared_model(model_name);
+            let policy = declared.map_or(VersionPolicy::All, |spec| spec.version_policy.clone());
             ModelConfig {
                 name: name.to_string(),
                 platform: format!("{backend}_onnx"),

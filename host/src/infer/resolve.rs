@@ -64,11 +64,7 @@ pub fn resolve(tenant: &TenantState, name: &str, version: Option<&str>) -> Resul
                 })?
             }
         };
-        let response_cache = tenant
-            .spec()
-            .models
-            .get(&model_name)
-            .is_some_and(|versions| versions.values().next().is_some_and(|spec| spec.response_cache));
+        let response_cache = tenant.spec().declared_model(&model_name).is_some_and(|spec| spec.response_cache);
         return Ok(Target::Model { name: model_name, version, model, response_cache });
     }
     let mut known: Vec<String> = tenant.apps().into_iter().map(|(a, _)| a.to_string()).collect();

@@ -773,9 +773,14 @@ struct Binding {
 }
 
 impl Binding {
-    fn newest(&self) -> Option<&Arc<ModelCopy>> {
-        self.versions.values().next_back()
+    fn newest(&self) -> Option<(ModelVersion, &Arc<ModelCopy>)> {
+        self.versions.iter().next_back().map(|(version, model)| (*version, model))
     }
+}
+
+/// One of a tenant's names by its text (looked up without building a `ModelName`).
+fn named<'a>(own: &'a BTreeMap<ModelName, Binding>, name: &str) -> Option<(&'a ModelName, &'a Binding)> {
+    own.iter().find(|(n, _)| n.as_str() == name)
 }
 
 /// Where one of a tenant's own models stands, as the repository index shows it.
@@ -849,7 +854,7 @@ impl TenantModels {
             Some(binding) if binding.unloaded => None,
             Some(binding) => match version {
                 Some(version) => binding.versions.get(&version).cloned(),
-                None => binding.newest().cloned(),
+                None => binding.newest().map(|(_, model)| model.clone()),
             },
             None if version.is_none_or(|version| version == ModelVersion::FIRST) => self.shared.get(&name).cloned(),
             None => None,
@@ -865,15 +870,15 @@ impl TenantModels {
     /// One of the tenant's own models' newest version, with its number.
     pub fn own_newest(&self, name: &str) -> Option<(ModelName, ModelVersion, Arc<ModelCopy>)> {
         let own = self.own_models();
-        let (name, binding) = own.iter().find(|(n, _)| n.as_str() == name)?;
-        let (version, model) = binding.versions.iter().next_back()?;
-        Some((name.clone(), *version, model.clone()))
+        let (name, binding) = named(&own, name)?;
+        let (version, model) = binding.newest()?;
+        Some((name.clone(), version, model.clone()))
     }
 
     /// One version of one of the tenant's own models.
     pub fn own_version(&self, name: &str, version: ModelVersion) -> Option<(ModelName, Arc<ModelCopy>)> {
         let own = self.own_models();
-        let (name, binding) = own.iter().find(|(n, _)| n.as_str() == name)?;
+        let (name, binding) = named(&own, name)?;
         Some((name.clone(), binding.versions.get(&version)?.clone()))
     }
 
@@ -881,7 +886,7 @@ impl TenantModels {
     /// has version 1 only).
     pub fn has_version(&self, name: &str, version: ModelVersion) -> bool {
         let own = self.own_models();
-        match own.iter().find(|(n, _)| n.as_str() == name) {
+        match named(&own, name) {
             Some((_, binding)) => binding.versions.contains_key(&version),
             None => version == ModelVersion::FIRST && self.shared.keys().any(|n| n.as_str() == name),
         }
@@ -890,15 +895,12 @@ impl TenantModels {
     /// The versions one of its own models has (ascending; empty if it has no such model).
     pub fn versions(&self, name: &str) -> Vec<ModelVersion> {
         let own = self.own_models();
-        own.iter()
-            .find(|(n, _)| n.as_str() == name)
-            .map(|(_, b)| b.versions.keys().copied().collect())
-            .unwrap_or_default()
+        named(&own, name).map(|(_, binding)| binding.versions.keys().copied().collect()).unwrap_or_default()
     }
 
     /// Whether the tenant unloaded one of its own models.
     pub fn is_unloaded(&self, name: &str) -> bool {
-        self.own_models().iter().any(|(n, binding)| n.as_str() == name && binding.unloaded)
+        named(&self.own_models(), name).is_some_and(|(_, binding)| binding.unloaded)
     }
 
     pub fn own_names(&self) -> Vec<ModelName> {

@@ -120,6 +120,13 @@ pub struct Tenant {
     pub apps: BTreeMap<AppName, AppSpec>,
 }
 
+impl Tenant {
+    /// The settings the manifest declares for one of its models (the same for every version).
+    pub fn declared_model(&self, name: &ModelName) -> Option<&ModelSpec> {
+        self.models.get(name).and_then(|versions| versions.values().next())
+    }
+}
+
 /// Every tenant, indexed by API key digest.
 #[derive(Debug, Default)]
 pub struct Registry {
