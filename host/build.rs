@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const GUESTS: [&str; 7] =
-    ["digits", "digits-http", "magika", "cascade", "hostile-guest", "http-guest", "other-world-guest"];
+const GUESTS: [&str; 8] =
+    ["digits", "digits-http", "magika", "cascade", "hostile-guest", "echo-guest", "http-guest", "other-world-guest"];
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() {
