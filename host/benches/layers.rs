@@ -299,7 +299,7 @@ async fn sandbox_layers(graph: Arc<dyn Graph>) -> anyhow::Result<()> {
     let runtime = common::runtime(cache.path())?;
     let (trivial, digits) = (common::prepare(&runtime, "echo_guest.wasm")?, common::prepare(&runtime, "digits.wasm")?);
     // The hostile test guest imports all of WASI (files, sockets, clocks): 94 lowered host
-    // functions to the echo guest's 22, each set up again in every fresh instance.
+    // functions to the echo guest's 13, each set up again in every fresh instance.
     let wide = common::prepare(&runtime, "hostile_guest.wasm")?;
     let copy = ModelCopy::start(
         "digits-mlp",
