@@ -21,7 +21,7 @@
 //!   connection as a task of its own).
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
-//! those groups).
+//! those groups; `TASKS=N`: the handler rows from N tasks instead of 64).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -126,18 +126,25 @@ async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mu
     clock.per_op(measured * per_call)
 }
 
-/// `count` operations done by `CONCURRENCY` tasks of their own, each a closed loop (as the
+/// Tasks of the in-process handler rows: [`CONCURRENCY`], or `TASKS=N` (how the cost per
+/// request moves with concurrency).
+fn tasks() -> usize {
+    std::env::var("TASKS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 0).unwrap_or(CONCURRENCY)
+}
+
+/// `count` operations done by [`tasks()`] tasks of their own, each a closed loop (as the
 /// server runs each connection as a task), after a tenth as warm-up.
 async fn measure_tasks<F>(count: usize, op: impl Fn() -> F + Clone + Send + 'static) -> PerOp
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    let concurrency = tasks();
     let run = |operations: usize| {
-        let tasks: Vec<_> = (0..CONCURRENCY)
+        let tasks: Vec<_> = (0..concurrency)
             .map(|_| {
                 let op = op.clone();
                 tokio::spawn(async move {
-                    for _ in 0..operations / CONCURRENCY {
+                    for _ in 0..operations / concurrency {
                         op().await;
                     }
                 })
@@ -148,7 +155,7 @@ where
     run(count / 10).await;
     let clock = Clock::start();
     run(count).await;
-    clock.per_op(count / CONCURRENCY * CONCURRENCY)
+    clock.per_op(count / concurrency * concurrency)
 }
 
 mod common;
@@ -569,7 +576,7 @@ async fn http_rows<S: HttpService<Body>>(what: &str, router: S, model: &'static 
     let body = body.clone();
     measure_tasks(40_000, move || http_infer(router.clone(), model, body.clone()))
         .await
-        .row(&format!("in process, HTTP, {what}, {CONCURRENCY} tasks"));
+        .row(&format!("in process, HTTP, {what}, {} tasks", tasks()));
 }
 
 /// The gRPC rows of one service.
@@ -580,5 +587,5 @@ async fn grpc_rows<T: GrpcInferenceService>(what: &str, service: GrpcInferenceSe
     let frame = frame.clone();
     measure_tasks(40_000, move || grpc_infer(service.clone(), frame.clone()))
         .await
-        .row(&format!("in process, gRPC, {what}, {CONCURRENCY} tasks"));
+        .row(&format!("in process, gRPC, {what}, {} tasks", tasks()));
 }
