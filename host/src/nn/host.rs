@@ -402,8 +402,8 @@ impl graph::Host for NnView<'_> {
             let message = format!("model '{}…' not found: names are at most {MAX_NAME_BYTES} bytes", shown(&name));
             return self.error(errors::ErrorCode::NotFound, message);
         }
-        let pins = self.ctx.pins.iter().flat_map(|pins| pins.iter());
-        let pinned = pins.into_iter().find(|(pinned, _)| pinned.as_str() == name).map(|(_, &version)| version);
+        let pins = self.ctx.pins.as_deref();
+        let pinned = pins.and_then(|pins| pins.iter().find(|(pinned, _)| pinned.as_str() == name)).map(|(_, &v)| v);
         match self.ctx.models.resolve(&name, pinned) {
             Some(model) => {
                 self.track(name.len() + RESOURCE_OVERHEAD)?;
