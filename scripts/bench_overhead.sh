@@ -7,6 +7,10 @@
 #   hop    the same floor answering from another task (a spawned task, over a oneshot), as
 #          Sluice's answers come from a model queue: what an answer that is not ready at
 #          once costs the connection,
+#   busy   the same floor spending BUSY_US (default 80) µs of CPU on each request before it
+#          answers, as slow per request as the `digits` app: what the network costs per request
+#          at the app's throughput (a client waiting longer sleeps more, and waking it is paid in
+#          the server's writes on the loopback); in process it costs the floor's figure + BUSY_US,
 #   listener  the same floor accepting and serving connections through Sluice's own listener
 #          (connection caps, header timeout, drain): what that handling adds,
 #   plain  Sluice's plain model `digits-mlp` (the demo tenant acme),
@@ -18,7 +22,7 @@
 # thread each; its figures are its last measurement window's, and the requests its whole
 # run sent are estimated as throughput x run time for the CPU column).
 # CLIENTS="sluice-perf perf_analyzer" (the default) picks the clients, TARGETS="floor hop
-# listener plain app" (the default) the servers; KEEP=1 keeps the work
+# busy listener plain app" (the default) the servers; KEEP=1 keeps the work
 # folder (the servers' logs) for a look afterwards.
 # Usage: scripts/bench_overhead.sh [seconds] [rounds]    (needs `cargo build --release`)
 set -euo pipefail
@@ -42,12 +46,15 @@ $server_cpus "$floor" 127.0.0.1:18730 127.0.0.1:18731 --sluice-listener >"$work/
 listener_pid=$!
 $server_cpus "$floor" 127.0.0.1:18740 127.0.0.1:18741 --hop >"$work/hop.log" 2>&1 &
 hop_pid=$!
+$server_cpus "$floor" 127.0.0.1:18750 127.0.0.1:18751 --busy-us="${BUSY_US:-80}" >"$work/busy.log" 2>&1 &
+busy_pid=$!
 $server_cpus "$sluice" serve --http 127.0.0.1:18710 --grpc 127.0.0.1:18711 --metrics 127.0.0.1:18712 \
   --data-dir "$work/data" >"$work/sluice.log" 2>&1 &
 sluice_pid=$!
 for _ in $(seq 600); do
   grep -q "grpc listening" "$work/sluice.log" && grep -q "floor listening" "$work/floor.log" \
-    && grep -q "floor listening" "$work/listener.log" && grep -q "floor listening" "$work/hop.log" && break
+    && grep -q "floor listening" "$work/listener.log" && grep -q "floor listening" "$work/hop.log" \
+    && grep -q "floor listening" "$work/busy.log" && break
   sleep 0.1
 done
 grep -q "ONNX Runtime loaded" "$work/sluice.log" || echo "note: Sluice is not on ONNX Runtime (see its log)" >&2
@@ -65,6 +72,7 @@ measure() { # client target protocol concurrency
     floor) port=18700 pid=$floor_pid model=digits-mlp request=plain ;;
     listener) port=18730 pid=$listener_pid model=digits-mlp request=plain ;;
     hop) port=18740 pid=$hop_pid model=digits-mlp request=plain ;;
+    busy) port=18750 pid=$busy_pid model=digits-mlp request=plain ;;
     plain) port=18710 pid=$sluice_pid model=digits-mlp request=plain ;;
     app) port=18710 pid=$sluice_pid model=digits request=app ;;
   esac
@@ -107,7 +115,7 @@ for _ in $(seq "$rounds"); do
   for client in $clients; do
     for protocol in http grpc; do
       for concurrency in 1 64; do
-        for target in ${TARGETS:-floor hop listener plain app}; do
+        for target in ${TARGETS:-floor hop busy listener plain app}; do
           measure "$client" "$target" "$protocol" "$concurrency"
         done
       done

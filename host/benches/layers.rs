@@ -17,11 +17,14 @@
 //!   `sluice serve` runs, called without a network: everything Sluice does for a request, the
 //!   plain model's and the app's), beside the floor server's handlers called the same way (the
 //!   protocols' own cost; also answering from another task, as Sluice's answers come from a
-//!   model queue), one request at a time and from 64 tasks (as the server runs each
-//!   connection as a task of its own).
+//!   model queue, and spending `BUSY_US` µs of CPU per request, as `scripts/bench_overhead.sh`'s
+//!   `busy` floor does end to end), one request at a time and from 64 tasks (as the server
+//!   runs each connection as a task of its own).
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
-//! those groups; `TASKS=N`: the handler rows from N tasks instead of 64).
+//! those groups; `TASKS=N`: the handler rows from N tasks instead of 64; `ROWS=text`: only the
+//! handler rows whose label contains the text, and `OPS=N`: N requests per handler row instead
+//! of 40,000, e.g. to profile one of them for long enough).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -33,8 +36,8 @@ use axum::http::Request;
 use prost::Message;
 use sha2::{Digest, Sha256};
 use sluice::api::grpc::proto::ModelInferRequest;
-use sluice::api::grpc::proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
+use sluice::api::grpc_body::BodyLimits;
 use sluice::api::http::HttpService;
 use sluice::nn::backend::{self, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
 use sluice::nn::models::{ModelCopy, TenantModels};
@@ -46,6 +49,7 @@ use sluice::runtime::{
     Component, Datatype, GuestCall, GuestTensor, HttpCall, HttpPrepared, InferRequest, Prepared, Runtime, TensorData,
     WarmPool,
 };
+use sluice::state::BodyTimeouts;
 use sluice::telemetry::rate::TokenBucket;
 use sluice::tensor::{ElementType, Tensor};
 
@@ -132,6 +136,16 @@ fn tasks() -> usize {
     std::env::var("TASKS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 0).unwrap_or(CONCURRENCY)
 }
 
+/// Requests per handler row from many tasks (half as many one at a time): 40,000, or `OPS=N`.
+fn handler_ops() -> usize {
+    std::env::var("OPS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 1).unwrap_or(40_000)
+}
+
+/// Whether a handler row is run: all of them, or those whose label contains `ROWS`.
+fn wanted(row: &str) -> bool {
+    std::env::var("ROWS").map_or(true, |only| row.contains(&only))
+}
+
 /// `count` operations done by [`tasks()`] tasks of their own, each a closed loop (as the
 /// server runs each connection as a task), after a tenth as warm-up.
 async fn measure_tasks<F>(count: usize, op: impl Fn() -> F + Clone + Send + 'static) -> PerOp
@@ -162,7 +176,7 @@ mod common;
 mod floor_server;
 
 use common::{digits_row, pixels, root, scaled};
-use floor_server::Hop;
+use floor_server::{Answering, Hop};
 
 /// A graph that answers its input at once: the queue's own cost.
 struct Echo(Signature);
@@ -494,16 +508,41 @@ async fn http_infer(router: impl HttpService<Body>, model: &str, body: Bytes) {
     assert!(status.is_success(), "{status}: {}", String::from_utf8_lossy(&body));
 }
 
+/// A gRPC service as tonic's server calls it: a generated service, or one behind layers.
+trait GrpcService:
+    tower::Service<
+        Request<tonic::body::Body>,
+        Response = http::Response<tonic::body::Body>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> GrpcService for S where
+    S: tower::Service<
+            Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// One gRPC ModelInfer call (`frame`: the length-prefixed message) to `service`, in process;
 /// panics unless it succeeds.
-async fn grpc_infer<T: GrpcInferenceService>(service: GrpcInferenceServiceServer<T>, frame: Bytes) {
+async fn grpc_infer<S: GrpcService>(service: S, frame: Bytes) {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
     let request = Request::post("/inference.GRPCInferenceService/ModelInfer")
         .header("authorization", format!("Bearer {}", common::KEY))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
-        .body(Body::from(frame))
+        .body(tonic::body::Body::new(http_body_util::Full::new(frame)))
         .expect("a request");
     let response = service.oneshot(request).await.expect("infallible");
     let (parts, body) = response.into_parts();
@@ -556,36 +595,58 @@ async fn handler_layers() -> anyhow::Result<()> {
     let image_frame = grpc_frame("digits", "image", "UINT8", pixels());
 
     let sluice_router = sluice::api::http::router(state.clone());
-    http_rows("floor", floor_server::http_router(Hop::None), "digits-mlp", &plain).await;
-    http_rows("floor answering from another task", floor_server::http_router(Hop::Task), "digits-mlp", &plain).await;
+    http_rows("floor", floor_server::http_router(Hop::None.into()), "digits-mlp", &plain).await;
+    http_rows("floor answering from another task", floor_server::http_router(Hop::Task.into()), "digits-mlp", &plain)
+        .await;
+    http_rows(&busy_floor_row(), floor_server::http_router(busy_floor()), "digits-mlp", &plain).await;
     http_rows("plain model", sluice_router.clone(), "digits-mlp", &plain).await;
     http_rows("digits app", sluice_router, "digits", &image).await;
-    let sluice_grpc = sluice::api::grpc::service(state, 64 << 20);
-    grpc_rows("floor", floor_server::grpc_service(Hop::None), &plain_frame).await;
-    grpc_rows("floor answering from another task", floor_server::grpc_service(Hop::Task), &plain_frame).await;
+    // As `sluice serve` runs it: behind the layer that admits the call and bounds its body.
+    let sluice_grpc = tower::Layer::layer(
+        &BodyLimits::new(state.clone(), 64 << 20, BodyTimeouts::default().request),
+        sluice::api::grpc::service(state, 64 << 20),
+    );
+    grpc_rows("floor", floor_server::grpc_service(Hop::None.into()), &plain_frame).await;
+    grpc_rows("floor answering from another task", floor_server::grpc_service(Hop::Task.into()), &plain_frame).await;
+    grpc_rows(&busy_floor_row(), floor_server::grpc_service(busy_floor()), &plain_frame).await;
     grpc_rows("plain model", sluice_grpc.clone(), &plain_frame).await;
     grpc_rows("digits app", sluice_grpc, &image_frame).await;
     Ok(())
 }
 
+/// The floor spending `BUSY_US` (default 80) µs of CPU per request, as `scripts/bench_overhead.sh`
+/// serves it: in process it should cost the floor's figure and that much more.
+fn busy_floor() -> Answering {
+    let busy_us = std::env::var("BUSY_US").ok().and_then(|n| n.parse().ok()).unwrap_or(80);
+    Answering { busy: Duration::from_micros(busy_us), ..Hop::None.into() }
+}
+
+fn busy_floor_row() -> String {
+    format!("floor spending {} µs per request", busy_floor().busy.as_micros())
+}
+
 /// The HTTP rows of one router.
 async fn http_rows<S: HttpService<Body>>(what: &str, router: S, model: &'static str, body: &Bytes) {
-    measure_async(20_000, 1, || http_infer(router.clone(), model, body.clone()))
-        .await
-        .row(&format!("in process, HTTP, {what}, 1 in flight"));
-    let body = body.clone();
-    measure_tasks(40_000, move || http_infer(router.clone(), model, body.clone()))
-        .await
-        .row(&format!("in process, HTTP, {what}, {} tasks", tasks()));
+    let row = format!("in process, HTTP, {what}, 1 in flight");
+    if wanted(&row) {
+        measure_async(handler_ops() / 2, 1, || http_infer(router.clone(), model, body.clone())).await.row(&row);
+    }
+    let row = format!("in process, HTTP, {what}, {} tasks", tasks());
+    if wanted(&row) {
+        let body = body.clone();
+        measure_tasks(handler_ops(), move || http_infer(router.clone(), model, body.clone())).await.row(&row);
+    }
 }
 
 /// The gRPC rows of one service.
-async fn grpc_rows<T: GrpcInferenceService>(what: &str, service: GrpcInferenceServiceServer<T>, frame: &Bytes) {
-    measure_async(20_000, 1, || grpc_infer(service.clone(), frame.clone()))
-        .await
-        .row(&format!("in process, gRPC, {what}, 1 in flight"));
-    let frame = frame.clone();
-    measure_tasks(40_000, move || grpc_infer(service.clone(), frame.clone()))
-        .await
-        .row(&format!("in process, gRPC, {what}, {} tasks", tasks()));
+async fn grpc_rows<S: GrpcService>(what: &str, service: S, frame: &Bytes) {
+    let row = format!("in process, gRPC, {what}, 1 in flight");
+    if wanted(&row) {
+        measure_async(handler_ops() / 2, 1, || grpc_infer(service.clone(), frame.clone())).await.row(&row);
+    }
+    let row = format!("in process, gRPC, {what}, {} tasks", tasks());
+    if wanted(&row) {
+        let frame = frame.clone();
+        measure_tasks(handler_ops(), move || grpc_infer(service.clone(), frame.clone())).await.row(&row);
+    }
 }

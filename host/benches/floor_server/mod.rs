@@ -4,8 +4,12 @@
 //! request is parsed and validated and answered with ten FP32 values. It describes that model
 //! (metadata and configuration, no statistics) so that NVIDIA's perf_analyzer, which reads
 //! them before it sends, drives it as it drives Sluice. With [`Hop::Task`] the answer comes
-//! from another task, as Sluice's come from a model queue. Served by `benches/floor.rs`,
-//! called in process by `benches/layers.rs`.
+//! from another task, as Sluice's come from a model queue; with [`Answering::busy`] each
+//! request first keeps the CPU busy for that long, so that the floor serves at a slower path's
+//! throughput and its network costs what they cost at that throughput. Served by
+//! `benches/floor.rs`, called in process by `benches/layers.rs`.
+
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
@@ -72,12 +76,28 @@ async fn handed_over<T: Send + 'static>(value: T) -> T {
     receiver.await.expect("the spawned task answers")
 }
 
-/// The answer, from another task when `hop` is set.
-async fn answer(model: String, hop: Hop) -> InferOutcome {
-    match hop {
+/// The answer, after `busy` of CPU work, from another task when `hop` is set.
+async fn answer(model: String, answering: Answering) -> InferOutcome {
+    let started = thread_cpu();
+    while thread_cpu() - started < answering.busy {
+        std::hint::spin_loop();
+    }
+    match answering.hop {
         Hop::None => outcome(model),
         Hop::Task => handed_over(outcome(model)).await,
     }
+}
+
+/// The calling thread's CPU time: a spin measured by it costs what it says, however often
+/// the machine takes the CPU away meanwhile.
+fn thread_cpu() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the pointer it is given.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now);
+    }
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// Whether the floor answers from the request's own task or from another one.
@@ -87,8 +107,23 @@ pub enum Hop {
     Task,
 }
 
+/// How the floor answers each request.
+#[derive(Clone, Copy, Debug)]
+pub struct Answering {
+    pub hop: Hop,
+    /// CPU time spent on each request before it is answered (a spin, on the request's thread).
+    pub busy: Duration,
+}
+
+/// Answering as soon as the request is parsed.
+impl From<Hop> for Answering {
+    fn from(hop: Hop) -> Self {
+        Self { hop, busy: Duration::ZERO }
+    }
+}
+
 async fn infer(
-    axum::extract::State(hop): axum::extract::State<Hop>,
+    axum::extract::State(answering): axum::extract::State<Answering>,
     axum::extract::Path(model): axum::extract::Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -101,7 +136,7 @@ async fn infer(
         Ok(parsed) => parsed,
         Err(error) => return (StatusCode::BAD_REQUEST, format!("{error:?}")).into_response(),
     };
-    let Ok(encoded) = json::encode_response(answer(model, hop).await, &parsed.encoding) else {
+    let Ok(encoded) = json::encode_response(answer(model, answering).await, &parsed.encoding) else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
     let mut bytes = encoded.json;
@@ -110,7 +145,7 @@ async fn infer(
 }
 
 /// The floor's gRPC service.
-pub struct Floor(Hop);
+pub struct Floor(Answering);
 
 type Answer<T> = Result<tonic::Response<T>, Status>;
 
@@ -206,16 +241,16 @@ impl GrpcInferenceService for Floor {
 }
 
 /// The floor's HTTP routes.
-pub fn http_router(hop: Hop) -> axum::Router {
+pub fn http_router(answering: Answering) -> axum::Router {
     axum::Router::new()
         .route("/v2", axum::routing::get(server_metadata_json))
         .route("/v2/models/{model}", axum::routing::get(model_metadata_json))
         .route("/v2/models/{model}/config", axum::routing::get(model_config_json))
         .route("/v2/models/{model}/infer", axum::routing::post(infer))
-        .with_state(hop)
+        .with_state(answering)
 }
 
 /// The floor's gRPC service.
-pub fn grpc_service(hop: Hop) -> GrpcInferenceServiceServer<Floor> {
-    GrpcInferenceServiceServer::new(Floor(hop))
+pub fn grpc_service(answering: Answering) -> GrpcInferenceServiceServer<Floor> {
+    GrpcInferenceServiceServer::new(Floor(answering))
 }
