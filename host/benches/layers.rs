@@ -14,7 +14,8 @@
 //! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
 //!   component (whose model call goes through the queue and the backend above);
 //! - a request's whole path in process, over HTTP and gRPC (the router and the gRPC service
-//!   `sluice serve` runs, called without a network: everything Sluice does for a request, the
+//!   `sluice serve` runs, behind the gRPC body layer and under the log subscriber it runs,
+//!   called without a network: everything Sluice does for a request, the
 //!   plain model's and the app's), beside the floor server's handlers called the same way (the
 //!   protocols' own cost; also answering from another task, as Sluice's answers come from a
 //!   model queue, and spending `BUSY_US` µs of CPU per request, as `scripts/bench_overhead.sh`'s
@@ -583,10 +584,11 @@ fn grpc_frame(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> By
 }
 
 /// A request's whole path in process, without a network: the floor's handlers (the protocols'
-/// own cost) and the router and gRPC service `sluice serve` runs (all that Sluice does), one
-/// request at a time and from `CONCURRENCY` tasks (as the server runs each connection as a
-/// task of its own).
+/// own cost) and the router and gRPC service `sluice serve` runs, under its log subscriber
+/// (all that Sluice does), one request at a time and from `CONCURRENCY` tasks (as the server
+/// runs each connection as a task of its own).
 async fn handler_layers() -> anyhow::Result<()> {
+    serve_logging();
     let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let state = Arc::new(common::digits_state(tenants.path(), data.path()).await?);
     let (plain, image) = common::request_bodies()?;
@@ -612,6 +614,15 @@ async fn handler_layers() -> anyhow::Result<()> {
     grpc_rows("plain model", sluice_grpc.clone(), &plain_frame).await;
     grpc_rows("digits app", sluice_grpc, &image_frame).await;
     Ok(())
+}
+
+/// The log subscriber `sluice serve` runs by default (text to stderr, its default filter), so
+/// that a request's spans and events cost here what they cost in the server.
+fn serve_logging() {
+    use tracing_subscriber::prelude::*;
+    let log = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::new(sluice::telemetry::traces::DEFAULT_LOG_FILTER);
+    let _ = tracing_subscriber::registry().with(log.with_filter(filter)).try_init();
 }
 
 /// The floor spending `BUSY_US` (default 80) µs of CPU per request, as `scripts/bench_overhead.sh`

@@ -353,7 +353,7 @@ fn parse_tenant(spec: &str) -> anyhow::Result<TenantLoad> {
 /// send its last spans.
 fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow::Result<Option<OtlpExport>> {
     let mut filter = EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,ort=warn,cranelift=warn,wasmtime=warn"));
+        .unwrap_or_else(|_| EnvFilter::new(sluice::telemetry::traces::DEFAULT_LOG_FILTER));
     if spans {
         // The guest, queue and compute spans are debug spans: free unless asked for.
         filter = filter.add_directive("sluice=debug".parse().expect("a valid directive"));

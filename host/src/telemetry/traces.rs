@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// and continue a client's trace (otherwise that would be work for nothing).
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 
+/// The log filter `sluice serve` uses where `SLUICE_LOG` sets none.
+pub const DEFAULT_LOG_FILTER: &str = "info,ort=warn,cranelift=warn,wasmtime=warn";
+
 /// The W3C trace-context header (HTTP) and metadata key (gRPC).
 pub const TRACEPARENT: &str = "traceparent";
 /// Vendor state that travels with `traceparent`.
