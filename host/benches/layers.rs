@@ -14,13 +14,13 @@
 //! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
 //!   component (whose model call goes through the queue and the backend above);
 //! - a request's whole path in process, over HTTP and gRPC (the router and the gRPC service
-//!   `sluice serve` runs, behind the gRPC body layer and under the log subscriber it runs,
-//!   called without a network: everything Sluice does for a request, the
-//!   plain model's and the app's), beside the floor server's handlers called the same way (the
-//!   protocols' own cost; also answering from another task, as Sluice's answers come from a
-//!   model queue, and spending `BUSY_US` µs of CPU per request, as `scripts/bench_overhead.sh`'s
-//!   `busy` floor does end to end), one request at a time and from 64 tasks (as the server
-//!   runs each connection as a task of its own).
+//!   `sluice serve` runs, the latter behind its body layer, both under its log subscriber,
+//!   called without a network: everything Sluice does for a request, the plain model's and
+//!   the app's), beside the floor server's handlers called the same way (the protocols' own
+//!   cost; also answering from another task, as Sluice's answers come from a model queue, and
+//!   spending `BUSY_US` µs of CPU per request, as `scripts/bench_overhead.sh`'s `busy` floor
+//!   does end to end), one request at a time and from 64 tasks (as the server runs each
+//!   connection as a task of its own).
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
 //! those groups; `TASKS=N`: the handler rows from N tasks instead of 64; `ROWS=text`: only the
