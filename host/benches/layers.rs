@@ -134,12 +134,17 @@ async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mu
 /// Tasks of the in-process handler rows: [`CONCURRENCY`], or `TASKS=N` (how the cost per
 /// request moves with concurrency).
 fn tasks() -> usize {
-    std::env::var("TASKS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 0).unwrap_or(CONCURRENCY)
+    env_number("TASKS").filter(|&n| n > 0).unwrap_or(CONCURRENCY)
 }
 
 /// Requests per handler row from many tasks (half as many one at a time): 40,000, or `OPS=N`.
 fn handler_ops() -> usize {
-    std::env::var("OPS").ok().and_then(|n| n.parse().ok()).filter(|&n| n > 1).unwrap_or(40_000)
+    env_number("OPS").filter(|&n| n > 1).unwrap_or(40_000)
+}
+
+/// A number from the environment variable `name`, where it is set and parses.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok()?.parse().ok()
 }
 
 /// Whether a handler row is run: all of them, or those whose label contains `ROWS`.
@@ -600,7 +605,8 @@ async fn handler_layers() -> anyhow::Result<()> {
     http_rows("floor", floor_server::http_router(Hop::None.into()), "digits-mlp", &plain).await;
     http_rows("floor answering from another task", floor_server::http_router(Hop::Task.into()), "digits-mlp", &plain)
         .await;
-    http_rows(&busy_floor_row(), floor_server::http_router(busy_floor()), "digits-mlp", &plain).await;
+    let (busy_row, busy) = busy_floor();
+    http_rows(&busy_row, floor_server::http_router(busy), "digits-mlp", &plain).await;
     http_rows("plain model", sluice_router.clone(), "digits-mlp", &plain).await;
     http_rows("digits app", sluice_router, "digits", &image).await;
     // As `sluice serve` runs it: behind the layer that admits the call and bounds its body.
@@ -610,7 +616,7 @@ async fn handler_layers() -> anyhow::Result<()> {
     );
     grpc_rows("floor", floor_server::grpc_service(Hop::None.into()), &plain_frame).await;
     grpc_rows("floor answering from another task", floor_server::grpc_service(Hop::Task.into()), &plain_frame).await;
-    grpc_rows(&busy_floor_row(), floor_server::grpc_service(busy_floor()), &plain_frame).await;
+    grpc_rows(&busy_row, floor_server::grpc_service(busy), &plain_frame).await;
     grpc_rows("plain model", sluice_grpc.clone(), &plain_frame).await;
     grpc_rows("digits app", sluice_grpc, &image_frame).await;
     Ok(())
@@ -625,15 +631,15 @@ fn serve_logging() {
     let _ = tracing_subscriber::registry().with(log.with_filter(filter)).try_init();
 }
 
-/// The floor spending `BUSY_US` (default 80) µs of CPU per request, as `scripts/bench_overhead.sh`
-/// serves it: in process it should cost the floor's figure and that much more.
-fn busy_floor() -> Answering {
-    let busy_us = std::env::var("BUSY_US").ok().and_then(|n| n.parse().ok()).unwrap_or(80);
-    Answering { busy: Duration::from_micros(busy_us), ..Hop::None.into() }
-}
-
-fn busy_floor_row() -> String {
-    format!("floor spending {} µs per request", busy_floor().busy.as_micros())
+/// The row label and answering of the floor spending `BUSY_US` (default 80) µs of CPU per
+/// request, as `scripts/bench_overhead.sh` serves it: in process it should cost the floor's
+/// figure and that much more.
+fn busy_floor() -> (String, Answering) {
+    let busy_us = env_number("BUSY_US").unwrap_or(80);
+    (
+        format!("floor spending {busy_us} µs per request"),
+        Answering { busy: Duration::from_micros(busy_us), ..Hop::None.into() },
+    )
 }
 
 /// The HTTP rows of one router.
