@@ -1,9 +1,11 @@
 //! Circuit breakers: one per model and calling tenant. After `failures` consecutive calls
-//! that failed in the model or ran out of time, the circuit opens and the tenant's calls are
-//! refused at once (a fast 503 naming the model) instead of queueing for a model that is
-//! failing; after the cool-down one probe is let through, and its outcome closes or reopens
-//! the circuit. Per tenant, so that one tenant's failing inputs never open another's circuit
-//! on weights they share.
+//! that failed in the model or ran out of time because of it, the circuit opens and the
+//! tenant's calls are refused at once (a fast 503 naming the model) instead of queueing for a
+//! model that is failing; after the cool-down one probe is let through, and its outcome
+//! closes or reopens the circuit. Per tenant, so that one tenant's failing inputs never open
+//! another's circuit on weights they share. Calls that ran out of time behind the load are
+//! not the model's failure: past capacity, shedding answers them, and a circuit opened by
+//! the load would refuse the tenant's traffic the model could still serve.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -15,7 +17,7 @@ use crate::registry::manifest::BreakerSettings;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Success,
-    /// The model failed, or the call ran out of time.
+    /// The model failed, or the call ran out of time because of it.
     Failure,
     /// Neither: the caller's own bad input, or load shedding, which has its own answer.
     Neutral,

@@ -248,11 +248,13 @@ impl ModelCopy {
 }
 
 /// What a call's result says about the model's health: failures in the model and timeouts
-/// count; the caller's bad input, shedding and a deadline too short to start say nothing.
+/// the model caused count; the caller's bad input, shedding, a deadline too short to start
+/// and a deadline that passed behind the load (the model answering others meanwhile) say
+/// nothing: past capacity, the load must not open the circuit it is then refused by.
 fn breaker_outcome(result: &Result<NamedTensors, ComputeError>) -> Outcome {
     match result {
         Ok(_) => Outcome::Success,
-        Err(ComputeError::Backend { .. } | ComputeError::DeadlineExceeded { .. }) => Outcome::Failure,
+        Err(ComputeError::Backend { .. } | ComputeError::DeadlineExceeded { stalled: true, .. }) => Outcome::Failure,
         Err(_) => Outcome::Neutral,
     }
 }
@@ -1008,7 +1010,8 @@ impl TenantModels {
                 Err(LoadError::Failed(reason)) => Err(ComputeError::LoadFailed { model: name(), reason }),
             }
         });
-        loaded.await.unwrap_or_else(|_| Err(ComputeError::DeadlineExceeded { model: name() }))
+        // No load finished in time: the model answered nobody while the request waited.
+        loaded.await.unwrap_or_else(|_| Err(ComputeError::DeadlineExceeded { model: name(), stalled: true }))
     }
 
     /// Before a model of `bytes` (an estimate: its weights per instance) loads for the tenant
@@ -1154,5 +1157,23 @@ impl TenantModels {
         }
         binding.versions.insert(version, model);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_failures_and_timeouts_the_model_caused_count_against_it() {
+        let model = || "m".to_string();
+        let outcome = |error: ComputeError| breaker_outcome(&Err(error));
+        assert_eq!(outcome(ComputeError::Backend { model: model(), message: "broken".into() }), Outcome::Failure);
+        assert_eq!(outcome(ComputeError::DeadlineExceeded { model: model(), stalled: true }), Outcome::Failure);
+        // Past capacity the load expires requests while the model answers others.
+        assert_eq!(outcome(ComputeError::DeadlineExceeded { model: model(), stalled: false }), Outcome::Neutral);
+        assert_eq!(outcome(ComputeError::Overloaded { model: model(), capacity: 1 }), Outcome::Neutral);
+        assert_eq!(outcome(ComputeError::InvalidInput("bad".into())), Outcome::Neutral);
+        assert_eq!(breaker_outcome(&Ok(Vec::new())), Outcome::Success);
     }
 }

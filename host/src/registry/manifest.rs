@@ -362,7 +362,8 @@ impl Default for Warmup {
 }
 
 /// `[models.X.breaker]`: after `failures` consecutive calls of one tenant that failed in the
-/// model or timed out, its calls are refused (503) for `cooldown_ms`, then one probe decides.
+/// model or timed out because of it (it answered nobody meanwhile, or ran over twice its usual
+/// time), its calls are refused (503) for `cooldown_ms`, then one probe decides.
 /// `failures = 0` turns it off.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]

@@ -56,8 +56,11 @@ pub enum ComputeError {
          exceeds the request's remaining {budget_ms} ms); retry later"
     )]
     OverShare { model: String, tenant: String, predicted_ms: u64, budget_ms: u64 },
+    /// `stalled`: the model, not the load, held the request past its deadline (it answered
+    /// no other request while this one waited, or its run took more than twice its usual
+    /// time); only then does the call count against the model's health (its circuit breaker).
     #[error("the request's deadline passed while it waited for model '{model}'")]
-    DeadlineExceeded { model: String },
+    DeadlineExceeded { model: String, stalled: bool },
     #[error(
         "the request's remaining {budget_ms} ms is less than model '{model}' needs for it ({needed_ms} ms); \
          give it a longer deadline"
@@ -579,6 +582,9 @@ struct Resident {
     unload_wanted: bool,
     /// After a failed load: why, and until when jobs are refused at once.
     failed: Option<(String, std::time::Instant)>,
+    /// When a batch last ended: a job that expires with none ended since it came waited on
+    /// a model that answered nobody, not behind the load.
+    answered_at: Option<std::time::Instant>,
     /// When a job last arrived or a batch last ended: for `idle_unload`, and for the device
     /// choosing which model leaves to make room.
     last_use: Arc<LastUse>,
@@ -614,6 +620,7 @@ impl Resident {
             no_room: None,
             unload_wanted: false,
             failed: None,
+            answered_at: None,
             last_use,
             instances: 0,
             scaler: None,
@@ -700,6 +707,7 @@ impl Resident {
             Ok((graph, busy)) => {
                 self.busy += busy;
                 self.idle.push(graph);
+                self.answered_at = Some(std::time::Instant::now());
             }
             Err(join) => tracing::error!(model = %execution.model, error = %join, "a model execution task failed"),
         }
@@ -930,6 +938,8 @@ async fn run_queue(
     // What this queue added to `sluice_queue_depth`.
     let mut depth = 0usize;
     loop {
+        // Batch ends seen before this wake-up: a job found expired now expired before it.
+        let answered_before = resident.answered_at;
         let due = state.next_due().filter(|_| !resident.idle.is_empty());
         let idle_until = resident.idle_until(!running.is_empty() || !state.is_empty());
         let room_retry = resident.room_retry.filter(|_| !state.is_empty());
@@ -1022,7 +1032,10 @@ async fn run_queue(
             let model = execution.model.to_string();
             let error = match resident.no_room.clone().filter(|_| !resident.is_loaded()) {
                 Some(reason) => ComputeError::NoRoom { model, reason },
-                None => ComputeError::DeadlineExceeded { model },
+                None => {
+                    let stalled = answered_before.is_none_or(|answered| answered < job.enqueued);
+                    ComputeError::DeadlineExceeded { model, stalled }
+                }
             };
             let _ = job.payload.reply.send(Err(error));
         }
@@ -1138,6 +1151,11 @@ async fn execute_batch(
     let (mut inputs, replies): (Vec<NamedTensors>, Vec<_>) =
         batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
     let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
+    // A run stopped at its callers' deadlines is the model's fault only when they gave it
+    // more than twice its usual time (none measured yet: the first run had its chance).
+    let usual = stats.mean_execution();
+    let stalled = usual.is_none_or(|usual| last_deadline.saturating_duration_since(started) >= usual * 2);
+    let stopped_error = || ComputeError::DeadlineExceeded { model: model.to_string(), stalled };
 
     // Jobs of different lengths along a padded axis share this batch: pad them to the longest.
     let padded = padding.as_deref().filter(|_| inputs.len() > 1).map(|rule| (rule, rule.pad(&mut inputs)));
@@ -1150,23 +1168,23 @@ async fn execute_batch(
     let total_rows = rows.iter().sum();
     let result = match stacked {
         Some(stacked) => {
+            let stop = Stop::default();
             let ran = if alone && execution.row_time.runs_in_place(total_rows) {
                 let started = std::time::Instant::now();
-                Ok((graph.run(stacked, &Stop::default()), started.elapsed()))
+                Ok((graph.run(stacked, &stop), started.elapsed()))
             } else {
                 let graph = graph.clone();
-                let stop = Stop::default();
-                let stopper = stop.clone();
+                let running = stop.clone();
                 let mut run = tokio::task::spawn_blocking(move || {
                     let started = std::time::Instant::now();
-                    (graph.run(stacked, &stop), started.elapsed())
+                    (graph.run(stacked, &running), started.elapsed())
                 });
                 // Once every caller's deadline has passed nobody waits for the outputs: stop
                 // the run rather than let it hold a CPU (a model can compute for far longer).
                 tokio::select! {
                     ran = &mut run => ran,
                     () = tokio::time::sleep_until(last_deadline.into()) => {
-                        stopper.stop();
+                        stop.stop();
                         run.await
                     }
                 }
@@ -1180,6 +1198,7 @@ async fn execute_batch(
                     match outcome {
                         Ok(outputs) => Ok(outputs),
                         Err(BackendError::InvalidInput(message)) => Err(ComputeError::InvalidInput(message)),
+                        Err(_) if stop.is_stopped() => Err(stopped_error()),
                         Err(err) => Err(backend_error(err.to_string())),
                     }
                 }
@@ -1537,5 +1556,82 @@ mod tests {
         assert!(matches!(again, Err(ComputeError::LoadFailed { .. })), "{again:?}");
         assert!(matches!(queue.load(LoadReason::Request).await, Err(LoadError::Failed(_))));
         assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
+    /// A graph that takes the time in its cell for each batch (ended early when stopped)
+    /// and answers its input.
+    struct Sleepy(Signature, Arc<AtomicU64>);
+
+    impl Graph for Sleepy {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+
+        fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_millis(self.1.load(Ordering::SeqCst)) {
+                if stop.is_stopped() {
+                    let reason = "stopped".to_string();
+                    return Err(BackendError::Run { backend: crate::registry::manifest::BackendKind::Tract, reason });
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(inputs)
+        }
+    }
+
+    /// A queue of one instance of [`Sleepy`] running one job at a time; the cell sets how
+    /// long a batch takes, in milliseconds.
+    fn sleepy_queue(run_ms: u64) -> (ModelQueue, Arc<AtomicU64>) {
+        let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
+        let run_time = Arc::new(AtomicU64::new(run_ms));
+        let sleepy = Sleepy(Signature { inputs: vec![spec.clone()], outputs: vec![spec] }, run_time.clone());
+        let loaded = Loaded { graphs: vec![Arc::new(sleepy)], memory: Vec::new() };
+        let settings = QueueSettings { max_batch_rows: 1, ..settings() };
+        let queue = ModelQueue::start("sleepy", "none", (loaded, Residence::default()), true, settings, Arc::default());
+        (queue, run_time)
+    }
+
+    fn stalled(result: &Result<NamedTensors, ComputeError>) -> Option<bool> {
+        match result {
+            Err(ComputeError::DeadlineExceeded { stalled, .. }) => Some(*stalled),
+            _ => None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_whose_deadline_passes_behind_the_load_are_not_the_models_fault() {
+        // Six jobs at once, each with time for about four 40 ms batches: the model answers
+        // some; the rest expire waiting, or in a run they started too late to finish.
+        let (queue, _) = sleepy_queue(40);
+        let deadline = Instant::now() + Duration::from_millis(150);
+        let results = futures::future::join_all((0..6).map(|_| queue.compute(row(), deadline, share()))).await;
+        assert!(results.iter().any(Result::is_ok), "{results:?}");
+        let late: Vec<Option<bool>> = results.iter().filter(|r| r.is_err()).map(stalled).collect();
+        assert!(!late.is_empty() && late.iter().all(|&stalled| stalled == Some(false)), "{results:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_whose_deadline_passes_while_the_model_answers_nobody_are_its_fault() {
+        // Waiting behind a run that outlasts them.
+        let (queue, run_ms) = sleepy_queue(400);
+        let first = queue.compute(row(), Instant::now() + Duration::from_secs(10), share());
+        let behind = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let deadline = Instant::now() + Duration::from_millis(60);
+            futures::future::join_all((0..2).map(|_| queue.compute(row(), deadline, share()))).await
+        };
+        let (first, behind) = tokio::join!(first, behind);
+        assert!(first.is_ok(), "{first:?}");
+        assert!(behind.iter().all(|result| stalled(result) == Some(true)), "{behind:?}");
+
+        // A run stopped at its caller's deadline, which gave it over twice its usual time.
+        run_ms.store(40, Ordering::SeqCst);
+        for _ in 0..3 {
+            assert!(queue.compute(row(), Instant::now() + Duration::from_secs(10), share()).await.is_ok());
+        }
+        run_ms.store(5_000, Ordering::SeqCst);
+        let hung = queue.compute(row(), Instant::now() + Duration::from_millis(1_500), share()).await;
+        assert_eq!(stalled(&hung), Some(true), "{hung:?}");
     }
 }
