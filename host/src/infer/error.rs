@@ -210,7 +210,9 @@ impl From<TenancyError> for ApiError {
             TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } if error.is_over_share() => {
                 ErrorKind::QuotaExceeded
             }
-            TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } => ErrorKind::Overloaded,
+            TenancyError::WaitTooLong { .. } | TenancyError::LineFull { .. } | TenancyError::TooLittleLeft { .. } => {
+                ErrorKind::Overloaded
+            }
             TenancyError::DeadlineWaiting => ErrorKind::DeadlineExceeded,
             TenancyError::TurnLost => ErrorKind::Internal,
         };

@@ -14,7 +14,7 @@ pub enum TenancyError {
     UnknownKey,
     #[error("tenant '{tenant}' already has {max} requests in flight (max_concurrent_requests); retry later")]
     TooManyInFlight { tenant: String, max: u32 },
-    /// The line ahead of a new request would outlast its deadline. `tenant` is set when it
+    /// The line ahead of a new request and its own work would outlast its deadline. `tenant` is set when it
     /// holds more than its share of the server (its own quota's fault, not the server's).
     #[error("{}", wait_too_long(tenant.as_deref(), *predicted, *budget))]
     WaitTooLong { tenant: Option<String>, predicted: Duration, budget: Duration },
@@ -23,6 +23,15 @@ pub enum TenancyError {
     LineFull { tenant: Option<String> },
     #[error("the request's deadline passed while it waited for the server to start it")]
     DeadlineWaiting,
+    /// Its turn came with less of its deadline left than requests take now: refused rather
+    /// than started only to run out of time.
+    #[error(
+        "the server is at capacity: the request's turn came with {} ms of its deadline left, and requests take \
+         about {} ms now; retry later",
+        left.as_millis(),
+        needed.as_millis()
+    )]
+    TooLittleLeft { left: Duration, needed: Duration },
     #[error("the request's turn was lost")]
     TurnLost,
 }
@@ -40,7 +49,7 @@ impl TenancyError {
 
 fn wait_too_long(over_share: Option<&str>, predicted: Duration, budget: Duration) -> String {
     let wait = format!(
-        "a new request would wait about {} ms for the server to start it, past its remaining {} ms",
+        "a new request would take about {} ms to start and finish at this load, past its remaining {} ms",
         predicted.as_millis(),
         budget.as_millis()
     );

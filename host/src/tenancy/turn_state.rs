@@ -91,11 +91,12 @@ impl<W> TurnState<W> {
         !self.lanes.is_empty()
     }
 
-    /// About how many turns go to others before a new request of `tenant` gets one (zero
-    /// when a turn is free): round robin gives each waiting tenant its weight's worth per
-    /// round, so the tenant's own line, scaled by the active weight over its own, bounded by
-    /// everything waiting. With the rate turns pass hands this predicts the new request's wait.
-    /// Also whether the tenant already holds more than its weighted share of the line.
+    /// About how many waiting requests start before a new request of `tenant` (zero when a
+    /// turn is free): round robin gives each waiting tenant its weight's worth per round, so
+    /// the tenant's own line, scaled by the active weight over its own, bounded by everything
+    /// waiting to start. With the rate waiting requests start this predicts the new request's
+    /// wait (resumptions are not counted: that rate includes them). Also whether the tenant
+    /// already holds more than its weighted share of the line.
     pub fn ahead_of(&self, tenant: &Arc<str>, weight: u32) -> (usize, bool) {
         if self.busy < self.slots {
             return (0, false);
@@ -103,12 +104,12 @@ impl<W> TurnState<W> {
         let weight = u64::from(weight.max(1));
         let (mut total, mut active_weight) = (0u64, weight);
         for (other, lane) in &self.lanes {
-            total += (lane.resuming.len() + lane.waiters.len()) as u64;
+            total += lane.waiters.len() as u64;
             if other != tenant {
                 active_weight += lane.weight;
             }
         }
-        let own = self.lanes.get(tenant).map_or(0, |lane| (lane.resuming.len() + lane.waiters.len()) as u64);
+        let own = self.lanes.get(tenant).map_or(0, |lane| lane.waiters.len() as u64);
         let ahead = ((own + 1) * active_weight).div_ceil(weight).saturating_sub(1).min(total);
         let over_share = active_weight > weight && (own + 1) * active_weight > total.max(1) * weight;
         (usize::try_from(ahead).unwrap_or(usize::MAX), over_share)

@@ -19,22 +19,37 @@ use crate::nn::host::CpuTurn;
 enum Wake {
     Run,
     PushedOut,
+    /// Its turn came with less of its deadline left than requests take now.
+    TooLittleLeft {
+        left: Duration,
+        needed: Duration,
+    },
 }
 
 #[derive(Debug)]
 struct Waiter {
     id: u64,
     wake: oneshot::Sender<Wake>,
+    /// A new request's deadline (none for one resuming after a model call or a time slice).
+    starts_by: Option<Instant>,
 }
 
 /// The host's CPU turns, shared by every request.
 pub struct Turns {
     state: Mutex<TurnState<Waiter>>,
     next_id: AtomicU64,
-    /// While requests wait, how often a turn passes to the next one (a moving average, in
-    /// nanoseconds): with the line ahead of a new request it predicts the request's wait.
-    handoff_interval_ns: AtomicU64,
-    last_handoff_ns: AtomicU64,
+    /// While requests wait, how often one of them starts (a moving average, in nanoseconds):
+    /// with the line ahead of a new request it predicts the request's wait. Starts, not every
+    /// pass of a turn: the requests ahead also take turns to resume after their model calls
+    /// and time slices, and counting those passes as starts predicted half the wait of an
+    /// app that calls a model once, so past capacity requests were let in to expire in line.
+    start_interval_ns: AtomicU64,
+    last_start_ns: AtomicU64,
+    /// How long a request takes from its start to its end (a moving average, in nanoseconds,
+    /// its model calls and resumptions included): a new request must start early enough to
+    /// finish, or past capacity requests start just before their deadline and spend the CPU
+    /// of their work only to run out of time in it.
+    service_ns: AtomicU64,
     origin: std::time::Instant,
 }
 
@@ -44,8 +59,9 @@ impl Turns {
         Arc::new(Self {
             state: Mutex::new(TurnState::new(slots, max_waiting)),
             next_id: AtomicU64::new(0),
-            handoff_interval_ns: AtomicU64::new(0),
-            last_handoff_ns: AtomicU64::new(0),
+            start_interval_ns: AtomicU64::new(0),
+            last_start_ns: AtomicU64::new(0),
+            service_ns: AtomicU64::new(0),
             origin: std::time::Instant::now(),
         })
     }
@@ -56,7 +72,8 @@ impl Turns {
     }
 
     /// Wait for a turn for a new request of `tenant`, until `deadline`. A request that would
-    /// not get one before its deadline, at the rate turns pass hands now, is refused at once:
+    /// not start in time to finish before its deadline, at the rate waiting requests start
+    /// and the time requests take now, is refused at once:
     /// past capacity, refusing fast is what keeps the admitted requests within their deadline.
     pub async fn enter(
         self: &Arc<Self>,
@@ -66,17 +83,18 @@ impl Turns {
     ) -> Result<Turn, TenancyError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (wake, woken) = oneshot::channel();
-        let interval = Duration::from_nanos(self.handoff_interval_ns.load(Ordering::Relaxed));
+        let interval = Duration::from_nanos(self.start_interval_ns.load(Ordering::Relaxed));
+        let service = Duration::from_nanos(self.service_ns.load(Ordering::Relaxed));
         let budget = deadline.saturating_duration_since(Instant::now());
         let arrival = {
             let mut state = self.lock();
             let (ahead, over_share) = state.ahead_of(&tenant, weight);
-            let predicted = interval.saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX));
-            if ahead > 0 && predicted > budget {
+            let predicted = interval.saturating_mul(u32::try_from(ahead).unwrap_or(u32::MAX)) + service;
+            if ahead > 0 && predicted > budget.mul_f64(ADMIT_WITHIN) {
                 drop(state);
                 return Err(too_late(&tenant, over_share, predicted, budget));
             }
-            state.arrive(&tenant, weight, Waiter { id, wake })
+            state.arrive(&tenant, weight, Waiter { id, wake, starts_by: Some(deadline) })
         };
         match arrival {
             Arrival::Run => {
@@ -106,6 +124,10 @@ impl Turns {
                 waiting.settled = true;
                 Err(refused(&tenant, true))
             }
+            Ok(Ok(Wake::TooLittleLeft { left, needed })) => {
+                waiting.settled = true;
+                Err(TenancyError::TooLittleLeft { left, needed })
+            }
             Ok(Err(_)) => {
                 waiting.settled = true;
                 Err(TenancyError::TurnLost)
@@ -114,31 +136,69 @@ impl Turns {
         }
     }
 
-    /// Give a turn back, passing it to the next waiter still there.
+    /// Give a turn back, passing it to the next waiter still there. A new request whose turn
+    /// comes with less of its deadline left than requests take now is refused instead: it
+    /// would spend the CPU of its work only to run out of time in it (past capacity, such
+    /// starts crowd out the requests that could still finish, and they finish fast, so the
+    /// rate of starts would look higher than the rate of work).
     fn release(&self) {
+        let needed = Duration::from_nanos(self.service_ns.load(Ordering::Relaxed));
         loop {
             let Some(next) = self.lock().release() else { return };
-            if next.wake.send(Wake::Run).is_ok() {
-                self.handed_off();
+            let left = next.starts_by.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+            let wake = match left {
+                Some(left) if left < needed * 2 => Wake::TooLittleLeft { left, needed },
+                _ => Wake::Run,
+            };
+            let runs = matches!(wake, Wake::Run);
+            if next.wake.send(wake).is_ok() && runs {
+                if next.starts_by.is_some() {
+                    self.started();
+                }
                 return;
             }
-            // That waiter's request has gone: pass the turn on.
+            // That waiter's request has gone, or was refused: pass the turn on.
         }
     }
 
-    /// A turn passed to a waiting request: fold the time since the last such pass into the
-    /// average (gaps of a second or more are idle time, not the rate of work).
-    fn handed_off(&self) {
+    /// A turn passed to a waiting new request: fold the time since the last such start into
+    /// the average (gaps of a second or more are idle time, not the rate of work).
+    fn started(&self) {
         let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        let last = self.last_handoff_ns.swap(now, Ordering::Relaxed);
+        let last = self.last_start_ns.swap(now, Ordering::Relaxed);
         let interval = now.saturating_sub(last);
         if last == 0 || interval >= 1_000_000_000 {
             return;
         }
-        let average = self.handoff_interval_ns.load(Ordering::Relaxed);
-        let updated = if average == 0 { interval } else { average - average / 16 + interval / 16 };
-        self.handoff_interval_ns.store(updated, Ordering::Relaxed);
+        fold(&self.start_interval_ns, interval, START_AVERAGE);
     }
+
+    /// A request ended `took` after it started.
+    fn served(&self, took: Duration) {
+        fold(&self.service_ns, u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), SERVICE_AVERAGE);
+    }
+}
+
+/// A new request waits in line only when it would finish within this share of its remaining
+/// time, as predicted: the rest covers the prediction's error (past capacity most admitted
+/// requests are admitted near the limit, and a turn that comes later than predicted is
+/// refused then, after the wait) and the time the request spent reaching the server, which
+/// its client counts and the server cannot see.
+const ADMIT_WITHIN: f64 = 0.9;
+
+/// How many of the latest starts the interval between starts is averaged over: one interval
+/// varies a lot (bursts of arrivals, resumptions between starts), and a new request's wait
+/// is many intervals long; an average of a few noisy ones let in requests its turn came too
+/// late for.
+const START_AVERAGE: u64 = 128;
+/// How many of the latest requests their time from start to end is averaged over.
+const SERVICE_AVERAGE: u64 = 16;
+
+/// Fold a sample into a moving average over about the latest `over` samples.
+fn fold(average: &AtomicU64, sample: u64, over: u64) {
+    let before = average.load(Ordering::Relaxed);
+    let updated = if before == 0 { sample } else { before - before / over + sample / over };
+    average.store(updated, Ordering::Relaxed);
 }
 
 /// A request refused because the line ahead of it would outlast its deadline.
@@ -289,7 +349,7 @@ impl Turn {
 async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holding: Arc<Holding>) {
     let id = turns.next_id.fetch_add(1, Ordering::Relaxed);
     let (wake, woken) = oneshot::channel();
-    if turns.lock().resume(&tenant, weight, Waiter { id, wake }) {
+    if turns.lock().resume(&tenant, weight, Waiter { id, wake, starts_by: None }) {
         holding.set(true);
         return;
     }
@@ -316,6 +376,7 @@ impl CpuTurn for Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.pause();
+        self.turns.served(self.holding.epoch.elapsed());
     }
 }
 
@@ -425,14 +486,14 @@ mod tests {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        // Turns pass every 100 ms: b is second in line (one of a's goes first), a's sixth.
-        turns.handoff_interval_ns.store(100_000_000, Ordering::Relaxed);
+        // Requests start every 100 ms: b is second in line (one of a's goes first), a's sixth.
+        turns.start_interval_ns.store(100_000_000, Ordering::Relaxed);
         let started = std::time::Instant::now();
         let soon = Instant::now() + Duration::from_millis(150);
         let refused = turns.enter("a".into(), 1, soon).await.err().expect("500 ms of line, 150 ms of deadline");
         assert!(started.elapsed() < Duration::from_millis(20), "refused at once");
         assert!(matches!(refused, TenancyError::WaitTooLong { tenant: None, .. }), "{refused}");
-        assert!(refused.to_string().contains("would wait about 500 ms"), "{refused}");
+        assert!(refused.to_string().contains("would take about 500 ms"), "{refused}");
         let b = tokio::spawn({
             let turns = turns.clone();
             async move { turns.enter("b".into(), 1, Instant::now() + Duration::from_millis(150)).await.map(drop) }
@@ -470,5 +531,52 @@ mod tests {
         let pushed_out = TenancyError::LineFull { tenant: Some("a".to_string()) };
         assert_eq!(kinds, vec![pushed_out], "a's newest waiter made room for b");
         light.await.expect("joined").expect("b runs");
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_turn_comes_too_late_to_finish_is_refused_and_the_turn_passes_on() {
+        let turns = Turns::new(1, 64);
+        let held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        turns.service_ns.store(50_000_000, Ordering::Relaxed);
+        let soon = Instant::now() + Duration::from_millis(90);
+        let late = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("a".into(), 1, soon).await.map(drop) }
+        });
+        let next = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("a".into(), 1, far()).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        // Requests take 50 ms; 60 ms of the first waiter's deadline is left when its turn
+        // comes: too little to be sure it finishes, so it is refused, not started.
+        drop(held);
+        let refused = late.await.expect("joined").expect_err("its turn came too late");
+        assert!(matches!(refused, TenancyError::TooLittleLeft { .. }), "{refused}");
+        assert!(refused.to_string().contains("requests take about 50 ms"), "{refused}");
+        next.await.expect("joined").expect("the turn passed on to the next waiter");
+        assert_eq!(turns.lock().busy(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_wait_is_predicted_from_how_often_new_requests_start_not_from_resumptions() {
+        let turns = Turns::new(1, 64);
+        let mut first = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        let second = tokio::spawn({
+            let turns = turns.clone();
+            async move {
+                let turn = turns.enter("a".into(), 1, far()).await.expect("its turn");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(turn);
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // The first request calls a model: its turn starts the second, then it resumes.
+        first.pause();
+        first.resume().await;
+        second.await.expect("joined");
+        drop(first);
+        assert_eq!(turns.start_interval_ns.load(Ordering::Relaxed), 0, "one start: no interval between starts yet");
+        assert!(turns.service_ns.load(Ordering::Relaxed) >= 10_000_000, "requests took 10 ms or more");
     }
 }
