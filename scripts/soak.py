@@ -2,7 +2,10 @@
 """Soak and chaos runs of a real `sluice serve` (see scripts/soak.sh, which runs this).
 
 1. Capacity of the `digits` app (closed loop, concurrency 64), then open-loop load at 2x and
-   5x that for the given seconds each: how fast refusals come back, admitted requests'
+   5x that for the given seconds each, every request a batch of IMAGES held-out images
+   (default 128: one image costs the server about as much to serve as a refusal costs it,
+   64-170 us against 30-45, so at 5x one CPU could not even refuse what arrives; a batch
+   costs ~15 refusals, as requests of real models do): how fast refusals come back, admitted requests'
    latency against their deadline, the server's RSS and open descriptors every second, and
    the health endpoint's answer time every 200 ms while it lasts.
 2. 1,000 trapping requests (the hostile guest's `trap`): RSS and descriptors before and after.
@@ -13,6 +16,8 @@ Prints Markdown for BENCHMARKS.md and exits non-zero when a bound does not hold.
 release build and the test guests (`cargo build --release` builds both) and, for ONNX
 Runtime, ./.venv from the tests. The server runs on CPU 0, the load on CPU 1 when there are two;
 SOAK_SERVER_ARGS adds `sluice serve` options (say `--io-poll-interval 16`).
+
+Usage: soak.py [SECONDS] [IMAGES]
 """
 
 import glob
@@ -142,13 +147,14 @@ def descriptors(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def digit_request(directory):
-    """An OIP request for the digits app: one held-out image."""
+def digit_request(directory, images):
+    """An OIP request for the digits app: the first `images` held-out images, one batch."""
     with open(os.path.join(ROOT, "examples/digits/testdata/heldout.json")) as f:
-        image = json.load(f)["images"][0]
+        heldout = json.load(f)["images"]
+    data = [pixel for image in heldout[:images] for pixel in image]
     path = os.path.join(directory, "digit.json")
     with open(path, "w") as f:
-        json.dump({"inputs": [{"name": "image", "shape": [1, 64], "datatype": "UINT8", "data": image}]}, f)
+        json.dump({"inputs": [{"name": "image", "shape": [images, 64], "datatype": "UINT8", "data": data}]}, f)
     return path
 
 
@@ -303,8 +309,9 @@ def chaos(root, rounds=20):
 def main():
     global INPUT
     seconds = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+    images = int(sys.argv[2]) if len(sys.argv) > 2 else 128
     with tempfile.TemporaryDirectory() as root:
-        INPUT = digit_request(root)
+        INPUT = digit_request(root, images)
         tenants = os.path.join(root, "tenants")
         os.makedirs(tenants)
         write_tenants(tenants)
@@ -316,7 +323,7 @@ def main():
         server.stop()
         chaos_result = chaos(root)
 
-    print(f"Capacity of the `digits` app (closed loop, concurrency 64): {capacity:.0f} req/s.\n")
+    print(f"Capacity of the `digits` app (closed loop, concurrency 64, {images} images a request): {capacity:.0f} req/s.\n")
     print("| load | offered (req/s) | ok | errors | ok p99 | refused p99 / max | RSS MiB (min-max) | fds (min-max) | health p99 / max | health failed |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
