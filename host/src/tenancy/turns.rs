@@ -1,6 +1,7 @@
 //! Fair turns on the host's CPU, the async half: a request waits for its turn on a oneshot
 //! channel while [`super::turn_state`] decides who is next (see there for the policy).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,8 +31,16 @@ enum Wake {
 struct Waiter {
     id: u64,
     wake: oneshot::Sender<Wake>,
-    /// A new request's deadline (none for one resuming after a model call or a time slice).
-    starts_by: Option<Instant>,
+    /// For a new request (none for one resuming after a model call or a time slice).
+    start: Option<Start>,
+}
+
+/// What a new request's turn must leave it: its deadline, and how long its tenant's
+/// requests take from start to end now.
+#[derive(Debug, Clone, Copy)]
+struct Start {
+    deadline: Instant,
+    needs: Duration,
 }
 
 /// The host's CPU turns, shared by every request.
@@ -45,11 +54,12 @@ pub struct Turns {
     /// app that calls a model once, so past capacity requests were let in to expire in line.
     start_interval_ns: AtomicU64,
     last_start_ns: AtomicU64,
-    /// How long a request takes from its start to its end (a moving average, in nanoseconds,
-    /// its model calls and resumptions included): a new request must start early enough to
-    /// finish, or past capacity requests start just before their deadline and spend the CPU
-    /// of their work only to run out of time in it.
-    service_ns: AtomicU64,
+    /// Per tenant, how long a request takes from its start to its end (a moving average, in
+    /// nanoseconds, its model calls and resumptions included): a new request must start early
+    /// enough to finish, or past capacity requests start just before their deadline and spend
+    /// the CPU of their work only to run out of time in it. Per tenant: one whose guests wait
+    /// for seconds must not make another's requests look too slow to start.
+    service_ns: Mutex<HashMap<Arc<str>, u64>>,
     origin: std::time::Instant,
 }
 
@@ -61,7 +71,7 @@ impl Turns {
             next_id: AtomicU64::new(0),
             start_interval_ns: AtomicU64::new(0),
             last_start_ns: AtomicU64::new(0),
-            service_ns: AtomicU64::new(0),
+            service_ns: Mutex::default(),
             origin: std::time::Instant::now(),
         })
     }
@@ -84,7 +94,7 @@ impl Turns {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (wake, woken) = oneshot::channel();
         let interval = Duration::from_nanos(self.start_interval_ns.load(Ordering::Relaxed));
-        let service = Duration::from_nanos(self.service_ns.load(Ordering::Relaxed));
+        let service = self.service(&tenant);
         let budget = deadline.saturating_duration_since(Instant::now());
         let arrival = {
             let mut state = self.lock();
@@ -94,7 +104,7 @@ impl Turns {
                 drop(state);
                 return Err(too_late(&tenant, over_share, predicted, budget));
             }
-            state.arrive(&tenant, weight, Waiter { id, wake, starts_by: Some(deadline) })
+            state.arrive(&tenant, weight, Waiter { id, wake, start: Some(Start { deadline, needs: service }) })
         };
         match arrival {
             Arrival::Run => {
@@ -137,22 +147,23 @@ impl Turns {
     }
 
     /// Give a turn back, passing it to the next waiter still there. A new request whose turn
-    /// comes with less of its deadline left than requests take now is refused instead: it
-    /// would spend the CPU of its work only to run out of time in it (past capacity, such
-    /// starts crowd out the requests that could still finish, and they finish fast, so the
-    /// rate of starts would look higher than the rate of work).
+    /// comes with less of its deadline left than its tenant's requests take now is refused
+    /// instead: it would spend the CPU of its work only to run out of time in it (past
+    /// capacity, such starts crowd out the requests that could still finish, and they finish
+    /// fast, so the rate of starts would look higher than the rate of work).
     fn release(&self) {
-        let needed = Duration::from_nanos(self.service_ns.load(Ordering::Relaxed));
         loop {
             let Some(next) = self.lock().release() else { return };
-            let left = next.starts_by.map(|deadline| deadline.saturating_duration_since(Instant::now()));
-            let wake = match left {
-                Some(left) if left < needed => Wake::TooLittleLeft { left, needed },
-                _ => Wake::Run,
+            let wake = match next.start {
+                Some(Start { deadline, needs }) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left < needs { Wake::TooLittleLeft { left, needed: needs } } else { Wake::Run }
+                }
+                None => Wake::Run,
             };
             let runs = matches!(wake, Wake::Run);
             if next.wake.send(wake).is_ok() && runs {
-                if next.starts_by.is_some() {
+                if next.start.is_some() {
                     self.started();
                 }
                 return;
@@ -170,12 +181,22 @@ impl Turns {
         if last == 0 || interval >= 1_000_000_000 {
             return;
         }
-        fold(&self.start_interval_ns, interval, START_AVERAGE);
+        let average = self.start_interval_ns.load(Ordering::Relaxed);
+        self.start_interval_ns.store(folded(average, interval, START_AVERAGE), Ordering::Relaxed);
     }
 
-    /// A request ended `took` after it started.
-    fn served(&self, took: Duration) {
-        fold(&self.service_ns, u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), SERVICE_AVERAGE);
+    /// How long `tenant`'s requests take from start to end lately (zero before the first).
+    fn service(&self, tenant: &Arc<str>) -> Duration {
+        let services = self.service_ns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Duration::from_nanos(services.get(tenant).copied().unwrap_or(0))
+    }
+
+    /// A request of `tenant` ended `took` after it started.
+    fn served(&self, tenant: &Arc<str>, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let mut services = self.service_ns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let average = services.entry(tenant.clone()).or_insert(0);
+        *average = folded(*average, took, SERVICE_AVERAGE);
     }
 }
 
@@ -195,11 +216,9 @@ const START_AVERAGE: u64 = 128;
 /// How many of the latest requests their time from start to end is averaged over.
 const SERVICE_AVERAGE: u64 = 16;
 
-/// Fold a sample into a moving average over about the latest `over` samples.
-fn fold(average: &AtomicU64, sample: u64, over: u64) {
-    let before = average.load(Ordering::Relaxed);
-    let updated = if before == 0 { sample } else { before - before / over + sample / over };
-    average.store(updated, Ordering::Relaxed);
+/// A moving average over about the latest `over` samples, with `sample` folded in.
+fn folded(average: u64, sample: u64, over: u64) -> u64 {
+    if average == 0 { sample } else { average - average / over + sample / over }
 }
 
 /// A request refused because the line ahead of it would outlast its deadline.
@@ -350,7 +369,7 @@ impl Turn {
 async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holding: Arc<Holding>) {
     let id = turns.next_id.fetch_add(1, Ordering::Relaxed);
     let (wake, woken) = oneshot::channel();
-    if turns.lock().resume(&tenant, weight, Waiter { id, wake, starts_by: None }) {
+    if turns.lock().resume(&tenant, weight, Waiter { id, wake, start: None }) {
         holding.set(true);
         return;
     }
@@ -377,7 +396,7 @@ impl CpuTurn for Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.pause();
-        self.turns.served(self.holding.epoch.elapsed());
+        self.turns.served(&self.tenant, self.holding.epoch.elapsed());
     }
 }
 
@@ -538,7 +557,7 @@ mod tests {
     async fn a_request_whose_turn_comes_too_late_to_finish_is_refused_and_the_turn_passes_on() {
         let turns = Turns::new(1, 64);
         let held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
-        turns.service_ns.store(50_000_000, Ordering::Relaxed);
+        turns.service_ns.lock().expect("services").insert("a".into(), 50_000_000);
         let soon = Instant::now() + Duration::from_millis(70);
         let late = tokio::spawn({
             let turns = turns.clone();
@@ -578,6 +597,30 @@ mod tests {
         second.await.expect("joined");
         drop(first);
         assert_eq!(turns.start_interval_ns.load(Ordering::Relaxed), 0, "one start: no interval between starts yet");
-        assert!(turns.service_ns.load(Ordering::Relaxed) >= 10_000_000, "requests took 10 ms or more");
+        assert!(turns.service(&"a".into()) >= Duration::from_millis(10), "requests took 10 ms or more");
+    }
+
+    #[tokio::test]
+    async fn a_tenant_whose_requests_take_long_does_not_make_anothers_look_too_slow_to_start() {
+        let turns = Turns::new(1, 64);
+        // The slow tenant's requests wait in host calls for ten seconds each.
+        turns.service_ns.lock().expect("services").insert("slow".into(), 10_000_000_000);
+        let held = turns.enter("slow".into(), 1, far()).await.expect("a free turn");
+        let slow = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("slow".into(), 1, far()).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        turns.start_interval_ns.store(10_000_000, Ordering::Relaxed);
+        let quick = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.enter("a".into(), 1, Instant::now() + Duration::from_millis(200)).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!quick.is_finished(), "a's request waits: its own requests are quick");
+        drop(held);
+        quick.await.expect("joined").expect("a's request starts");
+        let refused = slow.await.expect("joined").expect_err("5 s left of the 10 s its requests take");
+        assert!(matches!(refused, TenancyError::TooLittleLeft { .. }), "only the slow tenant's own request: {refused}");
     }
 }
