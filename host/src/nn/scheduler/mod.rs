@@ -1153,9 +1153,11 @@ async fn execute_batch(
     let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
     // A run stopped at its callers' deadlines is the model's fault only when they gave it
     // more than twice its usual time (none measured yet: the first run had its chance).
-    let usual = stats.mean_execution();
-    let stalled = usual.is_none_or(|usual| last_deadline.saturating_duration_since(started) >= usual * 2);
-    let stopped_error = || ComputeError::DeadlineExceeded { model: model.to_string(), stalled };
+    let stopped_error = || {
+        let given = last_deadline.saturating_duration_since(started);
+        let stalled = stats.mean_execution().is_none_or(|usual| given >= usual * 2);
+        ComputeError::DeadlineExceeded { model: model.to_string(), stalled }
+    };
 
     // Jobs of different lengths along a padded axis share this batch: pad them to the longest.
     let padded = padding.as_deref().filter(|_| inputs.len() > 1).map(|rule| (rule, rule.pad(&mut inputs)));
