@@ -1,6 +1,7 @@
 //! Fair turns on the host's CPU, the async half: a request waits for its turn on a oneshot
 //! channel while [`super::turn_state`] decides who is next (see there for the policy).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -128,7 +129,9 @@ impl Turns {
             Ok(Ok(Wake::Run)) => {
                 waiting.settled = true;
                 drop(waiting);
-                Ok(Turn::held(self.clone(), tenant, weight))
+                let turn = Turn::held(self.clone(), tenant, weight);
+                let_the_network_in().await;
+                Ok(turn)
             }
             Ok(Ok(Wake::PushedOut)) => {
                 waiting.settled = true;
@@ -377,6 +380,42 @@ async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holdin
     let woke = (&mut waiting.woken).await;
     waiting.settled = true;
     holding.set(matches!(woke, Ok(Wake::Run)));
+    let_the_network_in().await;
+}
+
+/// How long a runtime thread may run turns handed from one request to the next before it
+/// looks at the network (see [`let_the_network_in`]).
+const LOOK_AT_THE_NETWORK_EVERY: Duration = Duration::from_millis(2);
+
+thread_local! {
+    /// When requests run on this thread last let the network in.
+    static NETWORK_LET_IN: Cell<Option<std::time::Instant>> = const { Cell::new(None) };
+}
+
+/// A request given a turn it waited for: before its work, let the requests that have arrived
+/// meanwhile be read, if this thread has not done so for [`LOOK_AT_THE_NETWORK_EVERY`].
+///
+/// While every turn is busy the runtime thread is never idle, and it looks for network
+/// events only every 61 tasks (tokio's event interval); a turn handed on wakes the next
+/// request to run right after the one that handed it (tokio's LIFO slot), so the waiting
+/// requests' work ran back to back while a new request (past capacity most often one to
+/// refuse, or a light tenant's) sat unread in its socket: refusals took 16–25 ms (p99) at
+/// 2x–5x capacity. A yielded task runs again only after the runtime has run its other ready
+/// tasks and polled for network events; once every 2 ms at most, as one yield per turn
+/// spaced out the requests reaching a model and shrank its batches (closed-loop throughput
+/// halved, BENCHMARKS.md).
+async fn let_the_network_in() {
+    let now = std::time::Instant::now();
+    let due = NETWORK_LET_IN.with(|last| match last.get() {
+        Some(at) if now.saturating_duration_since(at) < LOOK_AT_THE_NETWORK_EVERY => false,
+        _ => {
+            last.set(Some(now));
+            true
+        }
+    });
+    if due {
+        tokio::task::yield_now().await;
+    }
 }
 
 impl CpuTurn for Turn {
@@ -423,6 +462,39 @@ mod tests {
         drop(first);
         waiting.await.expect("joined").expect("b runs after a");
         assert_eq!(turns.lock().busy(), 0, "b's turn was given back when it ended");
+    }
+
+    /// Past capacity a turn handed on wakes the next request to run right after the request
+    /// that handed it (tokio's LIFO slot); a task that was ready before (here one standing for
+    /// a connection with a request to read, most often to refuse) would wait behind it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_request_given_a_turn_it_waited_for_lets_work_ready_before_it_run_first() {
+        let turns = Turns::new(1, 8);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
+        let waiter = tokio::spawn({
+            let (turns, order) = (turns.clone(), order.clone());
+            async move {
+                let turn = turns.enter("b".into(), 1, far()).await;
+                order.lock().expect("order lock").push("b starts");
+                turn.map(drop)
+            }
+        });
+        while turns.lock().waiting() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // On the runtime's one worker, as a request ending there hands its turn on.
+        tokio::spawn({
+            let order = order.clone();
+            async move {
+                tokio::spawn(async move { order.lock().expect("order lock").push("ready work") });
+                drop(held);
+            }
+        })
+        .await
+        .expect("joined");
+        waiter.await.expect("joined").expect("b's turn");
+        assert_eq!(*order.lock().expect("order lock"), ["ready work", "b starts"]);
     }
 
     #[tokio::test]
