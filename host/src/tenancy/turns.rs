@@ -379,8 +379,11 @@ async fn wait_to_resume(turns: Arc<Turns>, tenant: Arc<str>, weight: u32, holdin
     let mut waiting = Waiting { turns: &turns, tenant: &tenant, id, woken, settled: false };
     let woke = (&mut waiting.woken).await;
     waiting.settled = true;
-    holding.set(matches!(woke, Ok(Wake::Run)));
-    let_the_network_in().await;
+    let held = matches!(woke, Ok(Wake::Run));
+    holding.set(held);
+    if held {
+        let_the_network_in().await;
+    }
 }
 
 /// How long a runtime thread may run turns handed from one request to the next before it
@@ -399,11 +402,11 @@ thread_local! {
 /// events only every 61 tasks (tokio's event interval); a turn handed on wakes the next
 /// request to run right after the one that handed it (tokio's LIFO slot), so the waiting
 /// requests' work ran back to back while a new request (past capacity most often one to
-/// refuse, or a light tenant's) sat unread in its socket: refusals took 16–25 ms (p99) at
-/// 2x–5x capacity. A yielded task runs again only after the runtime has run its other ready
-/// tasks and polled for network events; once every 2 ms at most, as one yield per turn
-/// spaced out the requests reaching a model and shrank its batches (closed-loop throughput
-/// halved, BENCHMARKS.md).
+/// refuse, or a light tenant's) sat unread in its socket: refusals took 14–25 ms (p99) at
+/// 2x–5x capacity, ~4 ms with this. A yielded task runs again only after the runtime has run
+/// its other ready tasks and polled for network events. At most every 2 ms: a yield at every
+/// such turn spaced out the requests reaching a model and shrank its batches (closed-loop
+/// throughput halved, BENCHMARKS.md).
 async fn let_the_network_in() {
     let now = std::time::Instant::now();
     let due = NETWORK_LET_IN.with(|last| match last.get() {
