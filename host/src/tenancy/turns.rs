@@ -452,14 +452,36 @@ mod tests {
         Instant::now() + Duration::from_secs(5)
     }
 
+    /// A request of `tenant` waiting for its turn in a task of its own; it ends as it gets it.
+    fn enter_later(
+        turns: &Arc<Turns>,
+        tenant: &'static str,
+        deadline: Instant,
+    ) -> tokio::task::JoinHandle<Result<(), TenancyError>> {
+        let turns = turns.clone();
+        tokio::spawn(async move { turns.enter(tenant.into(), 1, deadline).await.map(drop) })
+    }
+
+    /// [`enter_later`], noting `label` in `order` when the wait ends.
+    fn enter_later_noting(
+        turns: &Arc<Turns>,
+        tenant: &'static str,
+        order: &Arc<Mutex<Vec<&'static str>>>,
+        label: &'static str,
+    ) -> tokio::task::JoinHandle<Result<(), TenancyError>> {
+        let (turns, order) = (turns.clone(), order.clone());
+        tokio::spawn(async move {
+            let turn = turns.enter(tenant.into(), 1, far()).await;
+            order.lock().expect("order lock").push(label);
+            turn.map(drop)
+        })
+    }
+
     #[tokio::test]
     async fn a_released_turn_goes_to_the_next_waiter() {
         let turns = Turns::new(1, 8);
         let first = turns.enter("a".into(), 1, far()).await.expect("a free turn");
-        let waiting = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("b".into(), 1, far()).await.map(|_| ()) }
-        });
+        let waiting = enter_later(&turns, "b", far());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiting.is_finished(), "b waits while a holds the only turn");
         drop(first);
@@ -475,14 +497,7 @@ mod tests {
         let turns = Turns::new(1, 8);
         let order = Arc::new(Mutex::new(Vec::new()));
         let held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
-        let waiter = tokio::spawn({
-            let (turns, order) = (turns.clone(), order.clone());
-            async move {
-                let turn = turns.enter("b".into(), 1, far()).await;
-                order.lock().expect("order lock").push("b starts");
-                turn.map(drop)
-            }
-        });
+        let waiter = enter_later_noting(&turns, "b", &order, "b starts");
         while turns.lock().waiting() == 0 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -520,14 +535,7 @@ mod tests {
         let mut first = turns.enter("a".into(), 1, far()).await.expect("a free turn");
         first.pause();
         let other = turns.enter("b".into(), 1, far()).await.expect("a's paused turn is free");
-        let newer = tokio::spawn({
-            let (turns, order) = (turns.clone(), order.clone());
-            async move {
-                let turn = turns.enter("a".into(), 1, far()).await;
-                order.lock().expect("order lock").push("new");
-                turn.map(drop)
-            }
-        });
+        let newer = enter_later_noting(&turns, "a", &order, "new");
         tokio::time::sleep(Duration::from_millis(20)).await;
         let resumed = tokio::spawn({
             let order = order.clone();
@@ -574,12 +582,7 @@ mod tests {
     async fn a_request_that_would_wait_past_its_deadline_is_refused_at_once() {
         let turns = Turns::new(1, 64);
         let _held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
-        let waiting: Vec<_> = (0..5)
-            .map(|_| {
-                let turns = turns.clone();
-                tokio::spawn(async move { turns.enter("a".into(), 1, far()).await.map(drop) })
-            })
-            .collect();
+        let waiting: Vec<_> = (0..5).map(|_| enter_later(&turns, "a", far())).collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
         // Requests start every 100 ms: b is second in line (one of a's goes first), a's sixth.
         turns.start_interval_ns.store(100_000_000, Ordering::Relaxed);
@@ -589,10 +592,7 @@ mod tests {
         assert!(started.elapsed() < Duration::from_millis(20), "refused at once");
         assert!(matches!(refused, TenancyError::WaitTooLong { tenant: None, .. }), "{refused}");
         assert!(refused.to_string().contains("would take about 500 ms"), "{refused}");
-        let b = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("b".into(), 1, Instant::now() + Duration::from_millis(250)).await.map(drop) }
-        });
+        let b = enter_later(&turns, "b", Instant::now() + Duration::from_millis(250));
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!b.is_finished(), "b's wait fits half its deadline: it waits");
         drop(waiting);
@@ -602,19 +602,11 @@ mod tests {
     async fn a_heavy_tenant_is_pushed_out_for_a_light_one() {
         let turns = Turns::new(1, 2);
         let held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
-        let heavy: Vec<_> = (0..2)
-            .map(|_| {
-                let turns = turns.clone();
-                tokio::spawn(async move { turns.enter("a".into(), 1, far()).await.map(|_| ()) })
-            })
-            .collect();
+        let heavy: Vec<_> = (0..2).map(|_| enter_later(&turns, "a", far())).collect();
         tokio::time::sleep(Duration::from_millis(20)).await;
         let refused = turns.enter("a".into(), 1, far()).await.err().expect("a's third waiter is refused");
         assert_eq!(refused, TenancyError::LineFull { tenant: None }, "only one tenant waits: the server is full");
-        let light = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("b".into(), 1, far()).await.map(|_| ()) }
-        });
+        let light = enter_later(&turns, "b", far());
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(held);
         let mut kinds = Vec::new();
@@ -634,14 +626,8 @@ mod tests {
         let held = turns.enter("a".into(), 1, far()).await.expect("a free turn");
         turns.service_ns.lock().expect("services").insert("a".into(), 50_000_000);
         let soon = Instant::now() + Duration::from_millis(70);
-        let late = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("a".into(), 1, soon).await.map(drop) }
-        });
-        let next = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("a".into(), 1, far()).await.map(drop) }
-        });
+        let late = enter_later(&turns, "a", soon);
+        let next = enter_later(&turns, "a", far());
         tokio::time::sleep(Duration::from_millis(30)).await;
         // Requests take 50 ms; 40 ms of the first waiter's deadline is left when its turn
         // comes: too little to finish, so it is refused, not started.
@@ -681,16 +667,10 @@ mod tests {
         // The slow tenant's requests wait in host calls for ten seconds each.
         turns.service_ns.lock().expect("services").insert("slow".into(), 10_000_000_000);
         let held = turns.enter("slow".into(), 1, far()).await.expect("a free turn");
-        let slow = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("slow".into(), 1, far()).await.map(drop) }
-        });
+        let slow = enter_later(&turns, "slow", far());
         tokio::time::sleep(Duration::from_millis(20)).await;
         turns.start_interval_ns.store(10_000_000, Ordering::Relaxed);
-        let quick = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.enter("a".into(), 1, Instant::now() + Duration::from_millis(200)).await.map(drop) }
-        });
+        let quick = enter_later(&turns, "a", Instant::now() + Duration::from_millis(200));
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!quick.is_finished(), "a's request waits: its own requests are quick");
         drop(held);
