@@ -126,13 +126,14 @@ pub fn digits_row() -> Vec<(String, Tensor)> {
     vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], data).expect("a row"))]
 }
 
-/// OIP JSON infer requests of the plain model `digits-mlp` and of the `digits` app.
+/// OIP JSON infer requests of the plain model `digits-mlp` and of the `digits` app, their
+/// keys in the order Triton's clients write them (`json!` would sort them, data first).
 pub fn request_bodies() -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-    let plain = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": scaled() }]
-    }))?;
-    let app = serde_json::to_vec(&serde_json::json!({
-        "inputs": [{ "name": "image", "shape": [1, 64], "datatype": "UINT8", "data": pixels() }]
-    }))?;
+    let body = |name: &str, datatype: &str, data: String| {
+        format!(r#"{{"inputs":[{{"name":"{name}","shape":[1,64],"datatype":"{datatype}","data":{data}}}]}}"#)
+            .into_bytes()
+    };
+    let plain = body("X", "FP32", serde_json::to_string(&scaled())?);
+    let app = body("image", "UINT8", serde_json::to_string(&pixels())?);
     Ok((plain, app))
 }

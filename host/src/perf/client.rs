@@ -11,6 +11,7 @@ use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
@@ -228,7 +229,7 @@ pub async fn generated_request(config: &PerfConfig, key: Option<&str>) -> anyhow
             metadata.inputs.into_iter().map(|i| (i.name, i.datatype, i.shape)).collect()
         }
     };
-    let inputs: Vec<Value> = inputs
+    let inputs: Vec<WireInput> = inputs
         .into_iter()
         .map(|(name, datatype, shape)| {
             let shape: Vec<u64> = shape.iter().map(|&d| if d < 0 { 1 } else { d as u64 }).collect();
@@ -241,8 +242,18 @@ pub async fn generated_request(config: &PerfConfig, key: Option<&str>) -> anyhow
                     _ => json!(i % 7),
                 })
                 .collect();
-            json!({ "name": name, "datatype": datatype, "shape": shape, "data": data })
+            WireInput { name, shape, datatype, data }
         })
         .collect();
     Ok(serde_json::to_vec(&json!({ "inputs": inputs }))?)
+}
+
+/// An input as Triton's clients write it: name, shape and datatype before the data (the
+/// server reads the data straight into the tensor when it knows them first).
+#[derive(Serialize)]
+struct WireInput {
+    name: String,
+    shape: Vec<u64>,
+    datatype: String,
+    data: Vec<Value>,
 }
