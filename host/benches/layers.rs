@@ -261,6 +261,9 @@ fn wire_layers(outputs: &NamedTensors) -> anyhow::Result<()> {
     let parse = |body: &[u8], header: Option<usize>| json::parse_infer_request(body, header, LIMITS).expect("valid");
     measure(200_000, 1, || drop(parse(&body, None))).row("HTTP JSON decode (64 FP32)");
     measure(200_000, 1, || drop(parse(&image, None))).row("HTTP JSON decode (64 UINT8, the app's input)");
+    let rows: Vec<u8> = (0..128).flat_map(|_| pixels()).collect();
+    let batch = common::json_request("image", "UINT8", 128, &rows)?;
+    measure(2_000, 1, || drop(parse(&batch, None))).row("HTTP JSON decode (128 × 64 UINT8, the soak's request)");
     let encoding = parse(&body, None).encoding;
     measure(200_000, 1, || drop(json::encode_response(outcome(outputs), &encoding).expect("encodes")))
         .row("HTTP JSON encode (the model's outputs)");

@@ -126,14 +126,18 @@ pub fn digits_row() -> Vec<(String, Tensor)> {
     vec![("X".to_string(), Tensor::new(ElementType::F32, vec![1, 64], data).expect("a row"))]
 }
 
-/// OIP JSON infer requests of the plain model `digits-mlp` and of the `digits` app, their
-/// keys in the order Triton's clients write them (`json!` would sort them, data first).
+/// OIP JSON infer requests of the plain model `digits-mlp` and of the `digits` app.
 pub fn request_bodies() -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-    let body = |name: &str, datatype: &str, data: String| {
-        format!(r#"{{"inputs":[{{"name":"{name}","shape":[1,64],"datatype":"{datatype}","data":{data}}}]}}"#)
-            .into_bytes()
-    };
-    let plain = body("X", "FP32", serde_json::to_string(&scaled())?);
-    let app = body("image", "UINT8", serde_json::to_string(&pixels())?);
+    let plain = json_request("X", "FP32", 1, &scaled())?;
+    let app = json_request("image", "UINT8", 1, &pixels())?;
     Ok((plain, app))
+}
+
+/// An OIP JSON infer request of one input of `rows` rows of 64 values, its keys in the order
+/// Triton's clients write them (`json!` would sort them, data first).
+pub fn json_request(name: &str, datatype: &str, rows: usize, data: &impl serde::Serialize) -> anyhow::Result<Vec<u8>> {
+    let data = serde_json::to_string(data)?;
+    let body =
+        format!(r#"{{"inputs":[{{"name":"{name}","shape":[{rows},64],"datatype":"{datatype}","data":{data}}}]}}"#);
+    Ok(body.into_bytes())
 }
