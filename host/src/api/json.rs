@@ -7,7 +7,7 @@
 //! for with `binary_data` (or all outputs, with the request parameter
 //! `binary_data_output`) come back the same way.
 
-use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -18,31 +18,6 @@ use crate::oip::types::{
     ValidTensor,
 };
 use crate::tensor::ElementType;
-
-#[derive(Debug, Deserialize)]
-pub struct InferRequestJson<'a> {
-    #[serde(default)]
-    pub id: Option<String>,
-    #[serde(default)]
-    pub parameters: Option<serde_json::Map<String, Value>>,
-    #[serde(borrow)]
-    pub inputs: Vec<InputJson<'a>>,
-    #[serde(default)]
-    pub outputs: Option<Vec<RequestedOutputJson>>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct InputJson<'a> {
-    pub name: String,
-    pub shape: Vec<i64>,
-    pub datatype: String,
-    #[serde(default)]
-    pub parameters: Option<serde_json::Map<String, Value>>,
-    /// Left as text until the datatype and shape are known, then read straight into the
-    /// tensor's bytes (a `Value` per element would take many times the body's size).
-    #[serde(default, borrow)]
-    pub data: Option<&'a RawValue>,
-}
 
 #[derive(Debug, Deserialize)]
 pub struct RequestedOutputJson {
@@ -117,7 +92,7 @@ pub fn parse_infer_request(
     json_length: Option<usize>,
     limits: TensorLimits,
 ) -> Result<HttpInferRequest, ApiError> {
-    let (json, mut binary) = match json_length {
+    let (json, binary) = match json_length {
         None => (body, &[][..]),
         Some(length) if length <= body.len() => body.split_at(length),
         Some(length) => {
@@ -127,16 +102,16 @@ pub fn parse_infer_request(
             )));
         }
     };
-    let wire: InferRequestJson =
-        serde_json::from_slice(json).map_err(|e| ApiError::invalid(format!("malformed JSON request: {e}")))?;
-    let mut inputs = InputValidator::new(limits, wire.inputs.len());
-    for input in wire.inputs {
-        parse_input(input, &mut binary, &mut inputs)?;
-    }
-    if !binary.is_empty() {
+    let mut reader = RequestReader { inputs: InputValidator::new(limits, 1), binary, rejected: None };
+    let mut deserializer = serde_json::Deserializer::from_slice(json);
+    let wire =
+        (&mut reader).deserialize(&mut deserializer).and_then(|wire| deserializer.end().map(|()| wire)).map_err(
+            |e| reader.rejected.take().unwrap_or_else(|| ApiError::invalid(format!("malformed JSON request: {e}"))),
+        )?;
+    if !reader.binary.is_empty() {
         return Err(ApiError::invalid(format!(
             "{} bytes of binary data follow the JSON but no input claims them (binary_data_size)",
-            binary.len()
+            reader.binary.len()
         )));
     }
     let mut parameters = wire.parameters.unwrap_or_default();
@@ -153,7 +128,7 @@ pub fn parse_infer_request(
     Ok(HttpInferRequest {
         request: ValidInferRequest {
             id: wire.id,
-            inputs: inputs.finish(),
+            inputs: reader.inputs.finish(),
             parameters: string_parameters(parameters),
             requested_outputs,
         },
@@ -174,15 +149,218 @@ fn string_parameters(map: serde_json::Map<String, Value>) -> Vec<(String, String
         .collect()
 }
 
-fn parse_input(input: InputJson<'_>, binary: &mut &[u8], inputs: &mut InputValidator) -> Result<(), ApiError> {
-    let header = inputs.header(input.name, &input.datatype, &input.shape)?;
+/// Reads a request in one pass: each input is checked as its object ends, and its `data`
+/// goes straight into the tensor's bytes when its name, shape and datatype came before it
+/// (the order Triton's clients write); otherwise the data is kept as text until they come.
+struct RequestReader<'b> {
+    inputs: InputValidator,
+    /// Binary tensor data not yet claimed by an input.
+    binary: &'b [u8],
+    /// Our own error, kept whole (serde's errors are text with a position).
+    rejected: Option<ApiError>,
+}
+
+impl RequestReader<'_> {
+    fn reject<E: serde::de::Error>(&mut self, error: impl Into<ApiError>) -> E {
+        self.rejected = Some(error.into());
+        E::custom("rejected")
+    }
+}
+
+/// The request's top level apart from its inputs, which the reader keeps as it goes.
+#[derive(Default)]
+struct RequestRest {
+    id: Option<String>,
+    parameters: Option<serde_json::Map<String, Value>>,
+    outputs: Option<Vec<RequestedOutputJson>>,
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum RequestField {
+    Id,
+    Parameters,
+    Inputs,
+    Outputs,
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum InputField {
+    Name,
+    Shape,
+    Datatype,
+    Parameters,
+    Data,
+    #[serde(other)]
+    Other,
+}
+
+/// Set a field seen for the first time.
+fn once<T, E: serde::de::Error>(slot: &mut Option<T>, value: T, field: &'static str) -> Result<(), E> {
+    if slot.replace(value).is_some() {
+        return Err(E::duplicate_field(field));
+    }
+    Ok(())
+}
+
+impl<'de> DeserializeSeed<'de> for &mut RequestReader<'_> {
+    type Value = RequestRest;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<RequestRest, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for &mut RequestReader<'_> {
+    type Value = RequestRest;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an inference request object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RequestRest, A::Error> {
+        let mut rest = RequestRest::default();
+        let mut inputs = false;
+        while let Some(field) = map.next_key()? {
+            match field {
+                RequestField::Id => once(&mut rest.id, map.next_value()?, "id")?,
+                RequestField::Parameters => once(&mut rest.parameters, map.next_value()?, "parameters")?,
+                RequestField::Outputs => once(&mut rest.outputs, map.next_value()?, "outputs")?,
+                RequestField::Inputs if inputs => return Err(A::Error::duplicate_field("inputs")),
+                RequestField::Inputs => {
+                    inputs = true;
+                    map.next_value_seed(Inputs(&mut *self))?;
+                }
+                RequestField::Other => drop(map.next_value::<IgnoredAny>()?),
+            }
+        }
+        if !inputs {
+            return Err(A::Error::missing_field("inputs"));
+        }
+        Ok(rest)
+    }
+}
+
+/// The request's `inputs` array.
+struct Inputs<'r, 'b>(&'r mut RequestReader<'b>);
+
+impl<'de> DeserializeSeed<'de> for Inputs<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Inputs<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of input tensors")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(Input(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One input tensor's object.
+struct Input<'r, 'b>(&'r mut RequestReader<'b>);
+
+/// An input's `data` as far as it has been read.
+enum Data<'de> {
+    Absent,
+    /// Read into the tensor's bytes.
+    Read(Payload),
+    /// Came before the input's name, shape or datatype: read once they are known.
+    Text(&'de RawValue),
+}
+
+impl<'de> DeserializeSeed<'de> for Input<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Input<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an input tensor object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let reader = self.0;
+        let (mut name, mut shape, mut datatype) = (None::<String>, None::<Vec<i64>>, None::<String>);
+        let mut parameters: Option<serde_json::Map<String, Value>> = None;
+        // Checked when the data comes after the fields it needs, else when the object ends.
+        let mut header: Option<InputHeader> = None;
+        let mut data = Data::Absent;
+        while let Some(field) = map.next_key()? {
+            match field {
+                // The header took these: they cannot come again.
+                InputField::Name if header.is_some() => return Err(A::Error::duplicate_field("name")),
+                InputField::Shape if header.is_some() => return Err(A::Error::duplicate_field("shape")),
+                InputField::Datatype if header.is_some() => return Err(A::Error::duplicate_field("datatype")),
+                InputField::Data if !matches!(data, Data::Absent) => return Err(A::Error::duplicate_field("data")),
+                InputField::Name => once(&mut name, map.next_value()?, "name")?,
+                InputField::Shape => once(&mut shape, map.next_value()?, "shape")?,
+                InputField::Datatype => once(&mut datatype, map.next_value()?, "datatype")?,
+                InputField::Parameters => once(&mut parameters, map.next_value()?, "parameters")?,
+                InputField::Data => match (name.take(), &shape, &datatype) {
+                    (Some(known), Some(shape), Some(datatype)) => {
+                        let checked = reader.inputs.header(known, datatype, shape).map_err(|e| reader.reject(e))?;
+                        let mut flat = Flat::new(&checked);
+                        if let Err(e) = map.next_value_seed(&mut flat) {
+                            return Err(reader.reject(flat.failure(e)));
+                        }
+                        data = Data::Read(flat.into_payload().map_err(|e| reader.reject(e))?);
+                        header = Some(checked);
+                    }
+                    (unknown, ..) => {
+                        name = unknown;
+                        data = Data::Text(map.next_value()?);
+                    }
+                },
+                InputField::Other => drop(map.next_value::<IgnoredAny>()?),
+            }
+        }
+        let header = match header {
+            Some(header) => header,
+            None => {
+                let name = name.ok_or_else(|| A::Error::missing_field("name"))?;
+                let shape = shape.ok_or_else(|| A::Error::missing_field("shape"))?;
+                let datatype = datatype.ok_or_else(|| A::Error::missing_field("datatype"))?;
+                reader.inputs.header(name, &datatype, &shape).map_err(|e| reader.reject(e))?
+            }
+        };
+        let payload =
+            input_payload(&header, parameters.as_ref(), data, &mut reader.binary).map_err(|e| reader.reject(e))?;
+        reader.inputs.push(header, payload).map_err(|e| reader.reject(e))
+    }
+}
+
+/// An input's tensor from the binary data that follows the JSON, when the input declares
+/// its size, else from its JSON `data`.
+fn input_payload(
+    header: &InputHeader,
+    parameters: Option<&serde_json::Map<String, Value>>,
+    data: Data<'_>,
+    binary: &mut &[u8],
+) -> Result<Payload, ApiError> {
     let name = header.name();
-    let binary_size = input.parameters.as_ref().and_then(|p| p.get(BINARY_DATA_SIZE)).map(|size| {
+    let binary_size = parameters.and_then(|p| p.get(BINARY_DATA_SIZE)).map(|size| {
         size.as_u64().and_then(|s| usize::try_from(s).ok()).ok_or_else(|| {
             ApiError::invalid(format!("input '{name}': binary_data_size must be a non-negative integer"))
         })
     });
-    let payload = match (binary_size.transpose()?, input.data) {
+    match (binary_size.transpose()?, data) {
         (Some(size), _) => {
             if size > binary.len() {
                 return Err(ApiError::invalid(format!(
@@ -192,75 +370,87 @@ fn parse_input(input: InputJson<'_>, binary: &mut &[u8], inputs: &mut InputValid
             }
             let (bytes, rest) = binary.split_at(size);
             *binary = rest;
-            crate::oip::raw::decode(&header, bytes)?
+            Ok(crate::oip::raw::decode(header, bytes)?)
         }
-        (None, Some(data)) => json_payload(&header, data)?,
-        (None, None) => return Err(ApiError::invalid(format!("input '{name}' has neither data nor binary_data_size"))),
-    };
-    Ok(inputs.push(header, payload)?)
+        (None, Data::Read(payload)) => Ok(payload),
+        (None, Data::Text(text)) => {
+            let mut flat = Flat::new(header);
+            let mut reader = serde_json::Deserializer::from_str(text.get());
+            if let Err(e) = (&mut flat).deserialize(&mut reader) {
+                return Err(flat.failure(e));
+            }
+            flat.into_payload()
+        }
+        (None, Data::Absent) => Err(ApiError::invalid(format!("input '{name}' has neither data nor binary_data_size"))),
+    }
 }
 
-/// The payload of JSON `data` (flat or nested arrays, row-major): at most `elements` values
-/// are kept, so a body cannot make the host hold more than the tensor's own size.
-fn json_payload(header: &InputHeader, data: &RawValue) -> Result<Payload, ApiError> {
-    let (name, datatype, elements) = (header.name(), header.datatype(), header.elements());
-    let mut flat = Flat { name, datatype, elements, count: 0, fixed: Vec::new(), bytes: Vec::new() };
-    if let Datatype::Fixed(ty) = datatype {
-        flat.fixed.reserve(usize::try_from(elements).unwrap_or(0).saturating_mul(ty.size()));
-    }
-    let mut reader = serde_json::Deserializer::from_str(data.get());
-    (&mut flat).deserialize(&mut reader).map_err(|e| {
-        let message = e.to_string();
-        // Our own messages carry no position; serde's say where in `data` it broke.
-        ApiError::invalid(match message.split_once(" at line ") {
-            Some((ours, _)) if ours.starts_with("input '") => ours.to_string(),
-            _ => format!("input '{name}': malformed data: {message}"),
-        })
-    })?;
-    if flat.count != elements {
-        return Err(ApiError::invalid(format!(
-            "tensor '{name}': shape {:?} needs {elements} values but {} were given",
-            header.shape(),
-            flat.count
-        )));
-    }
-    Ok(match datatype {
-        Datatype::Bytes => Payload::Bytes(flat.bytes),
-        Datatype::Fixed(_) => Payload::Fixed(flat.fixed),
-    })
-}
-
-/// Reads one input's `data` into its tensor bytes as it is parsed.
-struct Flat<'n> {
-    name: &'n str,
-    datatype: Datatype,
-    elements: u64,
-    /// Values seen (past `elements` they are counted, not kept).
+/// Reads one input's `data` (flat or nested arrays, row-major) into its tensor bytes as it
+/// is parsed: at most the shape's elements are kept, so a body cannot make the host hold
+/// more than the tensor's own size.
+struct Flat<'h> {
+    header: &'h InputHeader,
+    /// Values seen (past the shape's elements they are counted, not kept).
     count: u64,
     fixed: Vec<u8>,
     bytes: Vec<Vec<u8>>,
+    /// Our own message when a value is refused (serde's would add a position).
+    refused: Option<String>,
 }
 
-impl Flat<'_> {
+impl<'h> Flat<'h> {
+    fn new(header: &'h InputHeader) -> Self {
+        let mut fixed = Vec::new();
+        if let Datatype::Fixed(ty) = header.datatype() {
+            fixed.reserve(usize::try_from(header.elements()).unwrap_or(0).saturating_mul(ty.size()));
+        }
+        Self { header, count: 0, fixed, bytes: Vec::new(), refused: None }
+    }
+
     /// Count a value; whether to keep it.
     fn keep(&mut self) -> bool {
         self.count += 1;
-        self.count <= self.elements
+        self.count <= self.header.elements()
     }
 
-    fn invalid<E: serde::de::Error>(&self, value: impl std::fmt::Display) -> E {
-        match self.datatype {
-            Datatype::Bytes => E::custom(format!("input '{}': BYTES data must be strings, got {value}", self.name)),
-            Datatype::Fixed(ty) => E::custom(format!("input '{}': {value} is not a valid {ty} value", self.name)),
-        }
+    fn invalid<E: serde::de::Error>(&mut self, value: impl std::fmt::Display) -> E {
+        let name = self.header.name();
+        let message = match self.header.datatype() {
+            Datatype::Bytes => format!("input '{name}': BYTES data must be strings, got {value}"),
+            Datatype::Fixed(ty) => format!("input '{name}': {value} is not a valid {ty} value"),
+        };
+        self.refused = Some(message.clone());
+        E::custom(message)
     }
 
     fn number<E: serde::de::Error>(&mut self, value: Number) -> Result<(), E> {
-        let Datatype::Fixed(ty) = self.datatype else { return Err(self.invalid(value)) };
+        let Datatype::Fixed(ty) = self.header.datatype() else { return Err(self.invalid(value)) };
         if !self.keep() {
             return Ok(());
         }
         encode_number(ty, value, &mut self.fixed).ok_or_else(|| self.invalid(value))
+    }
+
+    /// Why reading the data failed: a value refused, or the JSON malformed.
+    fn failure(&mut self, error: impl std::fmt::Display) -> ApiError {
+        let name = self.header.name();
+        ApiError::invalid(self.refused.take().unwrap_or_else(|| format!("input '{name}': malformed data: {error}")))
+    }
+
+    fn into_payload(self) -> Result<Payload, ApiError> {
+        let (header, elements) = (self.header, self.header.elements());
+        if self.count != elements {
+            return Err(ApiError::invalid(format!(
+                "tensor '{}': shape {:?} needs {elements} values but {} were given",
+                header.name(),
+                header.shape(),
+                self.count
+            )));
+        }
+        Ok(match header.datatype() {
+            Datatype::Bytes => Payload::Bytes(self.bytes),
+            Datatype::Fixed(_) => Payload::Fixed(self.fixed),
+        })
     }
 }
 
@@ -303,7 +493,7 @@ impl<'de> Visitor<'de> for &mut Flat<'_> {
     }
 
     fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<(), E> {
-        if self.datatype != Datatype::Fixed(ElementType::Bool) {
+        if self.header.datatype() != Datatype::Fixed(ElementType::Bool) {
             return Err(self.invalid(value));
         }
         if self.keep() {
@@ -325,7 +515,7 @@ impl<'de> Visitor<'de> for &mut Flat<'_> {
     }
 
     fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<(), E> {
-        if self.datatype != Datatype::Bytes {
+        if self.header.datatype() != Datatype::Bytes {
             return Err(self.invalid(format!("\"{}\"", crate::telemetry::text::cut(value, 32))));
         }
         if self.keep() {
@@ -338,7 +528,7 @@ impl<'de> Visitor<'de> for &mut Flat<'_> {
         Err(self.invalid("null"))
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, _map: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<(), A::Error> {
         Err(self.invalid("an object"))
     }
 }
@@ -518,6 +708,98 @@ mod tests {
             let error = parse(json).expect_err(json);
             assert!(error.message.contains(expected), "{json}: {}", error.message);
         }
+    }
+
+    /// The input's fields in each of their 24 orders (clients write the data last; it is read
+    /// straight into the tensor then, kept as text until the header is known otherwise).
+    fn in_every_order(fields: [(&str, &str); 4]) -> Vec<String> {
+        let mut bodies = Vec::new();
+        for order in 0..4usize.pow(4) {
+            let picks: Vec<usize> = (0..4).map(|digit| order / 4usize.pow(digit) % 4).collect();
+            if (0..4).all(|field| picks.contains(&field)) {
+                let input: Vec<String> =
+                    picks.iter().map(|&i| format!(r#""{}":{}"#, fields[i].0, fields[i].1)).collect();
+                bodies.push(format!(r#"{{"inputs":[{{{}}}]}}"#, input.join(",")));
+            }
+        }
+        assert_eq!(bodies.len(), 24);
+        bodies
+    }
+
+    #[test]
+    fn an_inputs_fields_read_the_same_in_any_order() {
+        let valid = [("name", r#""x""#), ("shape", "[2,2]"), ("datatype", r#""INT16""#), ("data", "[[1,2],[3,-4]]")];
+        let expected: Vec<u8> = [1i16, 2, 3, -4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        for body in in_every_order(valid) {
+            let request = parse(&body).expect(&body);
+            assert_eq!(request.inputs[0].payload, Payload::Fixed(expected.clone()), "{body}");
+            assert_eq!((request.inputs[0].name.as_str(), request.inputs[0].shape.as_slice()), ("x", &[2u64, 2][..]));
+        }
+        let invalid = [
+            (
+                [("name", r#""x""#), ("shape", "[3]"), ("datatype", r#""INT16""#), ("data", "[1,2]")],
+                "needs 3 values but 2",
+            ),
+            (
+                [("name", r#""x""#), ("shape", "[1]"), ("datatype", r#""INT16""#), ("data", "[70000]")],
+                "70000 is not a valid",
+            ),
+            (
+                [("name", r#""x""#), ("shape", "[1]"), ("datatype", r#""INT9""#), ("data", "[1]")],
+                "unknown datatype 'INT9'",
+            ),
+            (
+                [("name", r#""x""#), ("shape", "[2000]"), ("datatype", r#""INT8""#), ("data", "[1]")],
+                "max_tensor_elements",
+            ),
+            (
+                [("name", r#""x""#), ("shape", "[1]"), ("datatype", r#""BYTES""#), ("data", "[{}]")],
+                "BYTES data must be",
+            ),
+            (
+                [("name", r#""x""#), ("shape", "[1]"), ("datatype", r#""INT8""#), ("data", "[1 2]")],
+                "expected `,` or `]`",
+            ),
+        ];
+        for (fields, message) in invalid {
+            for body in in_every_order(fields) {
+                let error = parse(&body).expect_err(&body);
+                assert!(error.message.contains(message), "{body}: {}", error.message);
+            }
+        }
+    }
+
+    #[test]
+    fn a_field_given_twice_is_refused() {
+        let cases = [
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[1],"name":"y"}]}"#,
+                "duplicate field `name`",
+            ),
+            (
+                r#"{"inputs":[{"data":[1],"name":"x","shape":[1],"data":[2],"datatype":"INT8"}]}"#,
+                "duplicate field `data`",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[1],"data":[2]}]}"#,
+                "duplicate field `data`",
+            ),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"shape":[2],"datatype":"INT8","data":[1]}]}"#,
+                "duplicate field `shape`",
+            ),
+            (r#"{"inputs":[],"inputs":[]}"#, "duplicate field `inputs`"),
+            (r#"{"inputs":[{"shape":[1],"datatype":"INT8","data":[1]}]}"#, "missing field `name`"),
+            (r#"{"id":"a"}"#, "missing field `inputs`"),
+        ];
+        for (json, expected) in cases {
+            let error = parse(json).expect_err(json);
+            assert!(error.message.starts_with("malformed JSON request"), "{json}: {}", error.message);
+            assert!(error.message.contains(expected), "{json}: {}", error.message);
+        }
+        let unknown =
+            parse(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[1],"extra":{"a":[1]}}],"x":1}"#);
+        assert_eq!(unknown.expect("unknown fields are ignored").inputs[0].payload, Payload::Fixed(vec![1]));
     }
 
     #[test]
