@@ -615,7 +615,7 @@ async fn handler_layers() -> anyhow::Result<()> {
     // As `sluice serve` runs it: behind the layer that admits the call and bounds its body.
     let sluice_grpc = tower::Layer::layer(
         &BodyLimits::new(state.clone(), 64 << 20, BodyTimeouts::default().request),
-        sluice::api::grpc::service(state, 64 << 20),
+        sluice::api::grpc::service(state, 64 << 20, None),
     );
     grpc_rows("floor", floor_server::grpc_service(Hop::None.into()), &plain_frame).await;
     grpc_rows("floor answering from another task", floor_server::grpc_service(Hop::Task.into()), &plain_frame).await;

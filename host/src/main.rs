@@ -12,6 +12,7 @@ use sluice::registry::placement::DeviceId;
 use sluice::serve::listen::ConnectionSettings;
 use sluice::serve::{BodyTimeouts, DrainSettings, ServeConfig, serve};
 use sluice::telemetry::traces::OtlpExport;
+use tonic::codec::CompressionEncoding;
 use tracing::Level;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::Targets;
@@ -114,6 +115,12 @@ struct ServeArgs {
     /// Largest gRPC message accepted or sent, in MiB.
     #[arg(long, env = "SLUICE_GRPC_MAX_MESSAGE_MIB", default_value_t = 64)]
     grpc_max_message_mib: usize,
+    /// Compress gRPC responses with this encoding for clients that accept it. Off by
+    /// default, as in Triton: gRPC's C core (perf_analyzer, grpcio, tritonclient) says it
+    /// accepts gzip and deflate on every call, and compressing a small answer costs the
+    /// server more than it saves. Compressed requests are accepted either way.
+    #[arg(long, env = "SLUICE_GRPC_RESPONSE_COMPRESSION", value_enum, default_value_t = CompressionArg::None)]
+    grpc_response_compression: CompressionArg,
     /// Directory of tenant manifests (`*.toml`, plus an optional `platform.toml`).
     #[arg(long, env = "SLUICE_TENANTS", default_value = "tenants")]
     tenants: PathBuf,
@@ -227,6 +234,13 @@ struct ServeArgs {
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CompressionArg {
+    None,
+    Gzip,
+    Deflate,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum BackendArg {
     Onnxruntime,
     Tract,
@@ -247,6 +261,11 @@ fn main() -> anyhow::Result<()> {
                 grpc: args.grpc,
                 metrics: (!args.no_metrics).then_some(args.metrics),
                 grpc_max_message_bytes: args.grpc_max_message_mib.saturating_mul(1 << 20),
+                grpc_response_compression: match args.grpc_response_compression {
+                    CompressionArg::None => None,
+                    CompressionArg::Gzip => Some(CompressionEncoding::Gzip),
+                    CompressionArg::Deflate => Some(CompressionEncoding::Deflate),
+                },
                 tenants_dir: args.tenants,
                 data_dir: args.data_dir,
                 onnxruntime_library: args.onnxruntime_lib,

@@ -179,3 +179,24 @@ async fn the_grpc_timeout_bounds_the_guest() {
     // The server keeps serving.
     assert!(grpc.server_live(ServerLiveRequest {}).await.expect("live").into_inner().live);
 }
+
+#[tokio::test]
+async fn responses_are_compressed_only_when_the_server_is_told_to() {
+    // gRPC's C core (perf_analyzer, grpcio, tritonclient) says on every call that it accepts
+    // gzip and deflate; compressing a small answer cost the server more than the rest of the
+    // request (BENCHMARKS.md), so by default, as in Triton, the answer goes uncompressed.
+    use tonic::codec::CompressionEncoding::{Deflate, Gzip};
+    let tenants = tenants();
+    let digits = heldout_digits();
+    let (pixels, label) = digits[0].clone();
+    for (args, encoding) in [(&[][..], None), (&["--grpc-response-compression", "gzip"][..], Some("gzip"))] {
+        let server = Server::start(tenants.path(), args);
+        let mut grpc = client(&server).await.accept_compressed(Gzip).accept_compressed(Deflate);
+        let request = infer("digits", vec![input("image", "UINT8", &[1, 64], None)], vec![pixels.clone()]);
+        let response = grpc.model_infer(authed(request, KEY)).await.expect("infer");
+        let sent = response.metadata().get("grpc-encoding").map(|v| v.to_str().expect("ascii").to_string());
+        assert_eq!(sent.as_deref(), encoding, "{args:?}");
+        let response = response.into_inner();
+        assert_eq!(raw_i64(&response.raw_output_contents[output_index(&response, "label")]), vec![label]);
+    }
+}

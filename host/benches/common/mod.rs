@@ -47,6 +47,7 @@ pub async fn digits_state(tenants: &Path, data: &Path) -> anyhow::Result<Serving
         grpc: "127.0.0.1:0".parse()?,
         metrics: None,
         grpc_max_message_bytes: 64 << 20,
+        grpc_response_compression: None,
         tenants_dir: tenants.to_path_buf(),
         data_dir: data.to_path_buf(),
         onnxruntime_library: onnxruntime_library(),

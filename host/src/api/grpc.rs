@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -32,16 +33,23 @@ pub mod proto {
 use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use proto::*;
 
-/// The gRPC service, with message limits raised for tensors.
-pub fn service(state: Arc<ServingState>, max_message_bytes: usize) -> GrpcInferenceServiceServer<GrpcApi> {
-    use tonic::codec::CompressionEncoding::{Deflate, Gzip};
-    GrpcInferenceServiceServer::new(GrpcApi { state })
-        .accept_compressed(Gzip)
-        .accept_compressed(Deflate)
-        .send_compressed(Gzip)
-        .send_compressed(Deflate)
+/// The gRPC service, with message limits raised for tensors. Requests may come gzip- or
+/// deflate-compressed; responses are compressed only with `response_compression`, for a
+/// client that accepts it.
+pub fn service(
+    state: Arc<ServingState>,
+    max_message_bytes: usize,
+    response_compression: Option<CompressionEncoding>,
+) -> GrpcInferenceServiceServer<GrpcApi> {
+    let service = GrpcInferenceServiceServer::new(GrpcApi { state })
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate)
         .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+    match response_compression {
+        Some(encoding) => service.send_compressed(encoding),
+        None => service,
+    }
 }
 
 pub struct GrpcApi {

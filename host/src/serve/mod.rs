@@ -41,6 +41,8 @@ pub struct ServeConfig {
     pub metrics: Option<SocketAddr>,
     /// Largest gRPC message accepted or sent.
     pub grpc_max_message_bytes: usize,
+    /// How gRPC responses are compressed for clients that accept it; `None`: never.
+    pub grpc_response_compression: Option<tonic::codec::CompressionEncoding>,
     pub tenants_dir: PathBuf,
     pub data_dir: PathBuf,
     pub onnxruntime_library: Option<PathBuf>,
@@ -156,7 +158,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     let readiness = state.readiness.clone();
     let grpc_server = tonic::transport::Server::builder()
         .layer(body_limits)
-        .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes))
+        .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes, config.grpc_response_compression))
         .serve_with_incoming_shutdown(listen::incoming(grpc, limits, "grpc"), async move {
             let _ = grpc_stop.recv().await;
         });
