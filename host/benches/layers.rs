@@ -25,7 +25,8 @@
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
 //! those groups; `TASKS=N`: the handler rows from N tasks instead of 64; `ROWS=text`: only the
 //! handler rows whose label contains the text, and `OPS=N`: N requests per handler row instead
-//! of 40,000, e.g. to profile one of them for long enough).
+//! of 40,000, e.g. to profile one of them for long enough; `ACCEPT_ENCODING=gzip`: the HTTP
+//! rows ask for compressed answers).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -504,13 +505,20 @@ fn http_call(models: &Arc<TenantModels>, allowance: &Arc<TokenBucket>, pixels: V
 }
 
 /// One OIP infer request over HTTP to `router`, in process; panics unless it succeeds.
+/// `ACCEPT_ENCODING`: the HTTP rows' requests send it as `Accept-Encoding` (as browsers and
+/// Python's `requests` do by default), so their answers come compressed.
+static ACCEPT_ENCODING: std::sync::LazyLock<Option<String>> =
+    std::sync::LazyLock::new(|| std::env::var("ACCEPT_ENCODING").ok());
+
 async fn http_infer(router: impl HttpService<Body>, model: &str, body: Bytes) {
     use tower::ServiceExt;
-    let request = Request::post(format!("/v2/models/{model}/infer"))
+    let mut request = Request::post(format!("/v2/models/{model}/infer"))
         .header("authorization", format!("Bearer {}", common::KEY))
-        .header("content-type", "application/json")
-        .body(Body::from(body))
-        .expect("a request");
+        .header("content-type", "application/json");
+    if let Some(encoding) = ACCEPT_ENCODING.as_deref() {
+        request = request.header("accept-encoding", encoding);
+    }
+    let request = request.body(Body::from(body)).expect("a request");
     let response = router.oneshot(request).await.expect("infallible");
     let status = response.status();
     let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("a body");

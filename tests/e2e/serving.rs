@@ -228,3 +228,44 @@ async fn the_demo_tenants_load_and_serve() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(i64s(&output(&body, "label")["data"]), vec![*label]);
 }
+
+#[tokio::test]
+async fn only_answers_worth_compressing_come_compressed() {
+    // Browsers and Python's `requests` accept gzip on every call: a small answer goes back
+    // as it is (compressing it cost more server CPU than the rest of the request), a large
+    // one compressed.
+    let tenants = example_tenant();
+    let server = Server::start(tenants.path(), &[]);
+    let client = reqwest::Client::new();
+    let digits = heldout_digits();
+    let rows = |count: usize| {
+        let data: Vec<f32> =
+            digits[..count].iter().flat_map(|(p, _)| p.iter().map(|&v| f32::from(v) / 255.0)).collect();
+        json!({ "inputs": [{ "name": "X", "shape": [count, 64], "datatype": "FP32", "data": data }] })
+    };
+    let answer = |body: Value, encoding: &'static str| {
+        let request = client
+            .post(format!("{}/v2/models/digits-mlp/infer", server.base))
+            .bearer_auth(KEY)
+            .header("accept-encoding", encoding)
+            .json(&body);
+        async move {
+            let response = request.send().await.expect("answered");
+            assert_eq!(response.status(), 200);
+            let encoding = response.headers().get("content-encoding").map(|v| v.to_str().expect("ascii").to_string());
+            (encoding, response.bytes().await.expect("a body"))
+        }
+    };
+
+    let (encoding, small) = answer(rows(1), "gzip, deflate").await;
+    assert_eq!(encoding, None, "{} bytes", small.len());
+    assert!(small.len() < 1024, "{} bytes", small.len());
+    let small: Value = serde_json::from_slice(&small).expect("plain JSON");
+    assert_eq!(small["outputs"][0]["data"], json!([digits[0].1]));
+
+    let (encoding, large) = answer(rows(32), "gzip, deflate").await;
+    assert_eq!(encoding.as_deref(), Some("gzip"));
+    let (encoding, plain) = answer(rows(32), "identity").await;
+    assert_eq!(encoding, None);
+    assert!(plain.len() > 1024 && large.len() < plain.len(), "{} compressed, {} not", large.len(), plain.len());
+}

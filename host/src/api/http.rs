@@ -71,10 +71,26 @@ pub fn router(state: Shared) -> Enveloped<impl HttpService<Body>> {
         tower::ServiceBuilder::new()
             .map_response(IntoResponse::into_response)
             // tritonclient may compress requests and ask for compressed responses.
-            .layer(tower_http::compression::CompressionLayer::new())
+            .layer(tower_http::compression::CompressionLayer::new().compress_when(worth_compressing()))
             .layer(tower_http::decompression::RequestDecompressionLayer::new())
             .service(routes),
     )
+}
+
+/// Answers smaller than this go uncompressed even to a client that accepts gzip (browsers
+/// and Python's `requests` say so on every call): such an answer fits one TCP segment
+/// either way, and compressing the plain model's answer tripled its request's server CPU
+/// (BENCHMARKS.md). tower-http's default compresses anything over 32 bytes.
+const COMPRESS_ABOVE_BYTES: u16 = 1024;
+
+/// tower-http's default predicate with [`COMPRESS_ABOVE_BYTES`] for its size.
+fn worth_compressing() -> impl tower_http::compression::Predicate {
+    use tower_http::compression::Predicate;
+    use tower_http::compression::predicate::{NotForContentType, SizeAbove};
+    SizeAbove::new(COMPRESS_ABOVE_BYTES)
+        .and(NotForContentType::GRPC)
+        .and(NotForContentType::IMAGES)
+        .and(NotForContentType::SSE)
 }
 
 /// What the HTTP port serves requests with bodies of type `B` through: [`router`]'s service
