@@ -504,12 +504,12 @@ fn http_call(models: &Arc<TenantModels>, allowance: &Arc<TokenBucket>, pixels: V
     }
 }
 
-/// One OIP infer request over HTTP to `router`, in process; panics unless it succeeds.
 /// `ACCEPT_ENCODING`: the HTTP rows' requests send it as `Accept-Encoding` (as browsers and
 /// Python's `requests` do by default), so their answers come compressed.
 static ACCEPT_ENCODING: std::sync::LazyLock<Option<String>> =
     std::sync::LazyLock::new(|| std::env::var("ACCEPT_ENCODING").ok());
 
+/// One OIP infer request over HTTP to `router`, in process; panics unless it succeeds.
 async fn http_infer(router: impl HttpService<Body>, model: &str, body: Bytes) {
     use tower::ServiceExt;
     let mut request = Request::post(format!("/v2/models/{model}/infer"))
