@@ -26,7 +26,8 @@
 //! those groups; `TASKS=N`: the handler rows from N tasks instead of 64; `ROWS=text`: only the
 //! handler rows whose label contains the text, and `OPS=N`: N requests per handler row instead
 //! of 40,000, e.g. to profile one of them for long enough; `ACCEPT_ENCODING=gzip`: the HTTP
-//! rows ask for compressed answers).
+//! rows ask for compressed answers; `SPAWN_EACH=1`: each request of the concurrent rows runs
+//! as a task of its own, as hyper's HTTP/2 server runs each gRPC call).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -155,6 +156,10 @@ fn wanted(row: &str) -> bool {
 
 /// `count` operations done by [`tasks()`] tasks of their own, each a closed loop (as the
 /// server runs each connection as a task), after a tenth as warm-up.
+/// `SPAWN_EACH=1`: each operation of the concurrent rows runs as a task of its own, as
+/// hyper's HTTP/2 server runs each stream (a gRPC call), instead of in its caller's task.
+static SPAWN_EACH: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| std::env::var_os("SPAWN_EACH").is_some());
+
 async fn measure_tasks<F>(count: usize, op: impl Fn() -> F + Clone + Send + 'static) -> PerOp
 where
     F: Future<Output = ()> + Send + 'static,
@@ -166,7 +171,11 @@ where
                 let op = op.clone();
                 tokio::spawn(async move {
                     for _ in 0..operations / concurrency {
-                        op().await;
+                        if *SPAWN_EACH {
+                            tokio::spawn(op()).await.expect("the operation ran");
+                        } else {
+                            op().await;
+                        }
                     }
                 })
             })
