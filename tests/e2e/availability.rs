@@ -316,3 +316,170 @@ fn an_answer_given_before_the_body_is_read_closes_the_connection() {
     assert!(answer.starts_with("http/1.1 401"), "{answer}");
     assert!(answer.contains("\r\nconnection: close\r\n"), "{answer}");
 }
+
+/// A gRPC call on a raw HTTP/2 connection whose message is written only when the caller says
+/// so, as a client's network may deliver it apart from the call's headers.
+struct RawGrpcCall {
+    message: futures::channel::mpsc::UnboundedSender<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>,
+    answer: tokio::task::JoinHandle<Result<Option<String>, String>>,
+}
+
+type RawBody = http_body_util::StreamBody<
+    futures::channel::mpsc::UnboundedReceiver<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>,
+>;
+
+impl RawGrpcCall {
+    /// Send the call's headers now.
+    fn start(sender: &mut hyper::client::conn::http2::SendRequest<RawBody>, key: &str) -> Self {
+        let (message, body) = futures::channel::mpsc::unbounded();
+        let request = http::Request::post("http://sluice/inference.GRPCInferenceService/ModelInfer")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {key}"))
+            .body(http_body_util::StreamBody::new(body))
+            .expect("a request");
+        let response = sender.send_request(request);
+        let answer = tokio::spawn(async move {
+            let response = response.await.map_err(|error| format!("no answer: {error:?}"))?;
+            let (head, body) = response.into_parts();
+            let body = http_body_util::BodyExt::collect(body).await.map_err(|error| format!("cut off: {error:?}"))?;
+            let trailers = body.trailers().cloned().unwrap_or_default();
+            let status = head.headers.get("grpc-status").or_else(|| trailers.get("grpc-status"));
+            Ok(status.map(|status| status.to_str().unwrap_or("?").to_string()))
+        });
+        Self { message, answer }
+    }
+
+    /// Write the call's one message, `frame` bytes a DATA frame, end the call, and return its
+    /// gRPC status.
+    async fn finish(self, request: &ModelInferRequest, frame: usize) -> Result<Option<String>, String> {
+        let encoded = prost::Message::encode_to_vec(request);
+        let mut framed = vec![0];
+        framed.extend_from_slice(&u32::try_from(encoded.len()).expect("small").to_be_bytes());
+        framed.extend_from_slice(&encoded);
+        for chunk in framed.chunks(frame) {
+            let _ = self.message.unbounded_send(Ok(http_body::Frame::data(bytes::Bytes::copy_from_slice(chunk))));
+        }
+        drop(self.message);
+        self.answer.await.expect("joined")
+    }
+}
+
+/// A TCP hop to `upstream` for one connection, passing the client's HTTP/2 frames on at once
+/// except DATA frames, which it holds for `delay` each (in their order): a network that
+/// delivers a call's message apart from its headers, as a loaded one does.
+fn hop_holding_data(upstream: &str, delay: Duration) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let address = listener.local_addr().expect("an address").to_string();
+    let upstream = upstream.to_string();
+    std::thread::spawn(move || -> std::io::Result<()> {
+        let (client, _) = listener.accept()?;
+        let server = TcpStream::connect(upstream)?;
+        client.set_nodelay(true)?;
+        server.set_nodelay(true)?;
+        let (mut from_client, mut to_client) = (client.try_clone()?, client);
+        let (mut from_server, mut to_server) = (server.try_clone()?, server);
+        std::thread::spawn(move || std::io::copy(&mut from_server, &mut to_client));
+        let (passing, outgoing) = std::sync::mpsc::channel::<Vec<u8>>();
+        let (holding, held) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+        std::thread::spawn(move || outgoing.into_iter().try_for_each(|bytes| to_server.write_all(&bytes)));
+        let released = passing.clone();
+        std::thread::spawn(move || {
+            for (due, frame) in held {
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                if released.send(frame).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut preface = vec![0; 24];
+        from_client.read_exact(&mut preface)?;
+        let _ = passing.send(preface);
+        loop {
+            let mut frame = vec![0; 9];
+            from_client.read_exact(&mut frame)?;
+            let length = u32::from_be_bytes([0, frame[0], frame[1], frame[2]]) as usize;
+            frame.resize(9 + length, 0);
+            from_client.read_exact(&mut frame[9..])?;
+            let sent = if frame[3] == 0 {
+                holding.send((Instant::now() + delay, frame)).is_ok()
+            } else {
+                passing.send(frame).is_ok()
+            };
+            if !sent {
+                return Ok(());
+            }
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grpc_calls_refused_before_their_message_arrives_cost_the_client_nothing_else() {
+    // A client's gRPC message may reach the server after the server has refused the call on its
+    // headers (the tenant is at its concurrency quota). h2 charges each small DATA frame that
+    // arrives for a stream nobody reads to a budget of the connection's (512 KiB at 256 bytes
+    // less the frame's payload) and never gives it back: once spent, h2 closes the connection
+    // (GOAWAY ENHANCE_YOUR_CALM) and every call on it fails, the admitted ones too. Messages
+    // written a byte a frame spend it in a few dozen refusals, as a long overload spends it one
+    // frame a call. The hop holds each message 2 ms behind its headers, as a loaded network
+    // may. Refusals must cost the client nothing but the refusal.
+    let tenants = tenants("max_concurrent_requests = 1");
+    let server = Server::start(tenants.path(), &[]);
+    let hop = hop_holding_data(&server.grpc, Duration::from_millis(2));
+    let tcp = tokio::net::TcpStream::connect(hop).await.expect("connects");
+    tcp.set_nodelay(true).expect("nodelay");
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("an HTTP/2 connection");
+    tokio::spawn(connection);
+    let (pixels, _) = &heldout_digits()[1];
+    let image = model_infer_request::InferInputTensor {
+        name: "image".into(),
+        datatype: "UINT8".into(),
+        shape: vec![1, 64],
+        contents: Some(InferTensorContents {
+            uint_contents: pixels.iter().map(|&p| u32::from(p)).collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let digit = ModelInferRequest { model_name: "digits".into(), inputs: vec![image], ..Default::default() };
+    // The tenant's one admitted call, its message held back: admitted once a second is refused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        let held = RawGrpcCall::start(&mut sender, EVIL);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let probe = RawGrpcCall::start(&mut sender, EVIL);
+        if probe.finish(&digit, usize::MAX).await.expect("answered").as_deref() == Some("8") {
+            break held;
+        }
+        // The probe came first and the held call was refused: again.
+        assert!(Instant::now() < deadline, "no call was held");
+    };
+    let (calls, in_flight) = (200, 4);
+    let outcomes: Vec<_> = futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
+        futures::stream::iter((0..calls).map(|_| {
+            let (mut sender, digit) = (sender.clone(), digit.clone());
+            async move {
+                // A call on a connection closed under it may never be answered.
+                let call = RawGrpcCall::start(&mut sender, EVIL).finish(&digit, 1);
+                tokio::time::timeout(Duration::from_secs(5), call)
+                    .await
+                    .unwrap_or_else(|_| Err("no answer in 5 s".into()))
+            }
+        })),
+        in_flight,
+    ))
+    .await;
+    let others: Vec<_> = outcomes.iter().filter(|outcome| outcome.as_ref().ok() != Some(&Some("8".into()))).collect();
+    assert!(
+        others.is_empty(),
+        "{} of {calls} calls failed other than RESOURCE_EXHAUSTED: {:?}",
+        others.len(),
+        &others[..others.len().min(3)]
+    );
+    let status = held.finish(&digit, usize::MAX).await.expect("the admitted call is answered");
+    assert_eq!(status.as_deref(), Some("0"), "the admitted call succeeds");
+}

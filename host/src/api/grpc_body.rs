@@ -7,7 +7,9 @@
 //! - each message is refused as soon as its length prefix says it exceeds the tenant's
 //!   `max_request_bytes` (other methods: a small fixed limit), with RESOURCE_EXHAUSTED as
 //!   HTTP answers 413;
-//! - the whole body must arrive within the body timeout.
+//! - the whole body must arrive within the body timeout;
+//! - a refused call's message, where small and already arriving, is read before the refusal
+//!   is sent, so that it costs the connection nothing (h2's small-DATA-frame budget).
 //!
 //! No CPU turn is held while a body is read: the method takes one once it has the message.
 
@@ -103,7 +105,15 @@ where
                     }
                     Err(refused) => {
                         infer::count_refused(spec.id.as_str(), Protocol::Grpc, &refused);
-                        return Box::pin(std::future::ready(Ok(Status::from(refused).into_http())));
+                        let answer = Status::from(refused).into_http();
+                        // The message is read before the refusal is sent: h2 charges each small
+                        // DATA frame that arrives for a stream already answered to a budget of
+                        // the connection's it never gives back, and closes the connection,
+                        // admitted calls and all, once a run of refusals has spent it.
+                        return Box::pin(async move {
+                            super::http::read_rest(request.into_body()).await;
+                            Ok(answer)
+                        });
                     }
                 }
                 limit = limit.min(usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX));
