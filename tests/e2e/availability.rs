@@ -483,3 +483,28 @@ async fn grpc_calls_refused_before_their_message_arrives_cost_the_client_nothing
     let status = held.finish(&digit, usize::MAX).await.expect("the admitted call is answered");
     assert_eq!(status.as_deref(), Some("0"), "the admitted call succeeds");
 }
+
+#[test]
+fn a_grpc_connection_holds_at_most_1024_calls_at_once() {
+    // tonic sets no limit on the calls (HTTP/2 streams) open at once on one connection, so one
+    // connection could hold any number of calls whose bodies never come. The server states its
+    // limit in its first SETTINGS frame (SETTINGS_MAX_CONCURRENT_STREAMS); clients wait for a
+    // free stream, and h2 refuses a stream past it.
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", "acme-key", ""));
+    let server = Server::start(tenants.path(), &[]);
+    let mut stream = TcpStream::connect(&server.grpc).expect("connects");
+    stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    // The client preface, then an empty SETTINGS frame.
+    stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0").expect("preface");
+    let mut head = [0u8; 9];
+    stream.read_exact(&mut head).expect("the server's first frame");
+    assert_eq!(head[3], 0x4, "a SETTINGS frame first");
+    let mut settings = vec![0u8; u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize];
+    stream.read_exact(&mut settings).expect("its settings");
+    let max_concurrent_streams = settings
+        .chunks_exact(6)
+        .find(|setting| setting[..2] == [0, 0x3])
+        .map(|setting| u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]));
+    assert_eq!(max_concurrent_streams, Some(1024));
+}

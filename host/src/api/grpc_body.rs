@@ -8,8 +8,8 @@
 //!   `max_request_bytes` (other methods: a small fixed limit), with RESOURCE_EXHAUSTED as
 //!   HTTP answers 413;
 //! - the whole body must arrive within the body timeout;
-//! - a refused call's message, where small and already arriving, is read before the refusal
-//!   is sent, so that it costs the connection nothing (h2's small-DATA-frame budget).
+//! - a refused call's message, where small, is still read after the refusal, so that it
+//!   costs the client's connection nothing (h2's small-DATA-frame budget).
 //!
 //! No CPU turn is held while a body is read: the method takes one once it has the message.
 
@@ -105,15 +105,14 @@ where
                     }
                     Err(refused) => {
                         infer::count_refused(spec.id.as_str(), Protocol::Grpc, &refused);
-                        let answer = Status::from(refused).into_http();
-                        // The message is read before the refusal is sent: h2 charges each small
-                        // DATA frame that arrives for a stream already answered to a budget of
-                        // the connection's it never gives back, and closes the connection,
-                        // admitted calls and all, once a run of refusals has spent it.
-                        return Box::pin(async move {
-                            super::http::read_rest(request.into_body()).await;
-                            Ok(answer)
-                        });
+                        // Answered at once, but the message is still read (where small, within
+                        // the body timeout): h2 charges each small DATA frame that arrives for a
+                        // stream nobody reads to a budget of the connection's that it never gives
+                        // back, and closes the connection, admitted calls and all, once a run of
+                        // refusals has spent it. Read after the answer, not before: an
+                        // overloaded server may take longer than any short wait to read it.
+                        tokio::spawn(super::http::read_rest(request.into_body(), *timeout));
+                        return Box::pin(std::future::ready(Ok(Status::from(refused).into_http())));
                     }
                 }
                 limit = limit.min(usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX));

@@ -150,18 +150,18 @@ where
 /// that may take (a little over the 40 ms a body written apart from its head may wait for
 /// Nagle's algorithm). Inference bodies are mostly this small and already arrived: a client
 /// refused at overload keeps its connection instead of paying a new one per request.
-/// gRPC refusals read theirs too ([`super::grpc_body`]).
+/// A refused gRPC call's message is read too ([`super::grpc_body`]).
 const DRAIN_LIMIT: usize = 64 * 1024;
 const DRAIN_WAIT: Duration = Duration::from_millis(50);
 
-/// Read and drop what is left of a body, where it is small and has arrived
-/// ([`DRAIN_LIMIT`], [`DRAIN_WAIT`]): whether it was read to its end.
-pub(super) async fn read_rest<B>(rest: B) -> bool
+/// Read and drop what is left of a body where it is small ([`DRAIN_LIMIT`]) and ends within
+/// `wait`: whether it was read to its end.
+pub(super) async fn read_rest<B>(rest: B, wait: Duration) -> bool
 where
     B: http_body::Body<Error: Into<axum::BoxError>>,
 {
     let limited = http_body_util::Limited::new(rest, DRAIN_LIMIT);
-    matches!(tokio::time::timeout(DRAIN_WAIT, http_body_util::BodyExt::collect(limited)).await, Ok(Ok(_)))
+    matches!(tokio::time::timeout(wait, http_body_util::BodyExt::collect(limited)).await, Ok(Ok(_)))
 }
 
 /// When an answer was made before the request's body was read to its end, read and drop the
@@ -187,7 +187,7 @@ async fn close_when_body_unread<Answered: Future<Output = Response>>(
         Rest::Unread(rest)
             if declared.is_none_or(|length| usize::try_from(length).is_ok_and(|length| length <= DRAIN_LIMIT)) =>
         {
-            read_rest(rest).await
+            read_rest(rest, DRAIN_WAIT).await
         }
         // Too large to drain, or still held by a task that outlives the answer.
         Rest::Unread(_) | Rest::Reading => false,

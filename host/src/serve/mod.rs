@@ -31,6 +31,12 @@ use listen::{ConnectionLimits, ConnectionSettings};
 const ANALYSIS_TICK: Duration = Duration::from_millis(100);
 /// How often the apps' SLO gauges and the models' drift gauges are brought up to date.
 const GAUGE_EXPORT_TICK: Duration = Duration::from_secs(1);
+/// gRPC calls open at once on one connection (HTTP/2 streams; a client waits for a free one).
+/// tonic sets no limit, so one connection could hold any number of calls whose bodies never
+/// come. It also keeps what a well-behaved client's calls can hold buffered unread (a small
+/// DATA frame each, under 256 bytes) within h2's per-connection budget for small frames
+/// (512 KiB), past which h2 closes the connection with every call on it.
+const GRPC_CALLS_PER_CONNECTION: u32 = 1024;
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -157,6 +163,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     );
     let readiness = state.readiness.clone();
     let grpc_server = tonic::transport::Server::builder()
+        .max_concurrent_streams(GRPC_CALLS_PER_CONNECTION)
         .layer(body_limits)
         .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes, config.grpc_response_compression))
         .serve_with_incoming_shutdown(listen::incoming(grpc, limits, "grpc"), async move {
