@@ -16,7 +16,10 @@ const GUESTS: [&str; 8] =
 const TARGET: &str = "wasm32-wasip2";
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ sits in the workspace").to_path_buf();
+    // Read when the script runs, not when it is compiled: cargo reuses a compiled build script
+    // for an identical checkout elsewhere sharing the target directory.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest_dir).parent().expect("host/ sits in the workspace").to_path_buf();
     compile_proto(&root);
     let scripts = ["scripts/fetch_magika.py", "scripts/fetch_onnxruntime.py", "scripts/pinned_wheel.py"];
     for watched in ["guest-sdk", "wit", "examples", "tests/guests"].into_iter().chain(scripts) {
