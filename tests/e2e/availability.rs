@@ -41,8 +41,17 @@ async fn victim_http(server: &Server) -> (u16, Duration) {
 
 /// The victim's digit over gRPC.
 async fn victim_grpc(server: &Server) -> (tonic::Code, Duration) {
-    let (pixels, _) = &heldout_digits()[1];
     let mut client = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("connects");
+    let request = digit_call();
+    let started = Instant::now();
+    let code =
+        client.model_infer(authed(request, VICTIM)).await.map_or_else(|status| status.code(), |_| tonic::Code::Ok);
+    (code, started.elapsed())
+}
+
+/// A digit for the `digits` app over gRPC.
+fn digit_call() -> ModelInferRequest {
+    let (pixels, _) = &heldout_digits()[1];
     let input = model_infer_request::InferInputTensor {
         name: "image".into(),
         datatype: "UINT8".into(),
@@ -53,11 +62,7 @@ async fn victim_grpc(server: &Server) -> (tonic::Code, Duration) {
         }),
         ..Default::default()
     };
-    let request = ModelInferRequest { model_name: "digits".into(), inputs: vec![input], ..Default::default() };
-    let started = Instant::now();
-    let code =
-        client.model_infer(authed(request, VICTIM)).await.map_or_else(|status| status.code(), |_| tonic::Code::Ok);
-    (code, started.elapsed())
+    ModelInferRequest { model_name: "digits".into(), inputs: vec![input], ..Default::default() }
 }
 
 /// An infer request whose headers promise a body that never comes.
@@ -328,6 +333,18 @@ type RawBody = http_body_util::StreamBody<
     futures::channel::mpsc::UnboundedReceiver<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>,
 >;
 
+/// An HTTP/2 connection to `address` for [`RawGrpcCall`]s.
+async fn raw_grpc_connection(address: &str) -> hyper::client::conn::http2::SendRequest<RawBody> {
+    let tcp = tokio::net::TcpStream::connect(address).await.expect("connects");
+    tcp.set_nodelay(true).expect("nodelay");
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("an HTTP/2 connection");
+    tokio::spawn(connection);
+    sender
+}
+
 impl RawGrpcCall {
     /// Send the call's headers now.
     fn start(sender: &mut hyper::client::conn::http2::SendRequest<RawBody>, key: &str) -> Self {
@@ -440,26 +457,8 @@ async fn grpc_calls_refused_before_their_message_arrives_cost_the_client_nothing
     // may. Refusals must cost the client nothing but the refusal.
     let tenants = tenants("max_concurrent_requests = 1");
     let server = Server::start(tenants.path(), &[]);
-    let hop = hop_holding_data(&server.grpc, Duration::from_millis(2));
-    let tcp = tokio::net::TcpStream::connect(hop).await.expect("connects");
-    tcp.set_nodelay(true).expect("nodelay");
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .expect("an HTTP/2 connection");
-    tokio::spawn(connection);
-    let (pixels, _) = &heldout_digits()[1];
-    let image = model_infer_request::InferInputTensor {
-        name: "image".into(),
-        datatype: "UINT8".into(),
-        shape: vec![1, 64],
-        contents: Some(InferTensorContents {
-            uint_contents: pixels.iter().map(|&p| u32::from(p)).collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let digit = ModelInferRequest { model_name: "digits".into(), inputs: vec![image], ..Default::default() };
+    let mut sender = raw_grpc_connection(&hop_holding_data(&server.grpc, Duration::from_millis(2))).await;
+    let digit = digit_call();
     // The tenant's one admitted call, its message held back: admitted once a second is refused.
     let deadline = Instant::now() + Duration::from_secs(10);
     let held = loop {
@@ -530,24 +529,8 @@ async fn a_grpc_client_may_send_an_empty_data_frame_after_each_message() {
     // life, then closed it: a long-lived client connection died at its 101st call.
     let tenants = tenants("");
     let server = Server::start(tenants.path(), &[]);
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.expect("connects");
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .expect("an HTTP/2 connection");
-    tokio::spawn(connection);
-    let (pixels, _) = &heldout_digits()[1];
-    let image = model_infer_request::InferInputTensor {
-        name: "image".into(),
-        datatype: "UINT8".into(),
-        shape: vec![1, 64],
-        contents: Some(InferTensorContents {
-            uint_contents: pixels.iter().map(|&p| u32::from(p)).collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let digit = ModelInferRequest { model_name: "digits".into(), inputs: vec![image], ..Default::default() };
+    let mut sender = raw_grpc_connection(&server.grpc).await;
+    let digit = digit_call();
     for call in 0..150 {
         let status = RawGrpcCall::start(&mut sender, VICTIM).finish_with(&digit, usize::MAX, true).await;
         assert_eq!(status, Ok(Some("0".into())), "call {call}");
