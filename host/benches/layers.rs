@@ -154,12 +154,12 @@ fn wanted(row: &str) -> bool {
     std::env::var("ROWS").map_or(true, |only| row.contains(&only))
 }
 
-/// `count` operations done by [`tasks()`] tasks of their own, each a closed loop (as the
-/// server runs each connection as a task), after a tenth as warm-up.
 /// `SPAWN_EACH=1`: each operation of the concurrent rows runs as a task of its own, as
 /// hyper's HTTP/2 server runs each stream (a gRPC call), instead of in its caller's task.
 static SPAWN_EACH: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| std::env::var_os("SPAWN_EACH").is_some());
 
+/// `count` operations done by [`tasks()`] tasks of their own, each a closed loop (as the
+/// server runs each connection as a task), after a tenth as warm-up.
 async fn measure_tasks<F>(count: usize, op: impl Fn() -> F + Clone + Send + 'static) -> PerOp
 where
     F: Future<Output = ()> + Send + 'static,

@@ -325,13 +325,12 @@ fn an_answer_given_before_the_body_is_read_closes_the_connection() {
 /// A gRPC call on a raw HTTP/2 connection whose message is written only when the caller says
 /// so, as a client's network may deliver it apart from the call's headers.
 struct RawGrpcCall {
-    message: futures::channel::mpsc::UnboundedSender<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>,
+    message: futures::channel::mpsc::UnboundedSender<RawFrame>,
     answer: tokio::task::JoinHandle<Result<Option<String>, String>>,
 }
 
-type RawBody = http_body_util::StreamBody<
-    futures::channel::mpsc::UnboundedReceiver<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>,
->;
+type RawFrame = Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>;
+type RawBody = http_body_util::StreamBody<futures::channel::mpsc::UnboundedReceiver<RawFrame>>;
 
 /// An HTTP/2 connection to `address` for [`RawGrpcCall`]s.
 async fn raw_grpc_connection(address: &str) -> hyper::client::conn::http2::SendRequest<RawBody> {
@@ -432,6 +431,7 @@ fn hop_holding_data(upstream: &str, delay: Duration) -> String {
             let length = u32::from_be_bytes([0, frame[0], frame[1], frame[2]]) as usize;
             frame.resize(9 + length, 0);
             from_client.read_exact(&mut frame[9..])?;
+            // The frame's type is its fourth byte; DATA is 0.
             let sent = if frame[3] == 0 {
                 holding.send((Instant::now() + delay, frame)).is_ok()
             } else {
