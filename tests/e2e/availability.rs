@@ -347,8 +347,13 @@ async fn raw_grpc_connection(address: &str) -> hyper::client::conn::http2::SendR
 impl RawGrpcCall {
     /// Send the call's headers now.
     fn start(sender: &mut hyper::client::conn::http2::SendRequest<RawBody>, key: &str) -> Self {
+        Self::start_method(sender, "ModelInfer", key)
+    }
+
+    /// [`Self::start`] for another of the service's methods.
+    fn start_method(sender: &mut hyper::client::conn::http2::SendRequest<RawBody>, method: &str, key: &str) -> Self {
         let (message, body) = futures::channel::mpsc::unbounded();
-        let request = http::Request::post("http://sluice/inference.GRPCInferenceService/ModelInfer")
+        let request = http::Request::post(format!("http://sluice/inference.GRPCInferenceService/{method}"))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .header("authorization", format!("Bearer {key}"))
@@ -364,6 +369,22 @@ impl RawGrpcCall {
             Ok(status.map(|status| status.to_str().unwrap_or("?").to_string()))
         });
         Self { message, answer }
+    }
+
+    /// Write the first `written` bytes (zeros, 16 KiB a DATA frame) of a message whose prefix
+    /// declares `declared` bytes, and nothing after them.
+    fn write_part(&self, declared: u32, written: usize) {
+        let prefix = [&[0][..], &declared.to_be_bytes()].concat();
+        let _ = self.message.unbounded_send(Ok(http_body::Frame::data(bytes::Bytes::from(prefix))));
+        let chunk = bytes::Bytes::from(vec![0u8; 16 << 10]);
+        for _ in 0..written / chunk.len() {
+            let _ = self.message.unbounded_send(Ok(http_body::Frame::data(chunk.clone())));
+        }
+    }
+
+    /// The call's gRPC status, its message left as it is.
+    async fn status(&mut self) -> Result<Option<String>, String> {
+        (&mut self.answer).await.expect("joined")
     }
 
     /// Write the call's one message, `frame` bytes a DATA frame, end the call, and return its
@@ -535,4 +556,45 @@ async fn a_grpc_client_may_send_an_empty_data_frame_after_each_message() {
         let status = RawGrpcCall::start(&mut sender, VICTIM).finish_with(&digit, usize::MAX, true).await;
         assert_eq!(status, Ok(Some("0".into())), "call {call}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn grpc_calls_without_a_known_key_cannot_make_the_server_hold_their_messages() {
+    // tonic reads a unary call's whole message before the method runs, and the method checked
+    // the key: anyone who can reach the port could make the server hold up to the largest
+    // message (64 MiB) for each call it opens, 1,024 calls a connection, until the body
+    // timeout, by writing most of each message and never the rest. A call with no known key is
+    // refused on its headers, and what comes of its message is read and dropped; the methods
+    // that need no key take no more than an empty message needs.
+    let tenants = tenants("");
+    let server = Server::start(tenants.path(), &[]);
+    let mut sender = raw_grpc_connection(&server.grpc).await;
+    let before = server.rss_bytes();
+    let (count, written) = (32, 4 << 20);
+    let mut calls: Vec<_> = (0..count)
+        .map(|_| {
+            let call = RawGrpcCall::start(&mut sender, "not-a-key");
+            call.write_part(60 << 20, written);
+            call
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let grown = server.rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 32 << 20,
+        "the server holds {} MiB more after {} MiB of messages nobody may send",
+        grown >> 20,
+        (count * written) >> 20
+    );
+    for call in &mut calls {
+        let status = tokio::time::timeout(Duration::from_secs(5), call.status()).await;
+        assert_eq!(status, Ok(Ok(Some("16".into()))), "UNAUTHENTICATED before the message ends");
+    }
+    // The methods that need no key take only their empty messages.
+    let mut live = RawGrpcCall::start_method(&mut sender, "ServerLive", "not-a-key");
+    live.write_part(48 << 10, 48 << 10);
+    assert_eq!(live.status().await, Ok(Some("8".into())), "RESOURCE_EXHAUSTED");
+    // The connection still serves a tenant's calls.
+    let status = RawGrpcCall::start(&mut sender, VICTIM).finish(&digit_call(), usize::MAX).await;
+    assert_eq!(status, Ok(Some("0".into())));
 }

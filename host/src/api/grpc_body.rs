@@ -1,6 +1,9 @@
 //! gRPC requests before tonic reads them. tonic reads a unary call's whole message before
 //! the method runs, so what must hold while a body is on its way is applied here, in a tower
 //! layer in front of the service:
+//! - a call of a method that needs a key is refused on its headers without a known one, so
+//!   nobody without a key can make the server hold a message (the methods that need none take
+//!   only empty messages, bounded to [`KEYLESS_MESSAGE_BYTES`]);
 //! - an inference call is admitted first (the tenant's `max_concurrent_requests`), so one
 //!   tenant's slow or stalled bodies count against its own quota only, and the admission
 //!   travels to the method in the request's extensions;
@@ -28,8 +31,18 @@ use crate::infer::{self, Admitted};
 use crate::state::ServingState;
 use crate::telemetry::metrics::Protocol;
 
+/// The service's methods: each needs a tenant's key but those in [`KEYLESS`].
+const SERVICE: &str = "/inference.GRPCInferenceService/";
 /// The one method whose messages carry tensors.
 const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+/// The methods any client may call: the server's liveness, readiness and metadata.
+const KEYLESS: [&str; 3] = [
+    "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
+    "/inference.GRPCInferenceService/ServerMetadata",
+];
+/// Largest message of a keyless method: their requests have no fields.
+const KEYLESS_MESSAGE_BYTES: usize = 1 << 10;
 /// Largest message of any other method (names and versions).
 const SMALL_MESSAGE_BYTES: usize = 64 << 10;
 /// gRPC's message prefix: a compression flag and a big-endian length.
@@ -92,12 +105,18 @@ where
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         let BodyLimits { state, max_message_bytes, timeout } = &self.limits;
+        let path = request.uri().path();
         let mut limit = SMALL_MESSAGE_BYTES.min(*max_message_bytes);
-        if request.uri().path() == MODEL_INFER {
-            limit = *max_message_bytes;
+        if KEYLESS.contains(&path) {
+            limit = KEYLESS_MESSAGE_BYTES.min(*max_message_bytes);
+        } else if path.starts_with(SERVICE) {
             let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-            // An unknown key is left to the method, which answers it like every other call.
-            if let Ok(tenant) = super::auth::tenant_for_key(state, authorization) {
+            let tenant = match super::auth::tenant_for_key(state, authorization) {
+                Ok(tenant) => tenant,
+                // As the method would answer it, but before its message is read.
+                Err(unknown) => return refuse(request, unknown, *timeout),
+            };
+            if path == MODEL_INFER {
                 let spec = tenant.spec();
                 match infer::admit(&tenant) {
                     Ok(admitted) => {
@@ -105,17 +124,10 @@ where
                     }
                     Err(refused) => {
                         infer::count_refused(spec.id.as_str(), Protocol::Grpc, &refused);
-                        // Answered at once, but the message is still read (where small, within
-                        // the body timeout): h2 charges each small DATA frame that arrives for a
-                        // stream nobody reads to a budget of the connection's that it never gives
-                        // back, and closes the connection, admitted calls and all, once a run of
-                        // refusals has spent it. Read after the answer, not before: an
-                        // overloaded server may take longer than any short wait to read it.
-                        tokio::spawn(super::http::read_rest(request.into_body(), *timeout));
-                        return Box::pin(std::future::ready(Ok(Status::from(refused).into_http())));
+                        return refuse(request, refused, *timeout);
                     }
                 }
-                limit = limit.min(usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX));
+                limit = (*max_message_bytes).min(usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX));
             }
         }
         let request = request.map(|body| Body::new(LimitedBody::new(body, limit, *timeout)));
@@ -124,6 +136,26 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(inner.call(request))
     }
+}
+
+/// Answer a call with `error` at once, with its request id (as inference calls' answers carry
+/// theirs). Its message is still read and dropped (where small, within the body timeout): h2
+/// charges each small DATA frame that arrives for a stream nobody reads to a budget of the
+/// connection's that it never gives back, and closes the connection, admitted calls and all,
+/// once a run of refusals has spent it. Read after the answer, not before: an overloaded
+/// server may take longer than any short wait to read it.
+fn refuse<E: Send + 'static>(
+    request: http::Request<Body>,
+    error: ApiError,
+    timeout: Duration,
+) -> BoxFuture<Result<http::Response<Body>, E>> {
+    let id = super::request_id::choose(request.headers().get(super::request_id::KEY).and_then(|v| v.to_str().ok()));
+    let mut status = Status::from(error);
+    if let Ok(id) = tonic::metadata::MetadataValue::try_from(id.as_str()) {
+        status.metadata_mut().insert(super::request_id::KEY, id);
+    }
+    tokio::spawn(super::http::read_rest(request.into_body(), timeout));
+    Box::pin(std::future::ready(Ok(status.into_http())))
 }
 
 /// A request body whose messages are checked against a size limit as their prefixes arrive,

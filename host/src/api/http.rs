@@ -156,13 +156,21 @@ const DRAIN_LIMIT: usize = 64 * 1024;
 const DRAIN_WAIT: Duration = Duration::from_millis(50);
 
 /// Read and drop what is left of a body where it is small ([`DRAIN_LIMIT`]) and ends within
-/// `wait`: whether it was read to its end.
-pub(super) async fn read_rest<B>(rest: B, wait: Duration) -> bool
-where
-    B: http_body::Body<Error: Into<axum::BoxError>>,
-{
-    let limited = http_body_util::Limited::new(rest, DRAIN_LIMIT);
-    matches!(tokio::time::timeout(wait, http_body_util::BodyExt::collect(limited)).await, Ok(Ok(_)))
+/// `wait`: whether it was read to its end. Each frame is dropped as it comes, so a body read
+/// here holds no memory of the server's while it is slow to come.
+pub(super) async fn read_rest<B: http_body::Body>(rest: B, wait: Duration) -> bool {
+    let read = async {
+        let mut rest = std::pin::pin!(rest);
+        let mut left = DRAIN_LIMIT;
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut rest).await {
+            let Ok(frame) = frame else { return false };
+            let length = frame.data_ref().map_or(0, bytes::Buf::remaining);
+            let Some(still) = left.checked_sub(length) else { return false };
+            left = still;
+        }
+        true
+    };
+    tokio::time::timeout(wait, read).await.unwrap_or(false)
 }
 
 /// When an answer was made before the request's body was read to its end, read and drop the
