@@ -65,6 +65,21 @@ printf '{"inputs":[{"name":"X","datatype":"FP32","shape":[1,64],"data":[%s]}]}' 
 printf '{"inputs":[{"name":"image","datatype":"UINT8","shape":[1,64],"data":[%s]}]}' "$pixels" >"$work/app.json"
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# Sluice's batches so far (rows, batches: `sluice_batch_rows`' sum and count over every series).
+# The rows per batch of a Sluice row are printed beside its server's name: the operating point
+# the layers bench's in-process rows are compared at (its `TASKS` with the same batches).
+batches() {
+  curl -sf http://127.0.0.1:18712/metrics \
+    | awk '/^sluice_batch_rows_sum/ { rows += $NF } /^sluice_batch_rows_count/ { n += $NF } END { print rows + 0, n + 0 }'
+}
+server_label() { # target, batches before the run
+  local after; after=$(batches)
+  case $1 in
+    plain | app) awk -v t="$1" -v before="$2" -v after="$after" 'BEGIN { split(before, b, " "); split(after, a, " ")
+      n = a[2] - b[2]; if (n > 0) printf "%s (%.1f rows a batch)", t, (a[1] - b[1]) / n; else print t }' ;;
+    *) echo "$1" ;;
+  esac
+}
 measure() { # client target protocol concurrency
   local client=$1 target=$2 protocol=$3 concurrency=$4 port pid model request
   local grpc=()
@@ -79,14 +94,14 @@ measure() { # client target protocol concurrency
   if [ "$protocol" = grpc ]; then port=$((port + 1)) grpc=(--grpc); fi
   if [ "$client" = perf_analyzer ]; then
     # Three windows of a third of the time each; stability is not what is measured here.
-    local started ended before ticks
-    before=$(cpu_ticks "$pid") started=$(date +%s.%N)
+    local started ended before ticks batched label
+    batched=$(batches) before=$(cpu_ticks "$pid") started=$(date +%s.%N)
     # Bounded: once (against the floor over HTTP at 64) it kept running without a result.
     $client_cpus timeout 120 "$perf_analyzer" -m "$model" -i "$protocol" -u "127.0.0.1:$port" \
       -H 'authorization: Bearer acme-demo-key' --shape image:1,64 --concurrency-range "$concurrency" \
       --measurement-interval $((seconds * 1000 / 3)) --stability-percentage 100 >"$work/out" 2>&1 || true
-    ticks=$(($(cpu_ticks "$pid") - before)) ended=$(date +%s.%N)
-    awk -v c="$client" -v t="$target" -v p="$protocol" -v n="$concurrency" -v ticks="$ticks" \
+    ticks=$(($(cpu_ticks "$pid") - before)) ended=$(date +%s.%N) label=$(server_label "$target" "$batched")
+    awk -v c="$client" -v t="$label" -v p="$protocol" -v n="$concurrency" -v ticks="$ticks" \
       -v hz="$(getconf CLK_TCK)" -v started="$started" -v ended="$ended" '
       /Throughput:/ && !rate { rate = $2 }
       /p50 latency:/ && !p50 { p50 = $3 / 1000 }
@@ -101,10 +116,10 @@ measure() { # client target protocol concurrency
       --input "$work/$request.json" --concurrency "$concurrency" --warmup-s 0 --duration-s "$1" >"$2"
   }
   run 1 /dev/null
-  local before; before=$(cpu_ticks "$pid")
+  local before batched; batched=$(batches) before=$(cpu_ticks "$pid")
   run "$seconds" "$work/out"
-  local ticks=$(($(cpu_ticks "$pid") - before))
-  grep "^| - |" "$work/out" | tail -1 | awk -F'|' -v t="$target" -v p="$protocol" -v c="$concurrency" -v ticks="$ticks" \
+  local ticks=$(($(cpu_ticks "$pid") - before)) label; label=$(server_label "$target" "$batched")
+  grep "^| - |" "$work/out" | tail -1 | awk -F'|' -v t="$label" -v p="$protocol" -v c="$concurrency" -v ticks="$ticks" \
     -v hz="$(getconf CLK_TCK)" '{ ok = $3 + 0; gsub(/ /, "", $4);
       printf "| sluice perf | %s | %s | %d | %.0f | %s | %s | %s | %.1f |\n", t, p, c, $5, $6, $8, $4,
         (ok > 0 ? ticks / hz * 1e6 / ok : 0) }'

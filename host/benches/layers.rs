@@ -23,11 +23,13 @@
 //!   connection as a task of its own).
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
-//! those groups; `TASKS=N`: the handler rows from N tasks instead of 64; `ROWS=text`: only the
-//! handler rows whose label contains the text, and `OPS=N`: N requests per handler row instead
-//! of 40,000, e.g. to profile one of them for long enough; `ACCEPT_ENCODING=gzip`: the HTTP
-//! rows ask for compressed answers; `SPAWN_EACH=1`: each request of the concurrent rows runs
-//! as a task of its own, as hyper's HTTP/2 server runs each gRPC call).
+//! those groups; `TASKS=N`: the handler rows from N tasks instead of 64 (Sluice's concurrent
+//! rows print their rows per batch, as `scripts/bench_overhead.sh` prints an end-to-end run's:
+//! compare rows with the same batches); `ROWS=text`: only the handler rows whose label
+//! contains the text, and `OPS=N`: N requests per handler row instead of 40,000, e.g. to
+//! profile one of them for long enough; `ACCEPT_ENCODING=gzip`: the HTTP rows ask for
+//! compressed answers; `SPAWN_EACH=1`: each request of the concurrent rows runs as a task of
+//! its own, as hyper's HTTP/2 server runs each gRPC call).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -671,7 +673,9 @@ async fn http_rows<S: HttpService<Body>>(what: &str, router: S, model: &'static 
     let row = format!("in process, HTTP, {what}, {} tasks", tasks());
     if wanted(&row) {
         let body = body.clone();
-        measure_tasks(handler_ops(), move || http_infer(router.clone(), model, body.clone())).await.row(&row);
+        let before = BatchRows::now();
+        let per_op = measure_tasks(handler_ops(), move || http_infer(router.clone(), model, body.clone())).await;
+        per_op.row(&before.label(&row));
     }
 }
 
@@ -684,6 +688,41 @@ async fn grpc_rows<S: GrpcService>(what: &str, service: S, frame: &Bytes) {
     let row = format!("in process, gRPC, {what}, {} tasks", tasks());
     if wanted(&row) {
         let frame = frame.clone();
-        measure_tasks(handler_ops(), move || grpc_infer(service.clone(), frame.clone())).await.row(&row);
+        let before = BatchRows::now();
+        let per_op = measure_tasks(handler_ops(), move || grpc_infer(service.clone(), frame.clone())).await;
+        per_op.row(&before.label(&row));
+    }
+}
+
+/// The model queues' batches so far (`sluice_batch_rows`' sum and count over every series):
+/// a concurrent row's rows per batch is the operating point its cost belongs to, since each
+/// batch's fixed cost is shared by its rows. An end-to-end run at the same concurrency makes
+/// smaller batches (part of its requests are in the network, not in the server), so it is
+/// compared with the row whose batches match its own (`TASKS`).
+struct BatchRows {
+    rows: f64,
+    batches: f64,
+}
+
+impl BatchRows {
+    fn now() -> Self {
+        let text = sluice::telemetry::metrics::metrics().render();
+        let total = |series: &str| -> f64 {
+            text.lines()
+                .filter(|line| line.starts_with(series))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        Self { rows: total("sluice_batch_rows_sum"), batches: total("sluice_batch_rows_count") }
+    }
+
+    /// `row`, with the rows per batch since `self` where there were batches.
+    fn label(&self, row: &str) -> String {
+        let now = Self::now();
+        let batches = now.batches - self.batches;
+        if batches == 0.0 {
+            return row.to_string();
+        }
+        format!("{row} ({:.1} rows a batch)", (now.rows - self.rows) / batches)
     }
 }
