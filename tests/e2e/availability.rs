@@ -598,3 +598,44 @@ async fn grpc_calls_without_a_known_key_cannot_make_the_server_hold_their_messag
     let status = RawGrpcCall::start(&mut sender, VICTIM).finish(&digit_call(), usize::MAX).await;
     assert_eq!(status, Ok(Some("0".into())));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_calls_with_held_back_messages_hold_a_bounded_share_of_memory() {
+    // The methods other than inference take messages of up to 64 KiB, and admission counts
+    // only inference calls: a tenant writing most of each message and never the rest could
+    // make the server hold 64 MiB on each of its connections (1,024 calls each) until the body
+    // timeout. At most 256 such calls of one tenant wait for their messages; past them its
+    // calls are refused at once, and another tenant's calls are served as before.
+    let tenants = tenants("");
+    let server = Server::start(tenants.path(), &[]);
+    let before = server.rss_bytes();
+    let (connections, per_connection, written) = (3, 1000, 60 << 10);
+    let mut held = Vec::new();
+    for _ in 0..connections {
+        let mut sender = raw_grpc_connection(&server.grpc).await;
+        for _ in 0..per_connection {
+            let call = RawGrpcCall::start_method(&mut sender, "ModelMetadata", EVIL);
+            call.write_part(63 << 10, written);
+            held.push(call);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = server.rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 48 << 20,
+        "the server holds {} MiB more after {} MiB of messages held back",
+        grown >> 20,
+        (connections * per_connection * written) >> 20
+    );
+    let mut refused = 0;
+    for call in &mut held {
+        if let Ok(status) = tokio::time::timeout(Duration::from_millis(20), call.status()).await {
+            assert_eq!(status, Ok(Some("8".into())), "RESOURCE_EXHAUSTED");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, connections * per_connection - 256, "all but 256 refused");
+    let mut sender = raw_grpc_connection(&server.grpc).await;
+    let status = RawGrpcCall::start(&mut sender, VICTIM).finish(&digit_call(), usize::MAX).await;
+    assert_eq!(status, Ok(Some("0".into())), "another tenant is served");
+}

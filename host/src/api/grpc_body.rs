@@ -6,7 +6,10 @@
 //!   only empty messages, bounded to [`KEYLESS_MESSAGE_BYTES`]);
 //! - an inference call is admitted first (the tenant's `max_concurrent_requests`), so one
 //!   tenant's slow or stalled bodies count against its own quota only, and the admission
-//!   travels to the method in the request's extensions;
+//!   travels to the method in the request's extensions; a tenant's calls of the other methods
+//!   whose messages are still on their way are at most [`OTHER_CALLS_READING`] (past it
+//!   RESOURCE_EXHAUSTED), so no tenant can make the server hold their messages without bound
+//!   (1,024 calls a connection would otherwise hold up to 64 MiB, on every connection);
 //! - each message is refused as soon as its length prefix says it exceeds the tenant's
 //!   `max_request_bytes` (other methods: a small fixed limit), with RESOURCE_EXHAUSTED as
 //!   HTTP answers 413;
@@ -16,6 +19,7 @@
 //!
 //! No CPU turn is held while a body is read: the method takes one once it has the message.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -23,10 +27,11 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 use tonic::body::Body;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorKind};
 use crate::infer::{self, Admitted};
 use crate::state::ServingState;
 use crate::telemetry::metrics::Protocol;
@@ -45,6 +50,10 @@ const KEYLESS: [&str; 3] = [
 const KEYLESS_MESSAGE_BYTES: usize = 1 << 10;
 /// Largest message of any other method (names and versions).
 const SMALL_MESSAGE_BYTES: usize = 64 << 10;
+/// A tenant's calls of methods other than inference whose messages are on their way at once:
+/// at most 16 MiB of [`SMALL_MESSAGE_BYTES`] messages. A message comes with its call's
+/// headers, so only calls whose messages are held back count for long.
+const OTHER_CALLS_READING: usize = 256;
 /// gRPC's message prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
@@ -65,11 +74,66 @@ pub struct BodyLimits {
     state: Arc<ServingState>,
     max_message_bytes: usize,
     timeout: Duration,
+    /// Per tenant, its calls of the other methods whose messages are on their way.
+    reading: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
 }
 
 impl BodyLimits {
     pub fn new(state: Arc<ServingState>, max_message_bytes: usize, timeout: Duration) -> Self {
-        Self { state, max_message_bytes, timeout }
+        Self { state, max_message_bytes, timeout, reading: Arc::default() }
+    }
+
+    /// What a call may send, decided on its headers: its message's size limit and, for a
+    /// tenant's call of a method other than inference, its place while the message comes; or
+    /// why it is refused. An admitted inference call carries its admission to the method in
+    /// the request's extensions.
+    fn admit(&self, request: &mut http::Request<Body>) -> Result<(usize, Option<OwnedSemaphorePermit>), ApiError> {
+        let path = request.uri().path();
+        if KEYLESS.contains(&path) {
+            return Ok((KEYLESS_MESSAGE_BYTES.min(self.max_message_bytes), None));
+        }
+        let small = SMALL_MESSAGE_BYTES.min(self.max_message_bytes);
+        if !path.starts_with(SERVICE) {
+            // No such method: tonic answers UNIMPLEMENTED.
+            return Ok((small, None));
+        }
+        let inference = path == MODEL_INFER;
+        let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        // As the method would answer a call without a known key, but before its message is read.
+        let tenant = super::auth::tenant_for_key(&self.state, authorization)?;
+        let spec = tenant.spec();
+        if !inference {
+            return Ok((small, Some(self.reading_slot(spec.id.as_str())?)));
+        }
+        let admitted = infer::admit(&tenant)
+            .inspect_err(|refused| infer::count_refused(spec.id.as_str(), Protocol::Grpc, refused))?;
+        request.extensions_mut().insert(Admission(Arc::new(Mutex::new(Some(admitted)))));
+        let quota = usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX);
+        Ok((self.max_message_bytes.min(quota), None))
+    }
+
+    /// A place for `tenant`'s call of a method other than inference while its message comes,
+    /// or the refusal when [`OTHER_CALLS_READING`] are already waiting for theirs.
+    fn reading_slot(&self, tenant: &str) -> Result<OwnedSemaphorePermit, ApiError> {
+        let places = {
+            let mut reading = self.reading.lock().unwrap_or_else(PoisonError::into_inner);
+            match reading.get(tenant) {
+                Some(places) => places.clone(),
+                None => reading
+                    .entry(tenant.to_string())
+                    .or_insert_with(|| Arc::new(Semaphore::new(OTHER_CALLS_READING)))
+                    .clone(),
+            }
+        };
+        places.try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                ErrorKind::QuotaExceeded,
+                format!(
+                    "tenant '{tenant}' has {OTHER_CALLS_READING} calls whose messages have not all arrived; \
+                     finish or cancel some first"
+                ),
+            )
+        })
     }
 }
 
@@ -104,37 +168,17 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        let BodyLimits { state, max_message_bytes, timeout } = &self.limits;
-        let path = request.uri().path();
-        let mut limit = SMALL_MESSAGE_BYTES.min(*max_message_bytes);
-        if KEYLESS.contains(&path) {
-            limit = KEYLESS_MESSAGE_BYTES.min(*max_message_bytes);
-        } else if path.starts_with(SERVICE) {
-            let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-            let tenant = match super::auth::tenant_for_key(state, authorization) {
-                Ok(tenant) => tenant,
-                // As the method would answer it, but before its message is read.
-                Err(unknown) => return refuse(request, unknown, *timeout),
-            };
-            if path == MODEL_INFER {
-                let spec = tenant.spec();
-                match infer::admit(&tenant) {
-                    Ok(admitted) => {
-                        request.extensions_mut().insert(Admission(Arc::new(Mutex::new(Some(admitted)))));
-                    }
-                    Err(refused) => {
-                        infer::count_refused(spec.id.as_str(), Protocol::Grpc, &refused);
-                        return refuse(request, refused, *timeout);
-                    }
-                }
-                limit = (*max_message_bytes).min(usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX));
+        let timeout = self.limits.timeout;
+        match self.limits.admit(&mut request) {
+            Ok((limit, reading)) => {
+                let request = request.map(|body| Body::new(LimitedBody::new(body, limit, timeout, reading)));
+                // The service was made ready by `poll_ready`; the clone takes its place for next time.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                Box::pin(inner.call(request))
             }
+            Err(refused) => refuse(request, refused, timeout),
         }
-        let request = request.map(|body| Body::new(LimitedBody::new(body, limit, *timeout)));
-        // The service was made ready by `poll_ready`; the clone takes its place for next time.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(inner.call(request))
     }
 }
 
@@ -169,12 +213,14 @@ struct LimitedBody {
     message_left: usize,
     timeout: Duration,
     deadline: Pin<Box<tokio::time::Sleep>>,
+    /// The tenant's place for a call whose message is on its way, given back at its end.
+    reading: Option<OwnedSemaphorePermit>,
 }
 
 impl LimitedBody {
-    fn new(inner: Body, limit: usize, timeout: Duration) -> Self {
+    fn new(inner: Body, limit: usize, timeout: Duration, reading: Option<OwnedSemaphorePermit>) -> Self {
         let deadline = Box::pin(tokio::time::sleep(timeout));
-        Self { inner, limit, prefix: [0; PREFIX], prefix_read: 0, message_left: 0, timeout, deadline }
+        Self { inner, limit, prefix: [0; PREFIX], prefix_read: 0, message_left: 0, timeout, deadline, reading }
     }
 
     /// Follow the message boundaries through `data`; an error for a message over the limit.
@@ -224,6 +270,10 @@ impl HttpBody for LimitedBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
+            Poll::Ready(None) => {
+                self.reading = None;
+                Poll::Ready(None)
+            }
             other => other,
         }
     }
@@ -250,6 +300,7 @@ mod tests {
             message_left: 0,
             timeout: Duration::from_secs(1),
             deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
+            reading: None,
         }
     }
 
@@ -258,6 +309,19 @@ mod tests {
         bytes.extend_from_slice(&length.to_be_bytes());
         bytes.extend(std::iter::repeat_n(7u8, length as usize));
         bytes
+    }
+
+    #[tokio::test]
+    async fn a_calls_place_is_given_back_when_its_message_has_come() {
+        let places = Arc::new(Semaphore::new(1));
+        let place = places.clone().try_acquire_owned().expect("a free place");
+        let inner = Body::new(http_body_util::Full::new(Bytes::from(message(3))));
+        let mut limited = LimitedBody::new(inner, 10, Duration::from_secs(1), Some(place));
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut limited).await {
+            frame.expect("within the limit");
+        }
+        assert_eq!(places.available_permits(), 1, "given back at the end, not when the body is dropped");
+        drop(limited);
     }
 
     #[tokio::test]
