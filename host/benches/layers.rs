@@ -673,9 +673,7 @@ async fn http_rows<S: HttpService<Body>>(what: &str, router: S, model: &'static 
     let row = format!("in process, HTTP, {what}, {} tasks", tasks());
     if wanted(&row) {
         let body = body.clone();
-        let before = BatchRows::now();
-        let per_op = measure_tasks(handler_ops(), move || http_infer(router.clone(), model, body.clone())).await;
-        per_op.row(&before.label(&row));
+        measure_batched(&row, move || http_infer(router.clone(), model, body.clone())).await;
     }
 }
 
@@ -688,10 +686,19 @@ async fn grpc_rows<S: GrpcService>(what: &str, service: S, frame: &Bytes) {
     let row = format!("in process, gRPC, {what}, {} tasks", tasks());
     if wanted(&row) {
         let frame = frame.clone();
-        let before = BatchRows::now();
-        let per_op = measure_tasks(handler_ops(), move || grpc_infer(service.clone(), frame.clone())).await;
-        per_op.row(&before.label(&row));
+        measure_batched(&row, move || grpc_infer(service.clone(), frame.clone())).await;
     }
+}
+
+/// A concurrent handler row: [`handler_ops`] requests from [`tasks()`] tasks, its label with
+/// the rows per batch they made.
+async fn measure_batched<F>(row: &str, op: impl Fn() -> F + Clone + Send + 'static)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let before = BatchRows::now();
+    let per_op = measure_tasks(handler_ops(), op).await;
+    per_op.row(&before.label(row));
 }
 
 /// The model queues' batches so far (`sluice_batch_rows`' sum and count over every series):

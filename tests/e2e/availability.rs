@@ -374,8 +374,8 @@ impl RawGrpcCall {
     /// Write the first `written` bytes (zeros, 16 KiB a DATA frame) of a message whose prefix
     /// declares `declared` bytes, and nothing after them.
     fn write_part(&self, declared: u32, written: usize) {
-        let prefix = [&[0][..], &declared.to_be_bytes()].concat();
-        let _ = self.message.unbounded_send(Ok(http_body::Frame::data(bytes::Bytes::from(prefix))));
+        let prefix = bytes::Bytes::from(message_prefix(declared));
+        let _ = self.message.unbounded_send(Ok(http_body::Frame::data(prefix)));
         let chunk = bytes::Bytes::from(vec![0u8; 16 << 10]);
         for _ in 0..written / chunk.len() {
             let _ = self.message.unbounded_send(Ok(http_body::Frame::data(chunk.clone())));
@@ -402,9 +402,7 @@ impl RawGrpcCall {
         empty_after: bool,
     ) -> Result<Option<String>, String> {
         let encoded = prost::Message::encode_to_vec(request);
-        let mut framed = vec![0];
-        framed.extend_from_slice(&u32::try_from(encoded.len()).expect("small").to_be_bytes());
-        framed.extend_from_slice(&encoded);
+        let framed = [message_prefix(u32::try_from(encoded.len()).expect("small")), encoded].concat();
         for chunk in framed.chunks(frame) {
             let _ = self.message.unbounded_send(Ok(http_body::Frame::data(bytes::Bytes::copy_from_slice(chunk))));
         }
@@ -414,6 +412,11 @@ impl RawGrpcCall {
         drop(self.message);
         self.answer.await.expect("joined")
     }
+}
+
+/// gRPC's prefix of a message of `length` bytes: not compressed, then the length.
+fn message_prefix(length: u32) -> Vec<u8> {
+    [&[0][..], &length.to_be_bytes()].concat()
 }
 
 /// A TCP hop to `upstream` for one connection, passing the client's HTTP/2 frames on at once

@@ -150,8 +150,8 @@ where
 /// that may take (a little over the 40 ms a body written apart from its head may wait for
 /// Nagle's algorithm). Inference bodies are mostly this small and already arrived: a client
 /// refused at overload keeps its connection instead of paying a new one per request.
-/// A gRPC call refused at admission has its message read too, at most [`DRAIN_LIMIT`] of it
-/// but within the body timeout ([`super::grpc_body`]).
+/// A gRPC call refused on its headers (a wrong key, a quota) has its message read too, at
+/// most [`DRAIN_LIMIT`] of it but within the body timeout ([`super::grpc_body`]).
 const DRAIN_LIMIT: usize = 64 * 1024;
 const DRAIN_WAIT: Duration = Duration::from_millis(50);
 
