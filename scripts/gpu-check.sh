@@ -32,5 +32,14 @@ if [ -z "$cuda_libraries" ]; then
     exit 1
 fi
 export LD_LIBRARY_PATH="$cuda_libraries${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# What ONNX Runtime's CUDA provider links or opens, so a missing one is named before any run.
+for library in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcufft.so.12 libcudnn.so.9; do
+    found=no
+    IFS=: read -ra folders <<<"$cuda_libraries"
+    for folder in "${folders[@]}"; do
+        [ -e "$folder/$library" ] && found=$folder
+    done
+    echo "$library: $found"
+done
 "$unpacked/pack/bin/sluice" --version
 exec "$python" scripts/gpu_check.py "$unpacked/pack" "$seconds"
