@@ -14,12 +14,14 @@ seconds=${2:-10}
 unpacked=target/gpu-check
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python=${PYTHON:-python3}
 if [ ! -x "$unpacked/pack/bin/sluice" ]; then
     mkdir -p "$unpacked"
-    cat "$pieces"/pack-*.tar.zst | zstd -q -d | tar -C "$unpacked" -xf -
+    # Python's tarfile reads xz where the machine has no xz program.
+    cat "$pieces"/pack-*.tar.xz | "$python" -c \
+        'import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz").extractall(sys.argv[1], filter="data")' "$unpacked"
 fi
 
-python=${PYTHON:-python3}
 cuda_libraries=$("$python" - <<'PY'
 import glob, os, site
 roots = site.getsitepackages() + [site.getusersitepackages()]

@@ -5,8 +5,10 @@
 # loads that library, and the check's standalone runs import the package: one engine for both).
 # The CUDA 13 and cuDNN 9 libraries it needs are expected on the GPU machine (its PyTorch's).
 #
-# Out: target/gpu-pack/pack-NN.tar.zst, each under 60 MiB; carry them in turn (the device
+# Out: target/gpu-pack/pack-NN.tar.xz, each under 60 MiB; carry them in turn (the device
 # tool's `carry`), then run scripts/gpu-check.sh there. Run after `cargo build --release`.
+# xz, not zstd: the GPU machine may have neither program, and Python's standard library
+# reads xz (gpu-check.sh unpacks with it).
 #
 # Usage: scripts/gpu-pack.sh
 set -euo pipefail
@@ -18,9 +20,9 @@ out=target/gpu-pack
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 
-command -v zstd >/dev/null || apt-get install -y zstd
+command -v xz >/dev/null || apt-get install -y xz-utils
 mkdir -p "$stage/pack/bin" "$stage/pack/models" "$out"
-rm -f "$out"/pack-*.tar.zst
+rm -f "$out"/pack-*
 cp target/release/sluice "$stage/pack/bin/sluice"
 strip "$stage/pack/bin/sluice"
 cp examples/digits/model/digits.onnx examples/digits/model/digits_small.onnx "$stage/pack/models/"
@@ -36,8 +38,8 @@ with zipfile.ZipFile(wheel) as archive:
 PY
 
 # One compressed stream cut into pieces: each piece is one transfer.
-tar -C "$stage" -cf - pack | zstd -q -T0 -19 | split -b 60M -d - "$out/pack-"
+tar -C "$stage" -cf - pack | xz -9 -T0 | split -b 60M -d - "$out/pack-"
 for piece in "$out"/pack-*; do
-    mv "$piece" "$piece.tar.zst"
+    mv "$piece" "$piece.tar.xz"
 done
 ls -l "$out"
