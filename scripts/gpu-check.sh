@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with an NVIDIA GPU and no network (under 8 minutes): unpack what
 # scripts/gpu-pack.sh made, find the machine's CUDA 13 and cuDNN 9 libraries (its PyTorch's
-# nvidia-* packages), and run scripts/gpu_check.py, which prints markdown tables for
-# BENCHMARKS.md: every example model on CUDA against the CPU, Sluice's batched throughput
-# against the engine alone, and eviction under a GPU memory budget.
+# nvidia-* packages), and run the parts named in GPU_CHECK_PARTS (default all three), each
+# printing markdown tables for BENCHMARKS.md:
+#   check     scripts/gpu_check.py: every example model on CUDA against the CPU, Sluice's
+#             batched throughput against the engine alone, eviction under a GPU memory budget;
+#   settings  scripts/gpu_settings.py: the CUDA provider's settings against Sluice's batches;
+#   tract     tract-cuda-bench: tract's CUDA backend on the same models (the other engine).
 #
-# Usage: scripts/gpu-check.sh [PIECES_DIR] [SECONDS]   (default target/gpu-pack, 10 s a run)
+# Usage: scripts/gpu-check.sh [PIECES_DIR] [SECONDS]   (default target/gpu-pack, 5 s a run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pieces=${1:-target/gpu-pack}
-seconds=${2:-10}
+seconds=${2:-5}
+parts=,${GPU_CHECK_PARTS:-check,settings,tract},
 unpacked=target/gpu-check
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -44,4 +48,14 @@ for library in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10
     echo "$library: $found"
 done
 "$unpacked/pack/bin/sluice" --version
-exec "$python" scripts/gpu_check.py "$unpacked/pack" "$seconds"
+status=0
+if [[ $parts == *,check,* ]]; then
+    "$python" scripts/gpu_check.py "$unpacked/pack" "$seconds" || status=1
+fi
+if [[ $parts == *,settings,* ]]; then
+    "$python" scripts/gpu_settings.py "$unpacked/pack" 2 || status=1
+fi
+if [[ $parts == *,tract,* ]]; then
+    "$unpacked/pack/bin/tract-cuda-bench" "$seconds" "$unpacked"/pack/models/*.onnx || status=1
+fi
+exit "$status"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pack what the GPU check needs on a machine with an NVIDIA GPU and no network, where at most
-# 64 MiB travel at a time: the server binary, the example models, and the `onnxruntime-gpu`
-# Python package (its capi/ holds the ONNX Runtime library with the CUDA provider; Sluice
-# loads that library, and the check's standalone runs import the package: one engine for both).
+# 64 MiB travel at a time: the server binary, tract-cuda-bench (tools/), the example models,
+# and the `onnxruntime-gpu` Python package (its capi/ holds the ONNX Runtime library with the
+# CUDA provider; Sluice loads that library, and the check's standalone runs import the
+# package: one engine for both).
 # The CUDA 13 and cuDNN 9 libraries it needs are expected on the GPU machine (its PyTorch's).
 #
 # Out: target/gpu-pack/pack-NN.tar.xz, each under 60 MiB; carry them in turn (the device
@@ -23,8 +24,9 @@ trap 'rm -rf "$stage"' EXIT
 command -v xz >/dev/null || apt-get install -y xz-utils
 mkdir -p "$stage/pack/bin" "$stage/pack/models" "$out"
 rm -f "$out"/pack-*
-cp target/release/sluice "$stage/pack/bin/sluice"
-strip "$stage/pack/bin/sluice"
+(cd tools/tract-cuda-bench && CARGO_TARGET_DIR=../../target cargo build --release --quiet)
+cp target/release/sluice target/release/tract-cuda-bench "$stage/pack/bin/"
+strip "$stage/pack/bin/sluice" "$stage/pack/bin/tract-cuda-bench"
 cp examples/digits/model/digits.onnx examples/digits/model/digits_small.onnx "$stage/pack/models/"
 cp "$MAGIKA_MODEL" "$stage/pack/models/magika.onnx"
 

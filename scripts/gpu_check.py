@@ -5,9 +5,10 @@ from what scripts/gpu-pack.sh packed (PACK: bin/sluice, models/, and onnxruntime
 
 1. Every packed model on cuda:0 against the CPU, through Sluice, on the same inputs (8 rows):
    the largest relative difference of any output element, the largest difference against the
-   largest output, and whether argmax labels agree (goal: every element within 1e-3 relative
-   plus 1e-5 of the largest output, since near-zero probabilities make relative error alone
-   meaningless).
+   largest output, and whether argmax labels agree (goal: every element within 2e-3 of the
+   largest output: the CUDA provider computes float matrix products in TF32 by default, a
+   10-bit mantissa; `--cuda-option use_tf32=0` gives float32's ~1e-7; near-zero probabilities
+   make relative error alone meaningless).
 2. Batched throughput on the GPU at batch 1, 8, 32 and 128 rows: Sluice serving the model
    (`sluice perf` over gRPC with binary tensors, 8 clients; the server may join their requests
    into larger batches) against the same engine standalone in this process (onnxruntime-gpu's
@@ -147,7 +148,7 @@ def correctness(pack, models):
                 difference, scale = np.abs(a - b), max(float(np.max(np.abs(a))), 1e-12)
                 worst = max(worst, float(np.max(difference / np.maximum(np.abs(a), 1e-6))))
                 largest = max(largest, float(np.max(difference)) / scale)
-                within &= bool(np.all(difference <= 1e-3 * np.abs(a) + 1e-5 * scale))
+                within &= bool(np.all(difference <= 2e-3 * scale))
                 if len(expected["shape"]) == 2 and expected["shape"][1] > 1:
                     rows_of = lambda x: x.reshape(expected["shape"]).argmax(axis=1)  # noqa: E731
                     labels.append(float(np.mean(rows_of(a) == rows_of(b))))
@@ -161,8 +162,8 @@ def correctness(pack, models):
         progress("device metrics:\n" + "\n".join(memory))
     finally:
         server.stop()
-    print(f"| model | {DEVICE} vs cpu: max relative error | max error / largest output | within 1e-3 "
-          "relative + 1e-5 of the largest | same argmax | instance group |\n| --- | --- | --- | --- | --- | --- |")
+    print(f"| model | {DEVICE} vs cpu: max relative error | max error / largest output | within 2e-3 "
+          "of the largest | same argmax | instance group |\n| --- | --- | --- | --- | --- | --- |")
     for name, worst, largest, within, labels, groups in rows:
         print(f"| {name} | {worst:.2e} | {largest:.2e} | {'yes' if within else 'NO'} | {labels:.0%} | {json.dumps(groups)} |")
     return all(row[3] for row in rows)
@@ -287,6 +288,8 @@ def eviction(pack, magika, seconds):
     print(f"| all resident | {results['all resident']:.0f} | {results['all resident evictions']:.0f} |")
     print(f"| {DEVICE} budget for two | {results['budget for two']:.0f} | {results['budget for two evictions']:.0f} |")
     print(f"| ratio | {ratio:.2f} | |")
+    print(f"\nFootprints measured, all resident: {[round(f / 2**20, 1) for f in results['footprints']]} MiB; "
+          f"budget for two: {round(budget / 2**20, 1)} MiB")
     return ratio >= 0.8
 
 

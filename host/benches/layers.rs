@@ -224,7 +224,12 @@ fn queue_settings() -> QueueSettings {
 
 fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let backends = backend::available(&BackendSettings { onnxruntime_library: None, threads: 1, webgpu_library: None });
+    let backends = backend::available(&BackendSettings {
+        onnxruntime_library: None,
+        threads: 1,
+        webgpu_library: None,
+        cuda_options: Vec::new(),
+    });
     let onnxruntime =
         backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("{:?}", backends.unavailable))?;
     let model_bytes = std::fs::read(root().join("examples/digits/model/digits.onnx"))?;

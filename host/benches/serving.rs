@@ -148,6 +148,7 @@ fn backend_throughput() -> anyhow::Result<()> {
         onnxruntime_library: onnxruntime_library(),
         threads: 1,
         webgpu_library: None,
+        cuda_options: Vec::new(),
     });
     println!("### Raw backend throughput (1 intra-op thread, inferences/s)\n");
     for reason in &backends.unavailable {
@@ -179,6 +180,7 @@ fn raw_throughput(name: &str, batches: &[usize]) -> anyhow::Result<()> {
         onnxruntime_library: onnxruntime_library(),
         threads: 1,
         webgpu_library: None,
+        cuda_options: Vec::new(),
     });
     let backend = backends.preferred().ok_or_else(|| anyhow::anyhow!("no backend: {:?}", backends.unavailable))?;
     let graph = backend.load(&std::fs::read(&model.path)?, &Placement::CPU)?;
@@ -233,6 +235,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         onnxruntime_library: onnxruntime_library(),
         threads: 1,
         webgpu_library: None,
+        cuda_options: Vec::new(),
     });
     let graph = backends
         .get(BackendKind::Onnxruntime)

@@ -156,6 +156,12 @@ struct ServeArgs {
     /// on the adapter it finds.
     #[arg(long, env = "SLUICE_WEBGPU_EP_LIB")]
     webgpu_ep_lib: Option<PathBuf>,
+    /// An option of ONNX Runtime's CUDA execution provider for every model on a CUDA GPU,
+    /// `KEY=VALUE` in the provider's own names (`cudnn_conv_algo_search=HEURISTIC`,
+    /// `use_tf32=0`); repeatable, or separated by commas. One the provider refuses fails the
+    /// model's load with its reason.
+    #[arg(long = "cuda-option", env = "SLUICE_CUDA_OPTIONS", value_delimiter = ',', value_parser = parse_key_value)]
+    cuda_options: Vec<(String, String)>,
     /// Guest instances alive at once across all tenants.
     #[arg(long, env = "SLUICE_MAX_INSTANCES", default_value_t = 256)]
     max_instances: u32,
@@ -276,6 +282,7 @@ fn main() -> anyhow::Result<()> {
                 idle_unload: (args.idle_unload_s > 0).then(|| Duration::from_secs(args.idle_unload_s)),
                 model_memory: args.model_memory.map(|budgets| budgets.0).unwrap_or_default(),
                 webgpu_library: args.webgpu_ep_lib,
+                cuda_options: args.cuda_options,
                 backend_threads: args.backend_threads,
                 max_instances: args.max_instances,
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
@@ -403,6 +410,15 @@ fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow:
 struct ModelMemory(BTreeMap<DeviceId, u64>);
 
 /// `DEVICE=SIZE[,DEVICE=SIZE...]` for `--model-memory`: SIZE in bytes or with KiB, MiB, GiB or TiB.
+fn parse_key_value(value: &str) -> Result<(String, String), String> {
+    let (key, value) = value.split_once('=').ok_or("give it as KEY=VALUE, e.g. use_tf32=0")?;
+    let (key, value) = (key.trim(), value.trim());
+    if key.is_empty() {
+        return Err("the option has no name (KEY=VALUE)".to_string());
+    }
+    Ok((key.to_string(), value.to_string()))
+}
+
 fn parse_model_memory(value: &str) -> Result<ModelMemory, String> {
     let mut budgets = BTreeMap::new();
     for pair in value.split(',') {

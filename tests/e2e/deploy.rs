@@ -189,12 +189,14 @@ fn the_gpu_check_scripts_pass_shellcheck() {
     let scripts = ["scripts/gpu-pack.sh", "scripts/gpu-check.sh"];
     let output = Command::new(&shellcheck).args(scripts).current_dir(repo_root()).output().expect("runs shellcheck");
     assert!(output.status.success(), "shellcheck:\n{}", String::from_utf8_lossy(&output.stdout));
-    let compiled = Command::new("python3")
-        .args(["-c", "import ast; ast.parse(open('scripts/gpu_check.py').read())"])
-        .current_dir(repo_root())
-        .status()
-        .expect("runs python3");
-    assert!(compiled.success(), "scripts/gpu_check.py does not parse");
+    for script in ["scripts/gpu_check.py", "scripts/gpu_settings.py"] {
+        let compiled = Command::new("python3")
+            .args(["-c", &format!("import ast; ast.parse(open('{script}').read())")])
+            .current_dir(repo_root())
+            .status()
+            .expect("runs python3");
+        assert!(compiled.success(), "{script} does not parse");
+    }
 }
 
 #[tokio::test]

@@ -55,6 +55,7 @@ pub async fn digits_state(tenants: &Path, data: &Path) -> anyhow::Result<Serving
         idle_unload: None,
         model_memory: Default::default(),
         webgpu_library: None,
+        cuda_options: Vec::new(),
         backend_threads: 1,
         max_instances: 64,
         epoch_tick: Duration::from_millis(5),

@@ -61,6 +61,8 @@ pub struct ServeConfig {
     pub model_memory: BTreeMap<DeviceId, u64>,
     /// ONNX Runtime's WebGPU plugin execution provider library, if any.
     pub webgpu_library: Option<PathBuf>,
+    /// Options of ONNX Runtime's CUDA execution provider, as the admin gave them.
+    pub cuda_options: Vec<(String, String)>,
     pub backend_threads: usize,
     pub max_instances: u32,
     pub epoch_tick: Duration,
@@ -257,6 +259,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         onnxruntime_library: config.onnxruntime_library.clone(),
         threads: config.backend_threads,
         webgpu_library: config.webgpu_library.clone(),
+        cuda_options: config.cuda_options.clone(),
     });
     for reason in &backends.unavailable {
         tracing::warn!("{reason}");

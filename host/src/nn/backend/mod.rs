@@ -193,6 +193,8 @@ pub struct BackendSettings {
     pub threads: usize,
     /// ONNX Runtime's WebGPU plugin execution provider library, when known.
     pub webgpu_library: Option<PathBuf>,
+    /// ONNX Runtime CUDA execution provider options (`KEY`, `VALUE`), set after Sluice's own.
+    pub cuda_options: Vec<(String, String)>,
 }
 
 /// Backends compiled in and usable on this machine, best first, plus why others are not.

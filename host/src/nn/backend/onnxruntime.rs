@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ort::ep::ExecutionProvider;
+use ort::ep::{ArbitrarilyConfigurableExecutionProvider, ExecutionProvider};
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{RunOptions, Session};
 use ort::value::{DynValue, TensorElementType, ValueType};
@@ -29,6 +29,8 @@ static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = On
 
 pub struct OnnxRuntime {
     threads: usize,
+    /// The admin's CUDA execution provider options, applied after Sluice's own.
+    cuda_options: Vec<(String, String)>,
     /// Whether the library carries the CUDA execution provider, or why not.
     cuda: Result<(), String>,
     /// Whether the WebGPU plugin provider is registered and sees an adapter, or why not.
@@ -80,7 +82,7 @@ impl OnnxRuntime {
             Err(why) if settings.webgpu_library.is_some() => tracing::warn!(reason = %why, "no WebGPU device"),
             Err(_) => {}
         }
-        Ok(Self { threads: settings.threads, cuda, webgpu })
+        Ok(Self { threads: settings.threads, cuda_options: settings.cuda_options.clone(), cuda, webgpu })
     }
 }
 
@@ -175,9 +177,10 @@ impl OnnxRuntime {
                 // on the GPU is what it uses; nodes the CUDA provider lacks run on the CPU.
                 let cuda = ort::ep::CUDA::default()
                     .with_device_id(i32::try_from(index).unwrap_or(i32::MAX))
-                    .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested)
-                    .build()
-                    .error_on_failure();
+                    .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested);
+                let cuda =
+                    self.cuda_options.iter().fold(cuda, |cuda, (key, value)| cuda.with_arbitrary_config(key, value));
+                let cuda = cuda.build().error_on_failure();
                 builder.with_execution_providers([cuda, cpu]).map_err(|e| on_device(e.into()))?
             }
             DeviceId::WebGpu => {
