@@ -457,3 +457,20 @@ fn default_replica_name(shared: bool) -> String {
         .unwrap_or_else(|| "replica".to_string());
     format!("{host}-{}", std::process::id())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_options_are_key_value_pairs() {
+        assert_eq!(parse_key_value(" use_tf32 = 0"), Ok(("use_tf32".to_string(), "0".to_string())));
+        assert_eq!(parse_key_value("gpu_mem_limit=1=2"), Ok(("gpu_mem_limit".to_string(), "1=2".to_string())));
+        assert!(parse_key_value("use_tf32").is_err_and(|e| e.contains("KEY=VALUE")));
+        assert!(parse_key_value("=0").is_err());
+        let args =
+            Cli::try_parse_from(["sluice", "serve", "--cuda-option", "use_tf32=0,cudnn_conv_algo_search=HEURISTIC"]);
+        let Ok(Cli { command: Command::Serve(serve), .. }) = args else { panic!("parses") };
+        assert_eq!(serve.cuda_options.len(), 2);
+    }
+}

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Instant;
 
+use crate::registry::manifest::BackendKind;
 use crate::registry::placement::DeviceId;
 use crate::telemetry::metrics::metrics;
 
@@ -25,6 +26,8 @@ pub struct Device {
     evictable: Mutex<Vec<Weak<dyn Evictable>>>,
     /// One load making room at a time, so two never evict for the same free bytes.
     making_room: Mutex<()>,
+    /// Engines that have loaded and run here once (see [`Device::prime_once`]).
+    primed: Mutex<Vec<BackendKind>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -111,12 +114,26 @@ impl Device {
             used: AtomicU64::new(0),
             evictable: Mutex::new(Vec::new()),
             making_room: Mutex::new(()),
+            primed: Mutex::new(Vec::new()),
         })
     }
 
     /// The host, with `budget` bytes for resident models.
     pub fn cpu(budget: u64) -> Arc<Self> {
         Self::new(DeviceId::Cpu, budget, Box::new(HostAllocations))
+    }
+
+    /// Run `prime` the first time `engine` loads here, before that load is measured: what an
+    /// engine allocates once per device (ONNX Runtime's CUDA provider: ~430 MB of handles and
+    /// kernels on an H200) belongs to no model, and charged to the first one it would make
+    /// that one too big to share the budget (and never come back when it is evicted). Loads
+    /// meanwhile wait, so none is measured while the engine sets up.
+    pub fn prime_once(&self, engine: BackendKind, prime: impl FnOnce()) {
+        let mut primed = self.primed.lock().unwrap_or_else(PoisonError::into_inner);
+        if !primed.contains(&engine) {
+            prime();
+            primed.push(engine);
+        }
     }
 
     pub fn id(&self) -> DeviceId {
@@ -166,15 +183,34 @@ impl Device {
                 Ok(reservation) => return Ok(reservation),
                 Err(no_room) => no_room,
             };
-            let mut candidates: Vec<(Instant, Arc<dyn Evictable>)> = {
-                let evictable = self.evictable.lock().unwrap_or_else(PoisonError::into_inner);
-                evictable.iter().filter_map(Weak::upgrade).filter_map(|m| Some((m.last_used()?, m))).collect()
-            };
-            candidates.sort_by_key(|(last_used, _)| *last_used);
-            if !candidates.iter().any(|(_, model)| model.evict()) {
+            if !self.evict_least_recently_used() {
                 return Err(no_room);
             }
         }
+    }
+
+    /// After a load was measured at more than it reserved (a GPU model's arena and workspace
+    /// are only known once it ran), the least recently used idle models leave memory until
+    /// the device is back within its budget; whether it is. Blocks while models answer: call
+    /// it from a blocking thread, before the new model may be evicted itself.
+    pub fn settle(&self) -> bool {
+        let _one_at_a_time = self.making_room.lock().unwrap_or_else(PoisonError::into_inner);
+        while self.used() > self.budget {
+            if !self.evict_least_recently_used() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The least recently used resident model that can leave now leaves; whether one did.
+    fn evict_least_recently_used(&self) -> bool {
+        let mut candidates: Vec<(Instant, Arc<dyn Evictable>)> = {
+            let evictable = self.evictable.lock().unwrap_or_else(PoisonError::into_inner);
+            evictable.iter().filter_map(Weak::upgrade).filter_map(|m| Some((m.last_used()?, m))).collect()
+        };
+        candidates.sort_by_key(|(last_used, _)| *last_used);
+        candidates.iter().any(|(_, model)| model.evict())
     }
 
     /// Refuse a footprint larger than the whole budget (it could never be loaded again).
@@ -262,6 +298,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_engine_is_primed_once_per_device_and_loads_wait_for_it() {
+        let device = Device::new(DeviceId::Cuda(0), 1 << 30, Box::new(HostAllocations));
+        let primes = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    device.prime_once(BackendKind::Onnxruntime, || {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        primes.fetch_add(1, Ordering::SeqCst);
+                    });
+                    // Whoever returns finds the priming done, never under way.
+                    assert_eq!(primes.load(Ordering::SeqCst), 1);
+                });
+            }
+        });
+        device.prime_once(BackendKind::Tract, || {
+            primes.fetch_add(1, Ordering::SeqCst);
+        });
+        device.prime_once(BackendKind::Onnxruntime, || panic!("primed twice"));
+        assert_eq!(primes.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
     fn reservations_fit_the_budget_and_give_it_back() {
         let device = Device::cpu(10 << 20);
         let first = device.reserve(6 << 20).expect("fits");
@@ -319,5 +378,29 @@ mod tests {
         let never = device.reserve_evicting(31 << 20).expect_err("more than the budget");
         assert!(never.never_fits());
         drop(reservation);
+    }
+
+    #[test]
+    fn a_load_measured_past_the_budget_makes_room_after_it() {
+        let device = Device::cpu(40 << 20);
+        let start = Instant::now();
+        let resident = |age_s: u64, busy| {
+            let memory = Mutex::new(Some(device.reserve(10 << 20).expect("fits")));
+            let model = Arc::new(Model { memory, last_used: start - std::time::Duration::from_secs(age_s), busy });
+            device.register(Arc::downgrade(&model) as Weak<dyn Evictable>);
+            model
+        };
+        let (busy, older, newer) = (resident(30, true), resident(20, false), resident(10, false));
+        // It reserved 5 MiB and took 15 once loaded: 45 of 40 MiB until the oldest idle one leaves.
+        let mut load = device.reserve(5 << 20).expect("fits");
+        load.resize(15 << 20);
+        assert!(device.settle());
+        assert!(older.last_used().is_none() && newer.last_used().is_some() && busy.last_used().is_some());
+        assert_eq!(device.used(), 35 << 20);
+        // With nothing idle left to leave, the device stays over its budget and says so.
+        load.resize(35 << 20);
+        assert!(!device.settle());
+        assert!(newer.last_used().is_none() && busy.last_used().is_some());
+        assert_eq!(device.used(), 45 << 20);
     }
 }

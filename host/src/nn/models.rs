@@ -381,6 +381,9 @@ impl ModelStore {
                         (None, Some((_, optimized))) => Source::Optimized(optimized),
                         (None, None) => Source::Bytes(&bytes),
                     };
+                    for device in measured_devices.iter().filter(|device| device.id() != DeviceId::Cpu) {
+                        device.prime_once(loader.kind(), || prime_device(&*loader, device.id()));
+                    }
                     let (graphs, grown) =
                         measured(&measured_devices, || load_instances(&*loader, (&placements, &warmup), source));
                     Ok::<_, BackendError>((graphs?, optimized.map(|(optimized, _)| optimized), grown))
@@ -388,6 +391,11 @@ impl ModelStore {
                 if let Ok((_, _, grown)) = &loaded {
                     for (reservation, &grown) in memory.iter_mut().zip(grown) {
                         reservation.resize(grown.max(reservation.bytes()));
+                    }
+                    // What it took past what it reserved comes out of other models' room.
+                    for device in memory.iter().map(Reservation::device).filter(|device| !device.settle()) {
+                        tracing::warn!(device = %device.id(), "a load left the model memory budget exceeded: \
+                            every other resident model is busy or pinned");
                     }
                 }
                 Ok((memory, loaded))
@@ -496,6 +504,19 @@ pub fn prime(backends: &Backends) {
         if let Err(err) = primed {
             tracing::warn!(backend = %backend.kind(), error = %err, "the backend could not be primed");
         }
+    }
+}
+
+/// Load and run the small model once on a device other than the CPU (whose engines [`prime`]
+/// primes at start), before the first model measured there: see [`Device::prime_once`].
+fn prime_device(backend: &dyn Backend, device: DeviceId) {
+    let primed = backend
+        .load(PRIMER, &Placement { device, cpus: None })
+        .map_err(|err| err.to_string())
+        .and_then(|graph| run_on_zeros(&*graph, 1));
+    match primed {
+        Ok(()) => tracing::info!(backend = %backend.kind(), %device, "the backend was primed on the device"),
+        Err(err) => tracing::warn!(backend = %backend.kind(), %device, error = %err, "the backend could not be primed"),
     }
 }
 

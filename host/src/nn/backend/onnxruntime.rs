@@ -175,9 +175,14 @@ impl OnnxRuntime {
             DeviceId::Cuda(index) => {
                 // Memory grows by what is asked, not in powers of two, so a model's footprint
                 // on the GPU is what it uses; nodes the CUDA provider lacks run on the CPU.
+                // cuDNN's convolution setup is redone whenever the batch size changes, as it
+                // does from one batch to the next here: a heuristic choice costs far less then
+                // than the default exhaustive search (magika, sizes 1-8 in turn: 2.3 against
+                // 10.1 ms a run; BENCHMARKS.md, GPU execution). The admin's options come after.
                 let cuda = ort::ep::CUDA::default()
                     .with_device_id(i32::try_from(index).unwrap_or(i32::MAX))
-                    .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested);
+                    .with_arena_extend_strategy(ort::ep::ArenaExtendStrategy::SameAsRequested)
+                    .with_conv_algorithm_search(ort::ep::cuda::ConvAlgorithmSearch::Heuristic);
                 let cuda =
                     self.cuda_options.iter().fold(cuda, |cuda, (key, value)| cuda.with_arbitrary_config(key, value));
                 let cuda = cuda.build().error_on_failure();
