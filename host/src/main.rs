@@ -409,7 +409,7 @@ fn init_logging(json: bool, spans: bool, otlp_endpoint: Option<&str>) -> anyhow:
 #[derive(Debug, Clone)]
 struct ModelMemory(BTreeMap<DeviceId, u64>);
 
-/// `DEVICE=SIZE[,DEVICE=SIZE...]` for `--model-memory`: SIZE in bytes or with KiB, MiB, GiB or TiB.
+/// `KEY=VALUE` for `--cuda-option`.
 fn parse_key_value(value: &str) -> Result<(String, String), String> {
     let (key, value) = value.split_once('=').ok_or("give it as KEY=VALUE, e.g. use_tf32=0")?;
     let (key, value) = (key.trim(), value.trim());
@@ -419,6 +419,7 @@ fn parse_key_value(value: &str) -> Result<(String, String), String> {
     Ok((key.to_string(), value.to_string()))
 }
 
+/// `DEVICE=SIZE[,DEVICE=SIZE...]` for `--model-memory`: SIZE in bytes or with KiB, MiB, GiB or TiB.
 fn parse_model_memory(value: &str) -> Result<ModelMemory, String> {
     let mut budgets = BTreeMap::new();
     for pair in value.split(',') {

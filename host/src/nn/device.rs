@@ -124,10 +124,10 @@ impl Device {
     }
 
     /// Run `prime` the first time `engine` loads here, before that load is measured: what an
-    /// engine allocates once per device (ONNX Runtime's CUDA provider: ~430 MB of handles and
-    /// kernels on an H200) belongs to no model, and charged to the first one it would make
-    /// that one too big to share the budget (and never come back when it is evicted). Loads
-    /// meanwhile wait, so none is measured while the engine sets up.
+    /// engine allocates once per device (ONNX Runtime's CUDA provider on an H200: the first
+    /// model measured 428 MiB, the next ones 2 MiB) belongs to no model, and charged to the
+    /// first one it would make that one too big to share the budget (and never come back when
+    /// it is evicted). Loads meanwhile wait, so none is measured while the engine sets up.
     pub fn prime_once(&self, engine: BackendKind, prime: impl FnOnce()) {
         let mut primed = self.primed.lock().unwrap_or_else(PoisonError::into_inner);
         if !primed.contains(&engine) {
