@@ -11,7 +11,8 @@ own way (one intra-op thread, no CPU arena, the GPU arena grown by what is asked
    default session and with Sluice's, and with each cuDNN convolution algorithm search.
 2. TF32 on and off: each model's largest difference from the CPU provider.
 3. Sluice itself with each candidate setting (`--cuda-option`, `--backend-threads`): rows/s
-   through `sluice perf` (8 clients, gRPC) at the batch sizes where the check found gaps.
+   through `sluice perf` (8 clients, gRPC) at the batch sizes where the check found gaps, and
+   each model's footprint on the GPU.
 
 Usage: python3 scripts/gpu_settings.py PACK [SECONDS]
 """
@@ -94,8 +95,9 @@ def tf32(pack, models):
 
 VARIANTS = [
     ("as built", []),
-    ("cudnn_conv_algo_search=HEURISTIC", ["--cuda-option", "cudnn_conv_algo_search=HEURISTIC"]),
+    ("cudnn_conv_algo_search=EXHAUSTIVE", ["--cuda-option", "cudnn_conv_algo_search=EXHAUSTIVE"]),
     ("cudnn_conv_algo_search=DEFAULT", ["--cuda-option", "cudnn_conv_algo_search=DEFAULT"]),
+    ("cudnn_conv_use_max_workspace=0", ["--cuda-option", "cudnn_conv_use_max_workspace=0"]),
     ("arena_extend_strategy=kNextPowerOfTwo", ["--cuda-option", "arena_extend_strategy=kNextPowerOfTwo"]),
     ("--backend-threads 0", ["--backend-threads", "0"]),
     ("use_tf32=0", ["--cuda-option", "use_tf32=0"]),
@@ -106,8 +108,8 @@ POINTS = [("magika", 1), ("magika", 8), ("magika", 32), ("digits", 1), ("digits"
 def served(pack, models, seconds):
     paths = dict(models)
     wanted = [(name, paths[name]) for name in sorted({name for name, _ in POINTS}) if name in paths]
-    print("\n| Sluice rows/s (8 clients) | " + " | ".join(f"{m} x{b}" for m, b in POINTS) + " |\n| --- |"
-          + " --- |" * len(POINTS))
+    print("\n| Sluice rows/s (8 clients) | " + " | ".join(f"{m} x{b}" for m, b in POINTS)
+          + " | footprints on the GPU |\n| --- |" + " --- |" * (len(POINTS) + 1))
     for label, extra in VARIANTS:
         server = Server(pack, [(f"{name}-gpu", path) for name, path in wanted], extra)
         cells = []
@@ -117,6 +119,8 @@ def served(pack, models, seconds):
                 call(f"/v2/models/{name}-gpu/infer", body)
                 rate, p50 = perf(pack, f"{name}-gpu", body, seconds)
                 cells.append(f"{rate * batch:.0f} ({p50})")
+            footprints = {name: call(f"/control/v1/models/{name}-gpu")["footprint_bytes"] / 2**20 for name, _ in wanted}
+            cells.append(", ".join(f"{name} {mib:.0f} MiB" for name, mib in footprints.items()))
         except Exception as error:  # noqa: BLE001 - a variant the provider refuses is a finding
             cells.append(f"failed: {str(error).splitlines()[-1][:200]}")
         finally:
