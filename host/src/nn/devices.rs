@@ -56,6 +56,13 @@ fn default_gpu_budget(total: u64) -> u64 {
 
 impl Devices {
     /// The host alone, with `budget` bytes for resident models.
+    /// These devices and `gpu` (a simulated one, in tests of the memory manager).
+    #[cfg(test)]
+    pub(crate) fn with_gpu(mut self, gpu: Arc<Device>) -> Self {
+        self.gpus.insert(gpu.id(), gpu);
+        self
+    }
+
     pub fn cpu_only(budget: u64) -> Self {
         Self {
             cpu: Device::cpu(budget),

@@ -1185,6 +1185,121 @@ impl TenantModels {
 mod tests {
     use super::*;
 
+    /// A GPU engine as the memory manager sees it, on a simulated meter (no CUDA call): its
+    /// first load on the device takes `ONCE` for itself (handles, kernels), each graph
+    /// `PER_GRAPH` until it is dropped.
+    struct SimulatedGpuEngine {
+        memory: Arc<AtomicU64>,
+        started: std::sync::atomic::AtomicBool,
+    }
+
+    const ONCE: u64 = 300 << 20;
+    const PER_GRAPH: u64 = 150 << 20;
+
+    struct SimulatedGpuGraph {
+        memory: Arc<AtomicU64>,
+        signature: Signature,
+    }
+
+    impl Graph for SimulatedGpuGraph {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn device(&self) -> DeviceId {
+            DeviceId::Cuda(0)
+        }
+
+        fn run(&self, _inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+            Ok(Vec::new())
+        }
+    }
+
+    impl Drop for SimulatedGpuGraph {
+        fn drop(&mut self) {
+            self.memory.fetch_sub(PER_GRAPH, Ordering::SeqCst);
+        }
+    }
+
+    impl Backend for SimulatedGpuEngine {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Onnxruntime
+        }
+
+        fn runs_on(&self, _device: DeviceId) -> Result<(), String> {
+            Ok(())
+        }
+
+        fn load(&self, _onnx: &[u8], _placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
+            if !self.started.swap(true, Ordering::SeqCst) {
+                self.memory.fetch_add(ONCE, Ordering::SeqCst);
+            }
+            self.memory.fetch_add(PER_GRAPH, Ordering::SeqCst);
+            let signature = Signature { inputs: Vec::new(), outputs: Vec::new() };
+            Ok(Box::new(SimulatedGpuGraph { memory: self.memory.clone(), signature }))
+        }
+    }
+
+    struct SimulatedMeter(Arc<AtomicU64>);
+
+    impl super::super::device::MemoryMeter for SimulatedMeter {
+        fn in_use(&self) -> u64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    fn gpu_spec(name: &str) -> ModelSpec {
+        ModelSpec {
+            name: ModelName::new(name).expect("a name"),
+            version: ModelVersion::FIRST,
+            version_policy: crate::registry::manifest::VersionPolicy::All,
+            path: std::path::PathBuf::from(format!("{name}.onnx")),
+            sha256: format!("{:0>64}", name.len() + name.bytes().map(usize::from).sum::<usize>()),
+            // A real (small) model: the store checks weights before any engine sees them.
+            bytes: Arc::from(PRIMER),
+            backend: None,
+            batching: crate::registry::manifest::Batching::default(),
+            drift: Drift::default(),
+            breaker: BreakerSettings::default(),
+            origin: ModelOrigin::Manifest,
+            idle_unload: None,
+            warmup: Vec::new(),
+            pinned: false,
+            autoscale: None,
+            placements: vec![Placement { device: DeviceId::Cuda(0), cpus: None }],
+            on_missing_device: crate::registry::placement::OnMissingDevice::Refuse,
+            response_cache: false,
+        }
+    }
+
+    /// What an H200 showed (BENCHMARKS.md, GPU execution): the engine's own first allocation
+    /// was charged to the first model, and loads measured past what they reserved left the
+    /// device over its budget with nothing evicted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gpu_loads_are_charged_their_own_memory_and_keep_the_device_within_its_budget() {
+        let memory = Arc::new(AtomicU64::new(0));
+        let gpu = Device::new(DeviceId::Cuda(0), 400 << 20, Box::new(SimulatedMeter(memory.clone())));
+        let defaults = ModelDefaults {
+            backend: None,
+            idle_unload: None,
+            devices: Arc::new(Devices::cpu_only(1 << 30).with_gpu(gpu.clone())),
+            optimized_dir: None,
+        };
+        let engine = SimulatedGpuEngine { memory: memory.clone(), started: Default::default() };
+        let backends = Backends { available: vec![Arc::new(engine)], unavailable: Vec::new() };
+        let mut store = ModelStore::default();
+        let first = store.load(&gpu_spec("m0"), &backends, &defaults).await.expect("loads");
+        assert_eq!(first.footprint(), PER_GRAPH, "the engine's own first allocation is no model's");
+        let second = store.load(&gpu_spec("m1"), &backends, &defaults).await.expect("loads");
+        assert_eq!((second.footprint(), gpu.used()), (PER_GRAPH, 2 * PER_GRAPH));
+        // The third reserves its weights' few bytes, then is measured at 150 MiB: 450 of 400.
+        let third = store.load(&gpu_spec("m2"), &backends, &defaults).await.expect("loads");
+        assert_eq!(third.footprint(), PER_GRAPH);
+        assert_eq!(gpu.used(), 2 * PER_GRAPH, "the device is back within its budget");
+        assert!(!first.holds_memory(), "the least recently used model left to make room");
+        assert!(second.holds_memory() && third.holds_memory());
+    }
+
     #[test]
     fn only_failures_and_timeouts_the_model_caused_count_against_it() {
         let model = || "m".to_string();
