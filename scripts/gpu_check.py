@@ -237,7 +237,8 @@ def throughput(pack, name, path, seconds):
             rows = metric_sum("sluice_batch_rows_sum") - rows_before
             batches = metric_sum("sluice_batch_rows_count") - batches_before
             served[batch] = (rate * batch, p50, rows / max(batches, 1))
-            progress(f"{name} batch {batch}: Sluice {rate * batch:.0f} rows/s")
+            busy = metric_sum("sluice_device_utilisation_ratio")  # NVML's, sampled every 2 s
+            progress(f"{name} batch {batch}: Sluice {rate * batch:.0f} rows/s, device utilisation {busy:.2f}")
     finally:
         server.stop()
     print(f"\n| {name} rows/s on {DEVICE} | batch | Sluice ({CLIENTS} clients) | p50 | rows a batch run "

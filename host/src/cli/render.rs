@@ -126,10 +126,11 @@ pub fn devices(devices: &Value) -> String {
     for gpu in devices["cuda"].as_array().into_iter().flatten() {
         let _ = writeln!(
             text,
-            "cuda:{}   {} (compute {}), {} MiB, {} MiB free",
+            "cuda:{}   {} (compute {}, {}), {} MiB, {} MiB free",
             gpu["index"],
             gpu["name"].as_str().unwrap_or("?"),
             gpu["compute_capability"].as_str().unwrap_or("?"),
+            gpu["uuid"].as_str().unwrap_or("?"),
             mib(&gpu["memory_total_bytes"]),
             mib(&gpu["memory_free_bytes"]),
         );

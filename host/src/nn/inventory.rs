@@ -45,6 +45,9 @@ pub struct CudaInfo {
     pub name: String,
     /// Major and minor, as `"9.0"`.
     pub compute_capability: String,
+    /// As `nvidia-smi -L` shows it (`GPU-` and 32 hex digits), the same whatever
+    /// `CUDA_VISIBLE_DEVICES` renumbers.
+    pub uuid: String,
     pub memory_total_bytes: u64,
     pub memory_free_bytes: u64,
 }
@@ -120,15 +123,24 @@ fn cuda_devices() -> Result<Vec<CudaInfo>, String> {
             let context = CudaContext::new(index).map_err(|err| failed("open a device", err))?;
             let (major, minor) = context.compute_capability().map_err(|err| failed("read a device", err))?;
             let (free, total) = context.mem_get_info().map_err(|err| failed("read a device's memory", err))?;
+            let uuid = context.uuid().map_err(|err| failed("read a device's UUID", err))?;
             Ok(CudaInfo {
                 index,
                 name: context.name().map_err(|err| failed("read a device's name", err))?,
                 compute_capability: format!("{major}.{minor}"),
+                uuid: uuid_text(&uuid.bytes.map(|byte| byte as u8)),
                 memory_total_bytes: total as u64,
                 memory_free_bytes: free as u64,
             })
         })
         .collect()
+}
+
+/// A device UUID's 16 bytes as NVIDIA's tools write it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+#[cfg(any(feature = "cuda", test))]
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -190,5 +202,11 @@ mod tests {
         // Either devices, or the reason there are none; never both, never neither.
         assert_eq!(inventory.cuda.is_empty(), inventory.cuda_absent.is_some(), "{inventory:?}");
         assert_eq!(inventory.portable.is_empty(), inventory.portable_absent.is_some(), "{inventory:?}");
+    }
+
+    #[test]
+    fn a_uuid_reads_as_nvidia_smi_writes_it() {
+        let bytes = [0xb2, 0x27, 0xec, 0xc6, 0xce, 0xf2, 0xe6, 0x69, 0x20, 0x34, 0x96, 0x25, 0x83, 0x2f, 0x17, 0x28];
+        assert_eq!(uuid_text(&bytes), "GPU-b227ecc6-cef2-e669-2034-9625832f1728");
     }
 }

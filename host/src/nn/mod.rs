@@ -17,3 +17,4 @@ pub mod models;
 pub mod onnx;
 pub mod pinning;
 pub mod scheduler;
+pub mod utilisation;

@@ -39,6 +39,7 @@ pub mod names {
     pub const DEVICE_MEMORY_TOTAL: &str = "sluice_device_memory_total_bytes";
     pub const DEVICE_MEMORY_BUDGET: &str = "sluice_device_memory_budget_bytes";
     pub const DEVICE_MEMORY_USED: &str = "sluice_device_memory_used_bytes";
+    pub const DEVICE_UTILISATION: &str = "sluice_device_utilisation_ratio";
     pub const SHADOW_COMPARISONS: &str = "sluice_shadow_comparisons_total";
     pub const SLO_BUDGET_REMAINING: &str = "sluice_slo_error_budget_remaining";
     pub const SLO_BURN_RATE: &str = "sluice_slo_burn_rate";
@@ -152,6 +153,7 @@ pub struct Metrics {
     device_memory_total: IntGaugeVec,
     device_memory_budget: IntGaugeVec,
     device_memory_used: IntGaugeVec,
+    device_utilisation: GaugeVec,
     shadow_comparisons: IntCounterVec,
     slo_budget: GaugeVec,
     slo_burn: GaugeVec,
@@ -359,6 +361,12 @@ impl Metrics {
                 "Memory resident models hold on a device.",
                 &["device"],
             ),
+            device_utilisation: gauge(
+                &registry,
+                DEVICE_UTILISATION,
+                "Fraction of the last sample period a kernel ran on a CUDA device, whoever ran it (NVML).",
+                &["device"],
+            ),
             shadow_comparisons: counter(
                 &registry,
                 SHADOW_COMPARISONS,
@@ -538,6 +546,11 @@ impl Metrics {
             self.device_memory_budget.with_label_values(&[device]).set(i64::try_from(budget).unwrap_or(i64::MAX));
         }
         self.device_memory_used.with_label_values(&[device]).set(i64::try_from(used).unwrap_or(i64::MAX));
+    }
+
+    /// A CUDA device's utilisation, 0 to 1, as its driver last sampled it.
+    pub fn device_utilisation(&self, device: &str, ratio: f64) {
+        self.device_utilisation.with_label_values(&[device]).set(ratio);
     }
 
     /// Memory of a model copy coming (`bytes` > 0) or going (< 0); copies of different
