@@ -6,8 +6,9 @@
 # package: one engine for both).
 # The CUDA 13 and cuDNN 9 libraries it needs are expected on the GPU machine (its PyTorch's).
 #
-# Out: target/gpu-pack/pack-NN.tar.xz, each under 60 MiB; carry them in turn (the device
-# tool's `carry`), then run scripts/gpu-check.sh there. Run after `cargo build --release`.
+# Out: target/gpu-pack/pack-NN.tar.xz, each under 60 MiB (one transfer where at most 64 MiB
+# go at a time); put them in one folder on the GPU machine and run
+# `scripts/gpu-check.sh FOLDER` there. Run after `cargo build --release`.
 # xz, not zstd: the GPU machine may have neither program, and Python's standard library
 # reads xz (gpu-check.sh unpacks with it).
 #
