@@ -305,11 +305,16 @@ def part(goals, goal, run, *args):
         goals[goal] = False
 
 
+def packed_models(pack):
+    """Each packed model's name (its file's, `-` for `_`) and path."""
+    return [(os.path.splitext(f)[0].replace("_", "-"), os.path.join(pack, "models", f))
+            for f in sorted(os.listdir(os.path.join(pack, "models")))]
+
+
 def main():
     pack = os.path.abspath(sys.argv[1])
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 10
-    models = [(os.path.splitext(f)[0].replace("_", "-"), os.path.join(pack, "models", f))
-              for f in sorted(os.listdir(os.path.join(pack, "models")))]
+    models = packed_models(pack)
     goals = {}
     part(goals, "outputs", correctness, pack, models)
     for name, path in models:

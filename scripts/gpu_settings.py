@@ -133,8 +133,7 @@ def served(pack, models, seconds):
 def main():
     pack = os.path.abspath(sys.argv[1])
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 2
-    models = [(os.path.splitext(f)[0].replace("_", "-"), os.path.join(pack, "models", f))
-              for f in sorted(os.listdir(os.path.join(pack, "models")))]
+    models = gpu_check.packed_models(pack)
     goals = {}
     # Metadata for the engine-alone parts comes from a server serving every model.
     server = Server(pack, [(f"{name}-gpu", path) for name, path in models])

@@ -346,6 +346,16 @@ mod tests {
         busy: bool,
     }
 
+    impl Model {
+        /// A 10 MiB model resident on `device`, last used `age_s` before `start`.
+        fn resident(device: &Arc<Device>, start: Instant, age_s: u64, busy: bool) -> Arc<Self> {
+            let memory = Mutex::new(Some(device.reserve(10 << 20).expect("fits")));
+            let model = Arc::new(Model { memory, last_used: start - std::time::Duration::from_secs(age_s), busy });
+            device.register(Arc::downgrade(&model) as Weak<dyn Evictable>);
+            model
+        }
+    }
+
     impl Evictable for Model {
         fn last_used(&self) -> Option<Instant> {
             self.memory.lock().expect("unpoisoned").as_ref().map(|_| self.last_used)
@@ -360,12 +370,7 @@ mod tests {
     fn a_load_without_room_evicts_the_least_recently_used_idle_model() {
         let device = Device::cpu(30 << 20);
         let start = Instant::now();
-        let resident = |age_s: u64, busy| {
-            let memory = Mutex::new(Some(device.reserve(10 << 20).expect("fits")));
-            let model = Arc::new(Model { memory, last_used: start - std::time::Duration::from_secs(age_s), busy });
-            device.register(Arc::downgrade(&model) as Weak<dyn Evictable>);
-            model
-        };
+        let resident = |age_s, busy| Model::resident(&device, start, age_s, busy);
         // The oldest is busy: the next oldest leaves, the newest stays.
         let (busy_oldest, older, newest) = (resident(30, true), resident(20, false), resident(10, false));
         let reservation = device.reserve_evicting(10 << 20).expect("room made");
@@ -384,12 +389,7 @@ mod tests {
     fn a_load_measured_past_the_budget_makes_room_after_it() {
         let device = Device::cpu(40 << 20);
         let start = Instant::now();
-        let resident = |age_s: u64, busy| {
-            let memory = Mutex::new(Some(device.reserve(10 << 20).expect("fits")));
-            let model = Arc::new(Model { memory, last_used: start - std::time::Duration::from_secs(age_s), busy });
-            device.register(Arc::downgrade(&model) as Weak<dyn Evictable>);
-            model
-        };
+        let resident = |age_s, busy| Model::resident(&device, start, age_s, busy);
         let (busy, older, newer) = (resident(30, true), resident(20, false), resident(10, false));
         // It reserved 5 MiB and took 15 once loaded: 45 of 40 MiB until the oldest idle one leaves.
         let mut load = device.reserve(5 << 20).expect("fits");
