@@ -34,6 +34,18 @@ pub fn start_sampling(mut source: impl UtilisationSource) -> std::io::Result<()>
     Ok(())
 }
 
+/// Start sampling the inventory's CUDA devices through NVML, once per process (servers built
+/// again in one process, as tests do, share the one sampler); why not, where NVML is absent.
+pub fn sample_cuda_devices(devices: &[CudaInfo]) -> Result<(), String> {
+    static STARTED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    STARTED
+        .get_or_init(|| {
+            let source = nvml(devices)?;
+            start_sampling(source).map_err(|err| format!("the NVML sampler could not start: {err}"))
+        })
+        .clone()
+}
+
 fn record(source: &mut impl UtilisationSource) {
     for (device, ratio) in source.sample() {
         metrics().device_utilisation(&device, ratio);

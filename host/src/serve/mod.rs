@@ -296,11 +296,10 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     for device in &inventory.cuda {
         crate::telemetry::metrics::metrics().device_total(&format!("cuda:{}", device.index), device.memory_total_bytes);
     }
-    if !inventory.cuda.is_empty() {
-        match crate::nn::utilisation::nvml(&inventory.cuda) {
-            Ok(source) => crate::nn::utilisation::start_sampling(source).context("cannot start the NVML sampler")?,
-            Err(why) => tracing::warn!(reason = %why, "CUDA devices' utilisation is not reported"),
-        }
+    if !inventory.cuda.is_empty()
+        && let Err(why) = crate::nn::utilisation::sample_cuda_devices(&inventory.cuda)
+    {
+        tracing::warn!(reason = %why, "CUDA devices' utilisation is not reported");
     }
     let devices = Devices::new(&inventory, &config.model_memory, runs_on_webgpu(&backends))
         .map_err(|why| anyhow::anyhow!("--model-memory: {why}"))?;
