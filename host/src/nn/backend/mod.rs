@@ -216,6 +216,8 @@ impl Backends {
 
 /// Every backend compiled into this build, in order of preference.
 pub fn available(settings: &BackendSettings) -> Backends {
+    // A build with neither engine (the fuzz targets') adds nothing to it.
+    #[cfg_attr(not(any(feature = "onnxruntime", feature = "tract")), allow(unused_mut))]
     let mut backends = Backends { available: Vec::new(), unavailable: Vec::new() };
     #[cfg(feature = "onnxruntime")]
     match onnxruntime::OnnxRuntime::new(settings) {
