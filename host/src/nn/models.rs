@@ -381,8 +381,8 @@ impl ModelStore {
                         (None, Some((_, optimized))) => Source::Optimized(optimized),
                         (None, None) => Source::Bytes(&bytes),
                     };
-                    for device in measured_devices.iter().filter(|device| device.id() != DeviceId::Cpu) {
-                        device.prime_once(loader.kind(), || prime_device(&*loader, device.id()));
+                    for device in &measured_devices {
+                        device.prime_once(loader.kind(), || prime(&*loader, device.id()));
                     }
                     let (graphs, grown) =
                         measured(&measured_devices, || load_instances(&*loader, (&placements, &warmup), source));
@@ -393,9 +393,11 @@ impl ModelStore {
                         reservation.resize(grown.max(reservation.bytes()));
                     }
                     // What it took past what it reserved comes out of other models' room.
-                    for device in memory.iter().map(Reservation::device).filter(|device| !device.settle()) {
-                        tracing::warn!(device = %device.id(), "a load left the model memory budget exceeded: \
-                            every other resident model is busy or pinned");
+                    for device in memory.iter().map(Reservation::device) {
+                        if !device.settle() {
+                            tracing::warn!(device = %device.id(), "a load left the model memory budget exceeded: \
+                                every other resident model is busy or pinned");
+                        }
                     }
                 }
                 Ok((memory, loaded))
@@ -492,24 +494,11 @@ fn placement_of(graph: &dyn Graph) -> Placement {
 /// A small real model (the digits example's smaller MLP) that [`prime`] loads and runs once.
 const PRIMER: &[u8] = include_bytes!("../../../examples/digits/model/digits_small.onnx");
 
-/// Load and run a small model once on each backend before any model is measured, so an
-/// engine's one-time allocations (its kernel registry, its first thread pool: ~4 MiB for ONNX
-/// Runtime) are not counted in the footprint of whichever model loads first.
-pub fn prime(backends: &Backends) {
-    for backend in &backends.available {
-        let primed = backend
-            .load(PRIMER, &Placement::CPU)
-            .map_err(|err| err.to_string())
-            .and_then(|graph| run_on_zeros(&*graph, 1));
-        if let Err(err) = primed {
-            tracing::warn!(backend = %backend.kind(), error = %err, "the backend could not be primed");
-        }
-    }
-}
-
-/// Load and run the small model once on a device other than the CPU (whose engines [`prime`]
-/// primes at start), before the first model measured there: see [`Device::prime_once`].
-fn prime_device(backend: &dyn Backend, device: DeviceId) {
+/// Load and run a small model once on a device before the first model measured there, so an
+/// engine's one-time allocations (on the CPU its kernel registry and first thread pool: ~4 MiB
+/// for ONNX Runtime; on a GPU its handles and kernels) are not counted in the footprint of
+/// whichever model loads first: see [`Device::prime_once`].
+fn prime(backend: &dyn Backend, device: DeviceId) {
     let primed = backend
         .load(PRIMER, &Placement { device, cpus: None })
         .map_err(|err| err.to_string())

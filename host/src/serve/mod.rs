@@ -267,7 +267,6 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     if backends.available.is_empty() {
         anyhow::bail!("no model backend is available: {:?}", backends.unavailable);
     }
-    crate::nn::models::prime(&backends);
     if let Some(kind) = config.default_backend
         && backends.get(kind).is_none()
     {
