@@ -20,7 +20,12 @@
 //!   cost; also answering from another task, as Sluice's answers come from a model queue, and
 //!   spending `BUSY_US` µs of CPU per request, as `scripts/bench_overhead.sh`'s `busy` floor
 //!   does end to end), one request at a time and from 64 tasks (as the server runs each
-//!   connection as a task of its own).
+//!   connection as a task of its own);
+//! - the same gRPC calls over one HTTP/2 connection held in memory, from a client on a thread
+//!   of its own (as `sluice perf --grpc` calls over TCP), to the gRPC server `sluice serve`
+//!   runs and to the floor's: what a real connection runs for a call and a handler called in
+//!   process does not (h2's frames and HPACK, hyper's task per call, waking the client), without
+//!   the kernel's socket. The row is the process's CPU less the client thread's.
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
 //! those groups; `TASKS=N`: the handler rows from N tasks instead of 64 (Sluice's concurrent
@@ -38,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::Request;
+use futures::StreamExt;
 use prost::Message;
 use sha2::{Digest, Sha256};
 use sluice::api::grpc::proto::ModelInferRequest;
@@ -57,6 +63,7 @@ use sluice::runtime::{
 use sluice::state::BodyTimeouts;
 use sluice::telemetry::rate::TokenBucket;
 use sluice::tensor::{ElementType, Tensor};
+use tokio::io::DuplexStream;
 
 const LIMITS: TensorLimits = TensorLimits { max_elements: 1 << 24 };
 /// Requests in flight at once in the concurrent rows (the end-to-end runs' concurrency).
@@ -296,7 +303,7 @@ fn wire_layers(outputs: &NamedTensors) -> anyhow::Result<()> {
     measure(200_000, 1, || drop(json::encode_response(outcome(outputs), &encoding).expect("encodes")))
         .row("HTTP binary encode");
 
-    let message = grpc_message("digits-mlp", "X", "FP32", scaled_bytes());
+    let message = infer_request("digits-mlp", "X", "FP32", scaled_bytes()).encode_to_vec();
     measure(200_000, 1, || {
         let decoded = ModelInferRequest::decode(message.as_slice()).expect("decodes");
         drop(grpc::parse_infer_request(decoded, LIMITS).expect("valid"));
@@ -590,8 +597,8 @@ fn scaled_bytes() -> Vec<u8> {
     scaled().iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// A gRPC ModelInfer message of one 64-value row, in raw contents.
-fn grpc_message(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> Vec<u8> {
+/// A gRPC ModelInfer request of one 64-value row, in raw contents.
+fn infer_request(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> ModelInferRequest {
     ModelInferRequest {
         model_name: model.to_string(),
         inputs: vec![InferInputTensor {
@@ -603,12 +610,11 @@ fn grpc_message(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> 
         raw_input_contents: vec![contents],
         ..Default::default()
     }
-    .encode_to_vec()
 }
 
-/// [`grpc_message`] length-prefixed, as gRPC frames it on the wire.
-fn grpc_frame(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> Bytes {
-    let message = grpc_message(model, input, datatype, contents);
+/// [`infer_request`] encoded and length-prefixed, as gRPC frames it on the wire.
+fn grpc_frame(request: &ModelInferRequest) -> Bytes {
+    let message = request.encode_to_vec();
     let mut frame = vec![0];
     frame.extend((message.len() as u32).to_be_bytes());
     frame.extend(message);
@@ -622,11 +628,13 @@ fn grpc_frame(model: &str, input: &str, datatype: &str, contents: Vec<u8>) -> By
 async fn handler_layers() -> anyhow::Result<()> {
     serve_logging();
     let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let state = Arc::new(common::digits_state(tenants.path(), data.path()).await?);
+    let config = common::digits_config(tenants.path(), data.path())?;
+    let state = Arc::new(sluice::serve::build_state(&config).await?);
     let (plain, image) = common::request_bodies()?;
     let (plain, image) = (Bytes::from(plain), Bytes::from(image));
-    let plain_frame = grpc_frame("digits-mlp", "X", "FP32", scaled_bytes());
-    let image_frame = grpc_frame("digits", "image", "UINT8", pixels());
+    let plain_request = infer_request("digits-mlp", "X", "FP32", scaled_bytes());
+    let image_request = infer_request("digits", "image", "UINT8", pixels());
+    let (plain_frame, image_frame) = (grpc_frame(&plain_request), grpc_frame(&image_request));
 
     let sluice_router = sluice::api::http::router(state.clone());
     http_rows("floor", floor_server::http_router(Hop::None.into()), "digits-mlp", &plain).await;
@@ -639,14 +647,143 @@ async fn handler_layers() -> anyhow::Result<()> {
     // As `sluice serve` runs it: behind the layer that admits the call and bounds its body.
     let sluice_grpc = tower::Layer::layer(
         &BodyLimits::new(state.clone(), 64 << 20, BodyTimeouts::default().request),
-        sluice::api::grpc::service(state, 64 << 20, None),
+        sluice::api::grpc::service(state.clone(), 64 << 20, None),
     );
     grpc_rows("floor", floor_server::grpc_service(Hop::None.into()), &plain_frame).await;
     grpc_rows("floor answering from another task", floor_server::grpc_service(Hop::Task.into()), &plain_frame).await;
     grpc_rows(&busy_row, floor_server::grpc_service(busy), &plain_frame).await;
     grpc_rows("plain model", sluice_grpc.clone(), &plain_frame).await;
     grpc_rows("digits app", sluice_grpc, &image_frame).await;
+
+    let floor = |answering: Answering| {
+        move |connection| {
+            serve_one(
+                tonic::transport::Server::builder().add_service(floor_server::grpc_service(answering)),
+                connection,
+            )
+        }
+    };
+    let sluice = || {
+        let server = sluice::serve::grpc_server(state.clone(), &config);
+        move |connection| serve_one(server, connection)
+    };
+    grpc_connection_row("floor", floor(Hop::None.into()), &plain_request).await?;
+    grpc_connection_row("floor answering from another task", floor(Hop::Task.into()), &plain_request).await?;
+    grpc_connection_row(&busy_row, floor(busy), &plain_request).await?;
+    grpc_connection_row("plain model", sluice(), &plain_request).await?;
+    grpc_connection_row("digits app", sluice(), &image_request).await?;
     Ok(())
+}
+
+type GrpcRequest = Request<tonic::body::Body>;
+
+/// Serve the one connection `connection` with `server` (as `sluice serve` and the floor
+/// serve each of theirs) until the row drops it.
+async fn serve_one<L>(server: tonic::transport::server::Router<L>, connection: DuplexStream)
+where
+    L: tower::Layer<tonic::service::Routes> + Clone,
+    L::Service: tower::Service<GrpcRequest, Response = http::Response<tonic::body::Body>> + Clone + Send + 'static,
+    <L::Service as tower::Service<GrpcRequest>>::Future: Send + 'static,
+    <L::Service as tower::Service<GrpcRequest>>::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    // The stream stays open after its one connection: an ended one would make tonic close it.
+    let incoming =
+        futures::stream::once(async { Ok::<_, std::io::Error>(connection) }).chain(futures::stream::pending());
+    let _ = server.serve_with_incoming(incoming).await;
+}
+
+/// gRPC calls from [`tasks()`] tasks of one client over one HTTP/2 connection held in memory
+/// (`tokio::io::duplex`), as `sluice perf --grpc` makes them over TCP: what a real connection
+/// runs for a call and the rows called in process do not (h2's frames, HPACK, flow control,
+/// hyper's task per call, waking the client), without the kernel's socket. The client runs on
+/// a thread and runtime of its own; the row is the process's CPU less that thread's.
+async fn grpc_connection_row<Served>(
+    what: &str,
+    serve: impl FnOnce(DuplexStream) -> Served,
+    request: &ModelInferRequest,
+) -> anyhow::Result<()>
+where
+    Served: Future<Output = ()> + Send + 'static,
+{
+    let row = format!("over an HTTP/2 connection in memory, gRPC, {what}, {} tasks", tasks());
+    if !wanted(&row) {
+        return Ok(());
+    }
+    let (client, server) = tokio::io::duplex(CONNECTION_BUFFER_BYTES);
+    let served = tokio::spawn(serve(server));
+    let before = BatchRows::now();
+    let request = request.clone();
+    // Named, so that a profile of the row can leave the client out.
+    let calls = std::thread::Builder::new()
+        .name("grpc-client".to_string())
+        .spawn(move || grpc_client_calls(client, request))?;
+    let per_op = tokio::task::spawn_blocking(move || calls.join().expect("the client ran")).await??;
+    served.abort();
+    per_op.row(&before.label(&row));
+    Ok(())
+}
+
+/// Bytes a direction of an in-memory connection buffers (a socket's send buffer holds more;
+/// a call's frames are far smaller).
+const CONNECTION_BUFFER_BYTES: usize = 256 << 10;
+
+/// The client of [`grpc_connection_row`]: [`handler_ops`] calls (after a tenth as warm-up)
+/// from [`tasks()`] tasks on this thread; the process's CPU per call less this thread's.
+fn grpc_client_calls(connection: DuplexStream, request: ModelInferRequest) -> anyhow::Result<PerOp> {
+    use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let connection = std::sync::Mutex::new(Some(connection));
+        let channel = tonic::transport::Endpoint::from_static("http://in-memory")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let connection = connection.lock().expect("not poisoned").take();
+                async move {
+                    connection.map(hyper_util::rt::TokioIo::new).ok_or_else(|| std::io::Error::other("one connection"))
+                }
+            }))
+            .await?;
+        let client = GrpcInferenceServiceClient::new(channel);
+        let authorization: tonic::metadata::MetadataValue<_> = format!("Bearer {}", common::KEY).parse()?;
+        let call = move || {
+            let mut client = client.clone();
+            let mut call = tonic::Request::new(request.clone());
+            call.metadata_mut().insert("authorization", authorization.clone());
+            async move {
+                client.model_infer(call).await.expect("the call succeeds");
+            }
+        };
+        let concurrency = tasks();
+        let run = |operations: usize| {
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|_| {
+                    let call = call.clone();
+                    tokio::spawn(async move {
+                        for _ in 0..operations / concurrency {
+                            call().await;
+                        }
+                    })
+                })
+                .collect();
+            futures::future::join_all(tasks)
+        };
+        run(handler_ops() / 10).await;
+        let (clock, client_cpu) = (Clock::start(), thread_cpu());
+        run(handler_ops()).await;
+        let calls = (handler_ops() / concurrency * concurrency) as u32;
+        let per_op = clock.per_op(1);
+        Ok(PerOp { cpu: per_op.cpu.saturating_sub(thread_cpu() - client_cpu) / calls, wall: per_op.wall / calls })
+    })
+}
+
+/// CPU time of the calling thread so far.
+fn thread_cpu() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into the pointer it is given.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now);
+    }
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// The log subscriber `sluice serve` runs by default (text to stderr, its default filter), so

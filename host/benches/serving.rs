@@ -210,7 +210,8 @@ async fn timed_requests(client: &reqwest::Client, url: &str, body: &[u8]) -> any
 async fn end_to_end() -> anyhow::Result<()> {
     let (tenants, data) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let model = root().join("examples/digits/model/digits.onnx");
-    let state = match common::digits_state(tenants.path(), data.path()).await {
+    let config = common::digits_config(tenants.path(), data.path())?;
+    let state = match sluice::serve::build_state(&config).await {
         Ok(state) => state,
         Err(err) => {
             println!("### End to end\n\n(not measured: {err:#})\n");

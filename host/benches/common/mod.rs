@@ -12,7 +12,6 @@ use sluice::nn::models::TenantModels;
 use sluice::nn::scheduler::Share;
 use sluice::runtime::{Component, GuestCall, GuestLog, InferRequest, Prepared, Runtime, RuntimeSettings};
 use sluice::serve::ServeConfig;
-use sluice::state::ServingState;
 use sluice::telemetry::rate::TokenBucket;
 use sluice::tensor::{ElementType, Tensor};
 
@@ -27,9 +26,9 @@ pub fn onnxruntime_library() -> Option<PathBuf> {
     std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)
 }
 
-/// The state `sluice serve` would serve, with the bench tenant's manifest written into
-/// `tenants` and state kept in `data`.
-pub async fn digits_state(tenants: &Path, data: &Path) -> anyhow::Result<ServingState> {
+/// The settings of a `sluice serve` of the bench tenant, its manifest written into `tenants`
+/// and state kept in `data`.
+pub fn digits_config(tenants: &Path, data: &Path) -> anyhow::Result<ServeConfig> {
     let model = root().join("examples/digits/model/digits.onnx");
     let component = Path::new(env!("SLUICE_GUEST_DIR")).join("digits.wasm");
     let manifest = format!(
@@ -70,7 +69,7 @@ pub async fn digits_state(tenants: &Path, data: &Path) -> anyhow::Result<Serving
         store_poll: Duration::from_secs(1),
         replica: "local".to_string(),
     };
-    sluice::serve::build_state(&config).await
+    Ok(config)
 }
 
 /// A sandbox runtime as the server makes one (pooling, 64 MiB guests), caching into `cache`.

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
+use crate::api::grpc_body::BodyLimits;
 pub use crate::state::BodyTimeouts;
 use crate::state::ServingState;
 
@@ -158,17 +159,9 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
         },
         config.drain.timeout,
     );
-    let body_limits = crate::api::grpc_body::BodyLimits::new(
-        state.clone(),
-        config.grpc_max_message_bytes,
-        config.body_timeouts.request,
-    );
     let readiness = state.readiness.clone();
-    let grpc_server = tonic::transport::Server::builder()
-        .max_concurrent_streams(GRPC_CALLS_PER_CONNECTION)
-        .layer(body_limits)
-        .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes, config.grpc_response_compression))
-        .serve_with_incoming_shutdown(listen::incoming(grpc, limits, "grpc"), async move {
+    let grpc_server =
+        grpc_server(state, &config).serve_with_incoming_shutdown(listen::incoming(grpc, limits, "grpc"), async move {
             let _ = grpc_stop.recv().await;
         });
     // tonic waits for its connections without a bound: the drain timeout is the bound.
@@ -205,6 +198,19 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     grpc_result.context("gRPC server failed")?;
     tracing::info!("drained");
     Ok(())
+}
+
+/// The gRPC server `sluice serve` runs on its connections: the inference service behind the
+/// layer that admits each call and bounds its body, with the calls a connection may hold.
+pub fn grpc_server(
+    state: Arc<ServingState>,
+    config: &ServeConfig,
+) -> tonic::transport::server::Router<tower::layer::util::Stack<BodyLimits, tower::layer::util::Identity>> {
+    let body_limits = BodyLimits::new(state.clone(), config.grpc_max_message_bytes, config.body_timeouts.request);
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(GRPC_CALLS_PER_CONNECTION)
+        .layer(body_limits)
+        .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes, config.grpc_response_compression))
 }
 
 /// Serve the metrics port (metrics and health) on a thread and runtime of its own, so that
