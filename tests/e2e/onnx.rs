@@ -251,6 +251,29 @@ pub fn slow_compute(size: i64, steps: usize) -> Vec<u8> {
     })
 }
 
+/// A batchable model whose every row computes for a long time from one value: `x` (FP32
+/// [N, 1]) spread to `width` values, multiplied by a `width` x `width` matrix `steps` times;
+/// `sum` (FP32 [N, 1]) each row's total. A request's cost is its rows' compute, far more than
+/// carrying its few bytes, so callers of it keep a model's queue full.
+pub fn slow_rows(width: i64, steps: usize) -> Vec<u8> {
+    let spread = tensor("spread", FLOAT, &[1, width], 1f32.to_le_bytes().repeat(width as usize));
+    let square = tensor("square", FLOAT, &[width, width], vec![0; (width * width) as usize * 4]);
+    let axes = tensor("axes", INT64, &[1], 1i64.to_le_bytes().to_vec());
+    let mut nodes = vec![node("MatMul", &["x", "spread"], &["m0"], Vec::new())];
+    for step in 1..=steps {
+        let (previous, next) = (format!("m{}", step - 1), format!("m{step}"));
+        nodes.push(node("MatMul", &[&previous, "square"], &[&next], Vec::new()));
+    }
+    nodes.push(node("ReduceSum", &[&format!("m{steps}"), "axes"], &["sum"], Vec::new()));
+    model(GraphProto {
+        node: nodes,
+        name: "slow-rows".into(),
+        initializer: vec![spread, square, axes],
+        input: vec![value("x", FLOAT, &[None, Some(1)])],
+        output: vec![value("sum", FLOAT, &[None, Some(1)])],
+    })
+}
+
 /// `y` = `x` (FP32 [4]) reshaped to the shape `s` (INT64 [2]) asks for: a model that fails
 /// in the engine whenever `s` does not hold four elements.
 pub fn reshapes_on_request() -> Vec<u8> {
