@@ -13,6 +13,10 @@ from what scripts/gpu-pack.sh packed (PACK: bin/sluice, models/, and onnxruntime
    (`sluice perf` over gRPC with binary tensors, 8 clients; the server may join their requests
    into larger batches) against the same engine standalone in this process (onnxruntime-gpu's
    CUDAExecutionProvider, the same library, batches back to back), in rows/s (goal >= 90%).
+   After each batch size, the GPU memory the driver gives the server's process beside what
+   Sluice charges the model: a model's footprint is measured at its load and warm-up (one row by
+   default), and the engine's memory arena may grow with larger batches afterwards, which
+   memory growing from one batch size to the next while the charge stays would show.
 3. Three magika copies over a cuda:0 model memory budget for two, against all three resident:
    skewed traffic (0.6/0.3/0.1, 4 clients), requests/s (goal >= 80%).
 
@@ -84,6 +88,20 @@ def on_gpu(name):
     devices = "devices = [0]\n" if KIND == "gpu" else ""
     return (f'on_missing_device = "refuse"\n[models.{name}.batching]\nmax_batch_size = 128\n'
             f'[[models.{name}.instances]]\nkind = "{KIND}"\n{devices}')
+
+
+def process_gpu_mib(pid):
+    """The GPU memory (MiB) the driver reports for process PID, or None (no nvidia-smi, say)."""
+    try:
+        report = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in report.splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid):
+            return float(fields[1])
+    return None
 
 
 class Server:
@@ -226,7 +244,7 @@ def standalone(pack, path, arrays, seconds):
 
 def throughput(pack, name, path, seconds):
     server = Server(pack, [(f"{name}-gpu", path)])
-    served = {}
+    served, held = {}, {}
     try:
         metadata = call(f"/v2/models/{name}-gpu")
         for batch in BATCHES:
@@ -239,8 +257,15 @@ def throughput(pack, name, path, seconds):
             served[batch] = (rate * batch, p50, rows / max(batches, 1))
             busy = metric_sum("sluice_device_utilisation_ratio")  # NVML's, sampled every 2 s
             progress(f"{name} batch {batch}: Sluice {rate * batch:.0f} rows/s, device utilisation {busy:.2f}")
+            charged = metric_sum(f'sluice_device_memory_used_bytes{{device="{DEVICE}"}}') / 2**20
+            driver = process_gpu_mib(server.process.pid)
+            held[batch] = ("n/a" if driver is None else f"{driver:.0f}", charged)
     finally:
         server.stop()
+    print(f"\n| {name} on {DEVICE}, after the batch size's run | batch | GPU memory of the process (driver), MiB "
+          f"| charged to the model, MiB |\n| --- | --- | --- | --- |")
+    for batch, (driver, charged) in held.items():
+        print(f"| | {batch} | {driver} | {charged:.0f} |")
     print(f"\n| {name} rows/s on {DEVICE} | batch | Sluice ({CLIENTS} clients) | p50 | rows a batch run "
           f"| engine alone | ratio |\n| --- | --- | --- | --- | --- | --- | --- |")
     ratios = []
