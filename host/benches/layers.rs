@@ -201,7 +201,7 @@ mod common;
 mod floor_server;
 
 use common::{digits_row, pixels, root, scaled};
-use floor_server::{Answering, Hop};
+use floor_server::{Answering, Hop, thread_cpu};
 
 /// A graph that answers its input at once: the queue's own cost.
 struct Echo(Signature);
@@ -773,17 +773,6 @@ fn grpc_client_calls(connection: DuplexStream, request: ModelInferRequest) -> an
         let per_op = clock.per_op(1);
         Ok(PerOp { cpu: per_op.cpu.saturating_sub(thread_cpu() - client_cpu) / calls, wall: per_op.wall / calls })
     })
-}
-
-/// CPU time of the calling thread so far.
-fn thread_cpu() -> Duration {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into the pointer it is given.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now);
-    }
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// The log subscriber `sluice serve` runs by default (text to stderr, its default filter), so

@@ -90,7 +90,7 @@ async fn answer(model: String, answering: Answering) -> InferOutcome {
 
 /// The calling thread's CPU time: a spin measured by it costs what it says, however often
 /// the machine takes the CPU away meanwhile.
-fn thread_cpu() -> Duration {
+pub fn thread_cpu() -> Duration {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec into the pointer it is given.
     #[allow(unsafe_code)]
