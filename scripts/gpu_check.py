@@ -16,7 +16,9 @@ from what scripts/gpu-pack.sh packed (PACK: bin/sluice, models/, and onnxruntime
    After each batch size, the GPU memory the driver gives the server's process beside what
    Sluice charges the model: a model's footprint is measured at its load and warm-up (one row by
    default), and the engine's memory arena may grow with larger batches afterwards, which
-   memory growing from one batch size to the next while the charge stays would show.
+   memory growing from one batch size to the next while the charge stays would show; where it
+   grew, a server whose model warms up at 1 and 128 rows, without traffic: whether that charge
+   covers it.
 3. Three magika copies over a cuda:0 model memory budget for two, against all three resident:
    skewed traffic (0.6/0.3/0.1, 4 clients), requests/s (goal >= 80%).
 
@@ -105,9 +107,9 @@ def process_gpu_mib(pid):
 
 
 class Server:
-    def __init__(self, pack, models, extra=()):
+    def __init__(self, pack, models, extra=(), lines=on_gpu):
         self.directory = tempfile.mkdtemp()
-        open(os.path.join(self.directory, "gpu.toml"), "w").write(manifest(models, on_gpu))
+        open(os.path.join(self.directory, "gpu.toml"), "w").write(manifest(models, lines))
         library = sorted(p for p in os.listdir(f"{pack}/onnxruntime/capi") if p.startswith("libonnxruntime.so."))[-1]
         self.log_path = os.path.join(self.directory, "server.log")
         command = [f"{pack}/bin/sluice", "serve", "--http", HTTP, "--grpc", GRPC, "--metrics", METRICS,
@@ -262,6 +264,19 @@ def throughput(pack, name, path, seconds):
             held[batch] = ("n/a" if driver is None else f"{driver:.0f}", charged)
     finally:
         server.stop()
+    largest = BATCHES[-1]
+    first, last = held[BATCHES[0]][0], held[largest][0]
+    # Only where the process grew with the batches (and in the CPU rehearsal): a server start more.
+    if KIND == "cpu" or (last != "n/a" and float(last) > float(first)):
+        warmed = Server(pack, [(f"{name}-gpu", path)],
+                        lines=lambda model: on_gpu(model) + f"[models.{model}.warmup]\nbatch_sizes = [1, {largest}]\n")
+        try:
+            driver = process_gpu_mib(warmed.process.pid)
+            held[f"none, warmed up at 1 and {largest} rows"] = (
+                "n/a" if driver is None else f"{driver:.0f}",
+                metric_sum(f'sluice_device_memory_used_bytes{{device="{DEVICE}"}}') / 2**20)
+        finally:
+            warmed.stop()
     print(f"\n| {name} on {DEVICE}, after the batch size's run | batch | GPU memory of the process (driver), MiB "
           f"| charged to the model, MiB |\n| --- | --- | --- | --- |")
     for batch, (driver, charged) in held.items():
