@@ -60,7 +60,6 @@ use sluice::runtime::{
     Component, Datatype, GuestCall, GuestTensor, HttpCall, HttpPrepared, InferRequest, Prepared, Runtime, TensorData,
     WarmPool,
 };
-use sluice::state::BodyTimeouts;
 use sluice::telemetry::rate::TokenBucket;
 use sluice::tensor::{ElementType, Tensor};
 use tokio::io::DuplexStream;
@@ -142,6 +141,30 @@ async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mu
     clock.per_op(measured * per_call)
 }
 
+/// `operations` calls of `op` from [`tasks()`] tasks spawned on the current runtime, each a
+/// closed loop over its share; with `spawn_each`, each call a task of its own.
+async fn closed_loops<F>(operations: usize, op: impl Fn() -> F + Clone + Send + 'static, spawn_each: bool)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let concurrency = tasks();
+    let loops = (0..concurrency).map(|_| {
+        let op = op.clone();
+        tokio::spawn(async move {
+            for _ in 0..operations / concurrency {
+                if spawn_each {
+                    tokio::spawn(op()).await.expect("the operation ran");
+                } else {
+                    op().await;
+                }
+            }
+        })
+    });
+    for finished in futures::future::join_all(loops).await {
+        finished.expect("a loop ran");
+    }
+}
+
 /// Tasks of the in-process handler rows: [`CONCURRENCY`], or `TASKS=N` (how the cost per
 /// request moves with concurrency).
 fn tasks() -> usize {
@@ -174,23 +197,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let concurrency = tasks();
-    let run = |operations: usize| {
-        let tasks: Vec<_> = (0..concurrency)
-            .map(|_| {
-                let op = op.clone();
-                tokio::spawn(async move {
-                    for _ in 0..operations / concurrency {
-                        if *SPAWN_EACH {
-                            tokio::spawn(op()).await.expect("the operation ran");
-                        } else {
-                            op().await;
-                        }
-                    }
-                })
-            })
-            .collect();
-        futures::future::join_all(tasks)
-    };
+    let run = |operations: usize| closed_loops(operations, op.clone(), *SPAWN_EACH);
     run(count / 10).await;
     let clock = Clock::start();
     run(count).await;
@@ -646,8 +653,8 @@ async fn handler_layers() -> anyhow::Result<()> {
     http_rows("digits app", sluice_router, "digits", &image).await;
     // As `sluice serve` runs it: behind the layer that admits the call and bounds its body.
     let sluice_grpc = tower::Layer::layer(
-        &BodyLimits::new(state.clone(), 64 << 20, BodyTimeouts::default().request),
-        sluice::api::grpc::service(state.clone(), 64 << 20, None),
+        &BodyLimits::new(state.clone(), config.grpc_max_message_bytes, config.body_timeouts.request),
+        sluice::api::grpc::service(state.clone(), config.grpc_max_message_bytes, config.grpc_response_compression),
     );
     grpc_rows("floor", floor_server::grpc_service(Hop::None.into()), &plain_frame).await;
     grpc_rows("floor answering from another task", floor_server::grpc_service(Hop::Task.into()), &plain_frame).await;
@@ -752,24 +759,11 @@ fn grpc_client_calls(connection: DuplexStream, request: ModelInferRequest) -> an
                 client.model_infer(call).await.expect("the call succeeds");
             }
         };
-        let concurrency = tasks();
-        let run = |operations: usize| {
-            let tasks: Vec<_> = (0..concurrency)
-                .map(|_| {
-                    let call = call.clone();
-                    tokio::spawn(async move {
-                        for _ in 0..operations / concurrency {
-                            call().await;
-                        }
-                    })
-                })
-                .collect();
-            futures::future::join_all(tasks)
-        };
+        let run = |operations: usize| closed_loops(operations, call.clone(), false);
         run(handler_ops() / 10).await;
         let (clock, client_cpu) = (Clock::start(), thread_cpu());
         run(handler_ops()).await;
-        let calls = (handler_ops() / concurrency * concurrency) as u32;
+        let calls = (handler_ops() / tasks() * tasks()) as u32;
         let per_op = clock.per_op(1);
         Ok(PerOp { cpu: per_op.cpu.saturating_sub(thread_cpu() - client_cpu) / calls, wall: per_op.wall / calls })
     })

@@ -55,7 +55,6 @@ fn default_gpu_budget(total: u64) -> u64 {
 }
 
 impl Devices {
-    /// The host alone, with `budget` bytes for resident models.
     /// These devices and `gpu` (a simulated one, in tests of the memory manager).
     #[cfg(test)]
     pub(crate) fn with_gpu(mut self, gpu: Arc<Device>) -> Self {
@@ -63,6 +62,7 @@ impl Devices {
         self
     }
 
+    /// The host alone, with `budget` bytes for resident models.
     pub fn cpu_only(budget: u64) -> Self {
         Self {
             cpu: Device::cpu(budget),
