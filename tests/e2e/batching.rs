@@ -228,12 +228,14 @@ async fn a_busy_shared_model_serves_tenants_in_proportion_to_their_compute_weigh
 
 #[tokio::test]
 async fn an_urgent_request_goes_before_its_tenants_waiting_ones() {
-    // A model that runs one request at a time for tens of milliseconds.
+    // A model that runs one request at a time, for ~90 ms on a 2-core machine: long enough that
+    // a scrape of the metrics lands while the queue is long, even beside other tests (at 5 ms a
+    // run the window was missed in CI).
     let tenants = Tenants::new();
     tenants.write("acme.toml", &tenant_header("acme", ACME, "guest_deadline_ms = 30000"));
     let server = Server::start(tenants.path(), &[]);
     let (code, body) =
-        server.send(reqwest::Method::PUT, "/control/v1/models/slow", ACME, crate::onnx::slow_compute(512, 3)).await;
+        server.send(reqwest::Method::PUT, "/control/v1/models/slow", ACME, crate::onnx::slow_compute(1024, 8)).await;
     assert_eq!(code, 201, "{body}");
     let request = |parameters: Value| json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.5] }], "parameters": parameters });
     assert_eq!(server.infer("slow", ACME, &request(json!({}))).await.0, 200, "warm");
@@ -252,8 +254,12 @@ async fn an_urgent_request_goes_before_its_tenants_waiting_ones() {
     // run takes is the machine's).
     let urgent = async {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while server.metric("sluice_queue_depth{").await < 4.0 {
-            assert!(std::time::Instant::now() < deadline, "the six requests never waited in the queue");
+        loop {
+            let depth = server.metric("sluice_queue_depth{").await;
+            if depth >= 4.0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the six requests never waited in the queue (depth {depth})");
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         call(json!({ "priority": 1 })).await
