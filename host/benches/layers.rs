@@ -8,7 +8,9 @@
 //! - OIP JSON decode and encode (HTTP), and the binary tensor extension;
 //! - gRPC decode (protobuf bytes → validated request) and encode (→ protobuf bytes);
 //! - the queue hop: submit → batch → reply, with a graph that computes nothing, one request
-//!   at a time and 64 at once;
+//!   at a time and 64 at once; and an instance's time between runs when its queue is never
+//!   empty, with a graph that holds its thread for 150 µs or 1 ms a run (as a GPU's run does
+//!   while its stream synchronises): what the hand-off of each batch costs the instance;
 //! - the backend call: the digits MLP on ONNX Runtime (1 intra-op thread), one row, and
 //!   per row of a batch of 32;
 //! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
@@ -223,6 +225,24 @@ impl Graph for Echo {
     }
 }
 
+/// A graph whose run holds its thread for a fixed time, as a GPU run does while its stream
+/// synchronises (spinning, CUDA's default with fewer contexts than CPUs).
+struct Waits(Signature, Duration);
+
+impl Graph for Waits {
+    fn signature(&self) -> &Signature {
+        &self.0
+    }
+
+    fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        let until = Instant::now() + self.1;
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        Ok(inputs)
+    }
+}
+
 fn queue_settings() -> QueueSettings {
     // The manifest's defaults (`Batching::default`).
     QueueSettings {
@@ -342,7 +362,50 @@ async fn queue_layers() -> anyhow::Result<()> {
     })
     .await
     .row(&format!("queue hop, {CONCURRENCY} in flight (batches of up to 32)"));
+    gap_between_runs(spec).await;
     Ok(())
+}
+
+/// A model whose queue is never empty, each job a whole batch: how long from one run to the
+/// next beyond the run itself (what the instance waits on the queue between runs).
+async fn gap_between_runs(spec: impl Fn(&str) -> TensorSpec) {
+    const IN_FLIGHT: usize = 8;
+    const RUNS: usize = 4_000;
+    for run in [Duration::from_micros(150), Duration::from_micros(1_000)] {
+        let graph: Arc<dyn Graph> =
+            Arc::new(Waits(Signature { inputs: vec![spec("X")], outputs: vec![spec("X")] }, run));
+        let loaded = Loaded { graphs: vec![graph], memory: Vec::new() };
+        let settings = QueueSettings { max_batch_rows: 1, ..queue_settings() };
+        let queue = Arc::new(ModelQueue::start(
+            "waits",
+            "none",
+            (loaded, Residence::default()),
+            true,
+            settings,
+            Arc::default(),
+        ));
+        let runs = if run > Duration::from_micros(500) { RUNS / 4 } else { RUNS };
+        let started = Instant::now();
+        let callers: Vec<_> = (0..IN_FLIGHT)
+            .map(|_| {
+                let queue = queue.clone();
+                tokio::spawn(async move {
+                    for _ in 0..runs / IN_FLIGHT {
+                        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                        queue.compute(digits_row(), deadline, Share::new("bench".into(), 1)).await.expect("answered");
+                    }
+                })
+            })
+            .collect();
+        futures::future::join_all(callers).await;
+        let per_run = started.elapsed() / (runs / IN_FLIGHT * IN_FLIGHT) as u32;
+        println!(
+            "{:<100} {:>8.1} µs from one run to the next, {:.1} µs of it between runs",
+            format!("a queue never empty, runs of {} µs, {IN_FLIGHT} in flight", run.as_micros()),
+            per_run.as_secs_f64() * 1e6,
+            (per_run.saturating_sub(run)).as_secs_f64() * 1e6
+        );
+    }
 }
 
 fn backend_layers(graph: &dyn Graph) -> anyhow::Result<()> {
