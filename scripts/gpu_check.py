@@ -251,7 +251,8 @@ def standalone(pack, path, arrays, seconds):
 
 def throughput(pack, name, path, seconds):
     server = Server(pack, [(f"{name}-gpu", path)])
-    served, held, alone = {}, {}, {}
+    # Each row: its label, its rows a request, and what Sluice served.
+    served, held, alone = [], {}, {}
     try:
         metadata = call(f"/v2/models/{name}-gpu")
         for batch in BATCHES:
@@ -265,7 +266,7 @@ def throughput(pack, name, path, seconds):
             # A batch run every `period` ms, `engine` ms of it inside the engine's run: where the
             # two part, the instance waits on Sluice between runs, not on the device.
             period, engine = joined / (rate * batch) * 1000, computing / max(batches, 1) * 1000
-            served[batch] = (rate * batch, p50, joined, period, engine)
+            served.append((batch, batch, rate * batch, p50, joined, period, engine))
             busy = metric_sum("sluice_device_utilisation_ratio")  # NVML's, sampled every 2 s
             progress(f"{name} batch {batch}: Sluice {rate * batch:.0f} rows/s, device utilisation {busy:.2f}")
             charged = metric_sum(f'sluice_device_memory_used_bytes{{device="{DEVICE}"}}') / 2**20
@@ -293,7 +294,7 @@ def throughput(pack, name, path, seconds):
         body = body_of(inputs_for(metadata, largest, seed=largest))
         call(f"/v2/models/{name}-gpu/infer", body)
         rate, p50 = perf(pack, f"{name}-gpu", body, seconds)
-        served[f"{largest}, two instances"] = (rate * largest, p50, float(largest), None, None)
+        served.append((f"{largest}, two instances", largest, rate * largest, p50, float(largest), None, None))
     finally:
         doubled.stop()
     print(f"\n| {name} on {DEVICE}, after the batch size's run | batch | GPU memory of the process (driver), MiB "
@@ -304,15 +305,14 @@ def throughput(pack, name, path, seconds):
           f"| ms from one batch run to the next | ms of it in the engine's run | engine alone "
           f"| engine alone, ms a run | ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ratios = []
-    for batch, (rows_per_second, p50, joined, period, engine) in served.items():
-        rows = int(str(batch).split(",")[0])
+    for label, rows, rows_per_second, p50, joined, period, engine in served:
         if rows not in alone:
             alone[rows] = standalone(pack, path, inputs_for(metadata, rows, seed=rows), seconds)
         ratio = rows_per_second / (alone[rows] * rows)
-        if batch in BATCHES:  # the goal is the server as configured; the second instance is a lead
+        if label in BATCHES:  # the goal is the server as configured; the second instance is a lead
             ratios.append(ratio)
         period, engine = ("–" if ms is None else f"{ms:.3f}" for ms in (period, engine))
-        print(f"| | {batch} | {rows_per_second:.0f} | {p50} | {joined:.1f} | {period} | {engine} "
+        print(f"| | {label} | {rows_per_second:.0f} | {p50} | {joined:.1f} | {period} | {engine} "
               f"| {alone[rows] * rows:.0f} | {1000 / alone[rows]:.3f} | {ratio:.2f} |")
     return min(ratios) >= 0.9
 

@@ -143,13 +143,16 @@ async fn measure_async<F: Future<Output = ()>>(count: usize, per_call: usize, mu
     clock.per_op(measured * per_call)
 }
 
-/// `operations` calls of `op` from [`tasks()`] tasks spawned on the current runtime, each a
+/// `operations` calls of `op` from `concurrency` tasks spawned on the current runtime, each a
 /// closed loop over its share; with `spawn_each`, each call a task of its own.
-async fn closed_loops<F>(operations: usize, op: impl Fn() -> F + Clone + Send + 'static, spawn_each: bool)
-where
+async fn closed_loops<F>(
+    concurrency: usize,
+    operations: usize,
+    op: impl Fn() -> F + Clone + Send + 'static,
+    spawn_each: bool,
+) where
     F: Future<Output = ()> + Send + 'static,
 {
-    let concurrency = tasks();
     let loops = (0..concurrency).map(|_| {
         let op = op.clone();
         tokio::spawn(async move {
@@ -199,7 +202,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let concurrency = tasks();
-    let run = |operations: usize| closed_loops(operations, op.clone(), *SPAWN_EACH);
+    let run = |operations: usize| closed_loops(concurrency, operations, op.clone(), *SPAWN_EACH);
     run(count / 10).await;
     let clock = Clock::start();
     run(count).await;
@@ -342,10 +345,8 @@ fn wire_layers(outputs: &NamedTensors) -> anyhow::Result<()> {
 
 async fn queue_layers() -> anyhow::Result<()> {
     let spec = |name: &str| TensorSpec { name: name.to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
-    let echo: Arc<dyn Graph> = Arc::new(Echo(Signature { inputs: vec![spec("X")], outputs: vec![spec("X")] }));
-    let loaded = Loaded { graphs: vec![echo], memory: Vec::new() };
-    let queue =
-        ModelQueue::start("echo", "none", (loaded, Residence::default()), true, queue_settings(), Arc::default());
+    let signature = || Signature { inputs: vec![spec("X")], outputs: vec![spec("X")] };
+    let queue = queue_of("echo", Arc::new(Echo(signature())), queue_settings());
     let share = || Share::new("bench".into(), 1);
     let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
     measure_async(50_000, 1, || async {
@@ -362,42 +363,34 @@ async fn queue_layers() -> anyhow::Result<()> {
     })
     .await
     .row(&format!("queue hop, {CONCURRENCY} in flight (batches of up to 32)"));
-    gap_between_runs(spec).await;
+    gap_between_runs(signature).await;
     Ok(())
+}
+
+/// A queue serving `graph` alone, as loaded.
+fn queue_of(model: &str, graph: Arc<dyn Graph>, settings: QueueSettings) -> ModelQueue {
+    let loaded = Loaded { graphs: vec![graph], memory: Vec::new() };
+    ModelQueue::start(model, "none", (loaded, Residence::default()), true, settings, Arc::default())
 }
 
 /// A model whose queue is never empty, each job a whole batch: how long from one run to the
 /// next beyond the run itself (what the instance waits on the queue between runs).
-async fn gap_between_runs(spec: impl Fn(&str) -> TensorSpec) {
+async fn gap_between_runs(signature: impl Fn() -> Signature) {
     const IN_FLIGHT: usize = 8;
     const RUNS: usize = 4_000;
     for run in [Duration::from_micros(150), Duration::from_micros(1_000)] {
-        let graph: Arc<dyn Graph> =
-            Arc::new(Waits(Signature { inputs: vec![spec("X")], outputs: vec![spec("X")] }, run));
-        let loaded = Loaded { graphs: vec![graph], memory: Vec::new() };
         let settings = QueueSettings { max_batch_rows: 1, ..queue_settings() };
-        let queue = Arc::new(ModelQueue::start(
-            "waits",
-            "none",
-            (loaded, Residence::default()),
-            true,
-            settings,
-            Arc::default(),
-        ));
+        let queue = Arc::new(queue_of("waits", Arc::new(Waits(signature(), run)), settings));
         let runs = if run > Duration::from_micros(500) { RUNS / 4 } else { RUNS };
         let started = Instant::now();
-        let callers: Vec<_> = (0..IN_FLIGHT)
-            .map(|_| {
-                let queue = queue.clone();
-                tokio::spawn(async move {
-                    for _ in 0..runs / IN_FLIGHT {
-                        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-                        queue.compute(digits_row(), deadline, Share::new("bench".into(), 1)).await.expect("answered");
-                    }
-                })
-            })
-            .collect();
-        futures::future::join_all(callers).await;
+        let call = move || {
+            let queue = queue.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                queue.compute(digits_row(), deadline, Share::new("bench".into(), 1)).await.expect("answered");
+            }
+        };
+        closed_loops(IN_FLIGHT, runs, call, false).await;
         let per_run = started.elapsed() / (runs / IN_FLIGHT * IN_FLIGHT) as u32;
         println!(
             "{:<100} {:>8.1} µs from one run to the next, {:.1} µs of it between runs",
@@ -822,7 +815,7 @@ fn grpc_client_calls(connection: DuplexStream, request: ModelInferRequest) -> an
                 client.model_infer(call).await.expect("the call succeeds");
             }
         };
-        let run = |operations: usize| closed_loops(operations, call.clone(), false);
+        let run = |operations: usize| closed_loops(tasks(), operations, call.clone(), false);
         run(handler_ops() / 10).await;
         let (clock, client_cpu) = (Clock::start(), thread_cpu());
         run(handler_ops()).await;
