@@ -3,6 +3,8 @@
 //! ([`queue::BatchQueue`]), stacks compatible jobs from any tenant into one batch, runs it
 //! on a blocking thread of a free execution instance (one loaded copy of the graph; several
 //! batches run at once when a model has several) and splits the outputs back to each caller.
+//! While every instance runs and a full batch waits, that batch is handed to a running
+//! instance's thread, which runs it as its current run ends (`FollowOn`).
 //! [`admission`] refuses at once a job that cannot meet its deadline.
 //!
 //! The actor also owns the model's residency: a model with a [`Loader`] may leave memory
