@@ -1304,7 +1304,7 @@ impl Watch {
     }
 }
 
-/// A batch ready for an instance's thread, which runs it and answers its jobs.
+/// A batch ready for an instance's thread to run.
 struct ReadyRun {
     inputs: NamedTensors,
     prepared: Prepared,
@@ -1382,7 +1382,7 @@ impl Computed {
 
 /// The next batch for an instance's thread, handed to it while it runs one, so that it goes
 /// on without a hand-off: each batch's trip to a blocking thread and back held an instance
-/// 50-60 µs between runs, 10-15 µs this way (`cargo bench --bench layers -- queue`). Closed
+/// 55-75 µs between runs, 9-14 µs this way (`cargo bench --bench layers -- queue`). Closed
 /// once the thread has found nothing more and gone back; nothing is handed to it after.
 struct FollowOn(Mutex<Option<Option<ReadyRun>>>);
 
