@@ -1145,7 +1145,7 @@ async fn run_queue(
         threads.retain(|(_, follow_on)| !follow_on.is_closed());
         if resident.idle.is_empty() {
             for (device, follow_on) in &threads {
-                if state.rows() < policy.max_batch_rows {
+                if !state.holds_a_full_batch() {
                     break;
                 }
                 let (mut watch, mut unstackable) = (None, None);

@@ -133,6 +133,17 @@ impl<P> BatchQueue<P> {
         self.rows
     }
 
+    /// Rows that make a batch full: the largest preferred size, else the most a batch takes.
+    fn full_rows(&self) -> usize {
+        self.policy.preferred_batch_rows.iter().copied().max().unwrap_or(self.policy.max_batch_rows)
+    }
+
+    /// Whether a full batch waits (any job, for a model that does not batch): one that would
+    /// leave now, whatever the delay, and no bigger for waiting longer.
+    pub fn holds_a_full_batch(&self) -> bool {
+        !self.is_empty() && (!self.policy.batchable || self.rows >= self.full_rows())
+    }
+
     pub fn len(&self) -> usize {
         self.lanes.values().map(|lane| lane.jobs.len()).sum()
     }
@@ -206,8 +217,7 @@ impl<P> BatchQueue<P> {
     /// larger than the limit runs alone).
     pub fn pop_batch(&mut self, now: Instant) -> Option<Vec<Queued<P>>> {
         let due = self.next_due()?;
-        let full = self.policy.preferred_batch_rows.iter().copied().max().unwrap_or(self.policy.max_batch_rows);
-        if self.policy.batchable && now < due && self.rows < full {
+        if self.policy.batchable && now < due && self.rows < self.full_rows() {
             return None;
         }
         let first = self.next_job(None, usize::MAX)?;
@@ -402,6 +412,26 @@ mod tests {
         queue.push(job(2, 1, "x", t0));
         assert_eq!(ids(&queue.pop_batch(t0).expect("runs at once")), vec![1]);
         assert_eq!(ids(&queue.pop_batch(t0).expect("runs at once")), vec![2]);
+    }
+
+    #[test]
+    fn a_batch_is_full_at_the_largest_preferred_size_or_the_most_rows() {
+        let t0 = Instant::now();
+        let mut queue = BatchQueue::new(policy(4, true));
+        assert!(!queue.holds_a_full_batch());
+        (1..=3).for_each(|id| queue.push(job(id, 1, "x", t0)));
+        assert!(!queue.holds_a_full_batch(), "3 of 4 rows");
+        queue.push(job(4, 1, "x", t0));
+        assert!(queue.holds_a_full_batch(), "4 of 4 rows");
+        let mut queue = BatchQueue::new(QueuePolicy { preferred_batch_rows: vec![2, 3], ..policy(8, true) });
+        (1..=2).for_each(|id| queue.push(job(id, 1, "x", t0)));
+        assert!(!queue.holds_a_full_batch(), "2 rows: more may come for a batch of 3");
+        queue.push(job(3, 1, "x", t0));
+        assert!(queue.holds_a_full_batch(), "the largest preferred size");
+        assert_eq!(ids(&queue.pop_batch(t0).expect("leaves before its delay")), vec![1, 2, 3]);
+        let mut queue = BatchQueue::new(policy(8, false));
+        queue.push(job(1, 1, "x", t0));
+        assert!(queue.holds_a_full_batch(), "a model that does not batch: every job");
     }
 
     #[test]
