@@ -946,13 +946,7 @@ async fn run_queue(
     // Instances whose threads run now (their device), each with the slot that hands it its
     // next batch.
     let mut threads: Vec<(DeviceId, Arc<FollowOn>)> = Vec::new();
-    // The deadlines of batches handed to instances' threads and not answered yet.
-    let mut watched: Vec<Weak<Watch>> = Vec::new();
-    // One timer for them, armed at the earliest and moved only earlier: moving it later as
-    // batches end would re-register it on every batch, so it may go off early and is re-armed.
-    let overdue_timer = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(overdue_timer);
-    let mut overdue_armed: Option<std::time::Instant> = None;
+    let mut overdue = Overdue::new();
     let (mut closed, mut controls_closed) = (false, false);
     let mut arrivals = Arrivals::default();
     // What this queue added to `sluice_queue_depth`.
@@ -964,12 +958,6 @@ async fn run_queue(
         let idle_until = resident.idle_until(!running.is_empty() || !state.is_empty());
         let room_retry = resident.room_retry.filter(|_| !state.is_empty());
         let tick_due = resident.tick_due();
-        watched.retain(|watch| watch.upgrade().is_some_and(|watch| !watch.stop.is_stopped()));
-        let overdue_at = watched.iter().filter_map(Weak::upgrade).map(|watch| watch.deadline).min();
-        if let Some(at) = overdue_at.filter(|at| overdue_armed.is_none_or(|armed| *at < armed)) {
-            overdue_timer.as_mut().reset(at.into());
-            overdue_armed = Some(at);
-        }
         tokio::select! {
             job = receiver.recv(), if !closed => match job {
                 Some(job) => {
@@ -1018,12 +1006,8 @@ async fn run_queue(
             () = sleep_until_due(idle_until), if idle_until.is_some() => {
                 resident.unload(&execution, "idle");
             }
-            () = &mut overdue_timer, if overdue_armed.is_some() => {
-                overdue_armed = None;
-                let now = std::time::Instant::now();
-                for watch in watched.iter().filter_map(Weak::upgrade).filter(|watch| watch.deadline <= now) {
-                    watch.expire(execution.answered_at());
-                }
+            () = &mut overdue.timer, if overdue.armed.is_some() => {
+                overdue.expire(execution.answered_at());
                 // Batches waiting for a running instance are answered now, not after its run.
                 for expired in threads.iter().filter_map(|(_, follow_on)| follow_on.take_expired()) {
                     expired.answer_expired();
@@ -1123,8 +1107,9 @@ async fn run_queue(
                 continue;
             }
             let (first, watch) = ReadyRun::of(&execution, device, prepared, inputs);
-            watched.push(watch);
+            overdue.watch(watch);
             let follow_on = FollowOn::open();
+            threads.retain(|(_, follow_on)| !follow_on.is_closed());
             threads.push((device, follow_on.clone()));
             let runtime = tokio::runtime::Handle::current();
             running.spawn(async move {
@@ -1142,8 +1127,8 @@ async fn run_queue(
         }
         // Every instance runs and a full batch waits: an instance's thread takes it as its run
         // ends. Only a full one, so no batch is cut smaller than it would have been.
-        threads.retain(|(_, follow_on)| !follow_on.is_closed());
         if resident.idle.is_empty() {
+            threads.retain(|(_, follow_on)| !follow_on.is_closed());
             for (device, follow_on) in &threads {
                 if !state.holds_a_full_batch() {
                     break;
@@ -1159,7 +1144,7 @@ async fn run_queue(
                     watch = Some(watching);
                     Some(ready)
                 });
-                watched.extend(watch);
+                watch.into_iter().for_each(|watch| overdue.watch(watch));
                 if let Some(prepared) = unstackable {
                     let span = prepared.compute_span(&execution.model);
                     span.in_scope(|| finish(&execution, *device, prepared, None, None));
@@ -1304,6 +1289,55 @@ impl Watch {
     }
 }
 
+/// The deadlines of batches handed to instances' threads and not answered yet, and one timer
+/// for them: armed at the earliest and moved only earlier (moving it later as batches end
+/// would re-register it on every batch), so it may go off early and is then re-armed. Kept
+/// up to date as batches are handed, not on each pass of the queue's loop.
+struct Overdue {
+    watched: Vec<Weak<Watch>>,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    armed: Option<std::time::Instant>,
+}
+
+impl Overdue {
+    fn new() -> Self {
+        Self { watched: Vec::new(), timer: Box::pin(tokio::time::sleep(Duration::ZERO)), armed: None }
+    }
+
+    fn is_live(watch: &Weak<Watch>) -> bool {
+        watch.upgrade().is_some_and(|watch| !watch.stop.is_stopped())
+    }
+
+    fn watch(&mut self, watch: Weak<Watch>) {
+        self.watched.retain(Self::is_live);
+        if let Some(deadline) = watch.upgrade().map(|watch| watch.deadline) {
+            self.watched.push(watch);
+            self.arm(deadline);
+        }
+    }
+
+    fn arm(&mut self, at: std::time::Instant) {
+        if self.armed.is_none_or(|armed| at < armed) {
+            self.timer.as_mut().reset(at.into());
+            self.armed = Some(at);
+        }
+    }
+
+    /// The timer went off: stop the runs whose callers' deadlines have all passed, and
+    /// re-arm for the earliest left.
+    fn expire(&mut self, answered_at: Option<std::time::Instant>) {
+        self.armed = None;
+        let now = std::time::Instant::now();
+        for watch in self.watched.iter().filter_map(Weak::upgrade).filter(|watch| watch.deadline <= now) {
+            watch.expire(answered_at);
+        }
+        self.watched.retain(Self::is_live);
+        if let Some(earliest) = self.watched.iter().filter_map(Weak::upgrade).map(|watch| watch.deadline).min() {
+            self.arm(earliest);
+        }
+    }
+}
+
 /// A batch ready for an instance's thread to run.
 struct ReadyRun {
     inputs: NamedTensors,
@@ -1333,32 +1367,33 @@ impl ReadyRun {
     /// Answer its jobs as jobs expiring in the queue: every caller's deadline passed before
     /// its run began.
     fn answer_expired(self) {
-        let Self { prepared, watch, execution, device, .. } = self;
-        let answered_before = *watch.answered_by_deadline.lock().unwrap_or_else(PoisonError::into_inner);
-        finish(&execution, device, prepared, Some((Ran::Expired, watch.stop.clone())), answered_before);
+        self.not_run(Ran::Expired).answer();
     }
 
     /// Answer its jobs with the failure of the thread that was to run it.
     fn answer_failed(self) {
+        self.not_run(Ran::Panicked).answer();
+    }
+
+    /// What answering its jobs needs, without a run.
+    fn not_run(self, ran: Ran) -> Computed {
         let Self { prepared, watch, execution, device, .. } = self;
-        finish(&execution, device, prepared, Some((Ran::Panicked, watch.stop.clone())), None);
+        let answered_before = *watch.answered_by_deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        Computed { execution, device, prepared, ran, stop: watch.stop.clone(), answered_before }
     }
 
     /// Run it unless its deadline has passed; what answering its jobs needs.
     fn compute(self, graph: &dyn Graph) -> Computed {
+        if self.watch.stop.is_stopped() {
+            return self.not_run(Ran::Expired);
+        }
         let Self { inputs, prepared, watch, execution, device } = self;
         let stop = watch.stop.clone();
-        let (ran, answered_before) = if stop.is_stopped() {
-            let answered = *watch.answered_by_deadline.lock().unwrap_or_else(PoisonError::into_inner);
-            (Ran::Expired, answered)
-        } else {
-            // The span is the run's: it ends as the run does, before the next one begins.
-            let span = prepared.compute_span(&execution.model);
-            (span.in_scope(|| Ran::of(graph, inputs, &stop)), None)
-        };
-        // Ran: the queue stops watching it.
+        // The span is the run's: it ends as the run does, before the next one begins.
+        let ran = prepared.compute_span(&execution.model).in_scope(|| Ran::of(graph, inputs, &stop));
+        // Ran: the queue stops watching it (not before: it stops the run at the deadline).
         drop(watch);
-        Computed { execution, device, prepared, ran, stop, answered_before }
+        Computed { execution, device, prepared, ran, stop, answered_before: None }
     }
 }
 
