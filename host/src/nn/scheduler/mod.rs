@@ -1088,24 +1088,27 @@ async fn run_queue(
             let mut prepared = prepare(&execution, batch);
             let device = graph.device();
             let execution = execution.clone();
-            let Some(inputs) = prepared.stacked.take() else {
+            let Some(inputs) = prepared.inputs.take() else {
                 resident.idle.push(graph);
                 let span = prepared.compute_span(&execution.model);
                 span.in_scope(|| finish(&execution, device, prepared, None, None));
                 continue;
             };
             let rows = prepared.rows.iter().sum();
-            if alone && execution.row_time.runs_in_place(rows) {
-                let span = prepared.compute_span(&execution.model);
-                let ran = async move {
-                    let (stop, began) = (Stop::default(), std::time::Instant::now());
-                    let ran = Ran::of(&*graph, inputs, &stop);
-                    finish(&execution, device, prepared, Some((ran, stop)), None);
-                    (graph, began.elapsed())
-                };
-                running.spawn(ran.instrument(span));
-                continue;
-            }
+            let inputs = match inputs {
+                Inputs::Stacked(inputs) if alone && execution.row_time.runs_in_place(rows) => {
+                    let span = prepared.compute_span(&execution.model);
+                    let ran = async move {
+                        let (stop, began) = (Stop::default(), std::time::Instant::now());
+                        let ran = Ran::of(&*graph, inputs, &stop);
+                        finish(&execution, device, prepared, Some((ran, stop)), None);
+                        (graph, began.elapsed())
+                    };
+                    running.spawn(ran.instrument(span));
+                    continue;
+                }
+                inputs => inputs,
+            };
             let (first, watch) = ReadyRun::of(&execution, device, prepared, inputs);
             overdue.watch(watch);
             let follow_on = FollowOn::open();
@@ -1116,6 +1119,7 @@ async fn run_queue(
                 let began = std::time::Instant::now();
                 let (instance, thread) = (graph.clone(), follow_on.clone());
                 match tokio::task::spawn_blocking(move || thread.run_from(&*instance, first, &runtime)).await {
+                    Ok(last) if last.is_large() => drop(tokio::task::spawn_blocking(move || last.answer())),
                     Ok(last) => last.answer(),
                     // A panic outside the engine's run (which is caught) leaves that batch's
                     // callers without an answer (their channels close); one handed on behind
@@ -1136,10 +1140,11 @@ async fn run_queue(
                 let (mut watch, mut unstackable) = (None, None);
                 follow_on.offer(|| {
                     let mut prepared = prepare(&execution, state.pop_batch(due_at)?);
-                    let Some(inputs) = prepared.stacked.take() else {
+                    let Some(inputs) = prepared.inputs.take() else {
                         unstackable = Some(prepared);
                         return None;
                     };
+                    let inputs = inputs.stacking_meanwhile();
                     let (ready, watching) = ReadyRun::of(&execution, *device, prepared, inputs);
                     watch = Some(watching);
                     Some(ready)
@@ -1184,6 +1189,8 @@ enum Ran {
     Expired,
     /// The engine panicked.
     Panicked,
+    /// The jobs' inputs did not stack into one batch: not run.
+    NotStacked,
 }
 
 impl Ran {
@@ -1197,10 +1204,10 @@ impl Ran {
     }
 }
 
-/// A batch taken off the queue, its inputs stacked, with what answering its jobs needs.
+/// A batch taken off the queue, with its inputs and what answering its jobs needs.
 struct Prepared {
     /// `None` when the jobs' inputs could not be stacked (or padded) into one batch.
-    stacked: Option<NamedTensors>,
+    inputs: Option<Inputs>,
     replies: Vec<oneshot::Sender<Result<NamedTensors, ComputeError>>>,
     rows: Vec<usize>,
     tenants: Vec<Arc<str>>,
@@ -1210,13 +1217,14 @@ struct Prepared {
     /// Each job's length along the padded axis and the longest, where they were padded.
     padded: Option<(Vec<usize>, usize)>,
     last_deadline: std::time::Instant,
-    started: std::time::Instant,
-    stacked_at: std::time::Instant,
+    /// How long stacking its inputs took, wherever that was done.
+    stack_time: Duration,
     /// The callers' spans, which the batch's compute span links to once its run begins.
     job_spans: Vec<tracing::Span>,
 }
 
-/// Take a batch off the queue's books and stack its inputs (no engine call).
+/// Take a batch off the queue's books and stack its inputs, unless that is a large copy (no
+/// engine call).
 fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let Execution { stats, backlog, padding, .. } = execution;
     let started = std::time::Instant::now();
@@ -1239,12 +1247,13 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
         batch.into_iter().map(|j| (j.payload.inputs, j.payload.reply)).unzip();
     // Jobs of different lengths along a padded axis share this batch: pad them to the longest.
     let padded = padding.as_deref().filter(|_| inputs.len() > 1).map(|rule| rule.pad(&mut inputs));
-    let stacked = match padded {
+    let inputs = match padded {
         Some(None) => None,
-        _ => stack(inputs),
+        _ if inputs.len() > 1 && byte_len(inputs.iter().flatten()) > LARGE_BATCH_BYTES => Some(Inputs::Apart(inputs)),
+        _ => stack(inputs).map(Inputs::Stacked),
     };
     Prepared {
-        stacked,
+        inputs,
         replies,
         rows,
         tenants,
@@ -1253,9 +1262,56 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
         enqueued,
         padded: padded.flatten(),
         last_deadline,
-        started,
-        stacked_at: std::time::Instant::now(),
+        stack_time: started.elapsed(),
         job_spans,
+    }
+}
+
+/// Above this many bytes of inputs (or outputs), a batch is stacked (or split) on a blocking
+/// thread, not on the runtime's: the copy of 64 images of 3×224×224 f32 (38.5 MB) held a
+/// runtime thread for 10-30 ms, and every other model's jobs waiting on it (`cargo bench
+/// --bench layers -- queue`). Below, the copy costs less than a hand-off to another thread.
+const LARGE_BATCH_BYTES: usize = 1 << 20;
+
+fn byte_len<'a>(tensors: impl IntoIterator<Item = &'a (String, Tensor)>) -> usize {
+    tensors.into_iter().map(|(_, tensor)| tensor.data().len()).sum()
+}
+
+/// A batch's inputs on their way to its run.
+enum Inputs {
+    /// Stacked into one batch.
+    Stacked(NamedTensors),
+    /// Each job's, to be stacked by the instance's thread before the run (a large batch).
+    Apart(Vec<NamedTensors>),
+    /// Being stacked on a blocking thread while the instance's current run goes on (a large
+    /// batch handed on): the stacked batch, or `None`, and how long stacking took.
+    Stacking(std::sync::mpsc::Receiver<(Option<NamedTensors>, Duration)>),
+}
+
+impl Inputs {
+    /// A large batch handed on to a running instance: stacked meanwhile on a blocking thread.
+    fn stacking_meanwhile(self) -> Self {
+        let Self::Apart(jobs) = self else { return self };
+        let (stacked, stacking) = std::sync::mpsc::sync_channel(1);
+        tokio::task::spawn_blocking(move || {
+            let began = std::time::Instant::now();
+            let batch = stack(jobs);
+            let _ = stacked.send((batch, began.elapsed()));
+        });
+        Self::Stacking(stacking)
+    }
+
+    /// The stacked batch (`None` if the jobs' inputs do not stack), and how long stacking it
+    /// took here. Blocks: on an instance's thread only.
+    fn into_batch(self) -> (Option<NamedTensors>, Duration) {
+        match self {
+            Self::Stacked(batch) => (Some(batch), Duration::ZERO),
+            Self::Apart(jobs) => {
+                let began = std::time::Instant::now();
+                (stack(jobs), began.elapsed())
+            }
+            Self::Stacking(stacking) => stacking.recv().unwrap_or((None, Duration::ZERO)),
+        }
     }
 }
 
@@ -1340,7 +1396,7 @@ impl Overdue {
 
 /// A batch ready for an instance's thread to run.
 struct ReadyRun {
-    inputs: NamedTensors,
+    inputs: Inputs,
     prepared: Prepared,
     watch: Arc<Watch>,
     execution: Arc<Execution>,
@@ -1349,12 +1405,7 @@ struct ReadyRun {
 
 impl ReadyRun {
     /// `prepared`'s batch for an instance's thread, and its deadline for the queue to watch.
-    fn of(
-        execution: &Arc<Execution>,
-        device: DeviceId,
-        prepared: Prepared,
-        inputs: NamedTensors,
-    ) -> (Self, Weak<Watch>) {
+    fn of(execution: &Arc<Execution>, device: DeviceId, prepared: Prepared, inputs: Inputs) -> (Self, Weak<Watch>) {
         let watch = Arc::new(Watch {
             deadline: prepared.last_deadline,
             stop: Stop::default(),
@@ -1387,10 +1438,15 @@ impl ReadyRun {
         if self.watch.stop.is_stopped() {
             return self.not_run(Ran::Expired);
         }
-        let Self { inputs, prepared, watch, execution, device } = self;
+        let Self { inputs, mut prepared, watch, execution, device } = self;
         let stop = watch.stop.clone();
+        let (inputs, stack_time) = inputs.into_batch();
+        prepared.stack_time += stack_time;
         // The span is the run's: it ends as the run does, before the next one begins.
-        let ran = prepared.compute_span(&execution.model).in_scope(|| Ran::of(graph, inputs, &stop));
+        let ran = match inputs {
+            Some(inputs) => prepared.compute_span(&execution.model).in_scope(|| Ran::of(graph, inputs, &stop)),
+            None => Ran::NotStacked,
+        };
         // Ran: the queue stops watching it (not before: it stops the run at the deadline).
         drop(watch);
         Computed { execution, device, prepared, ran, stop, answered_before: None }
@@ -1409,6 +1465,19 @@ struct Computed {
 }
 
 impl Computed {
+    /// Whether its outputs are so large that splitting them is for a blocking thread.
+    fn is_large(&self) -> bool {
+        matches!(&self.ran, Ran::Ended(Ok(outputs), ..) if byte_len(outputs) > LARGE_BATCH_BYTES)
+    }
+
+    /// Answer it from `runtime`: from a task, or from a blocking thread where it is large.
+    fn answer_on(self, runtime: &tokio::runtime::Handle) {
+        match self.is_large() {
+            true => drop(runtime.spawn_blocking(move || self.answer())),
+            false => drop(runtime.spawn(async move { self.answer() })),
+        }
+    }
+
     fn answer(self) {
         let Self { execution, device, prepared, ran, stop, answered_before } = self;
         finish(&execution, device, prepared, Some((ran, stop)), answered_before);
@@ -1465,7 +1534,7 @@ impl FollowOn {
                 return computed;
             };
             drop(slot);
-            runtime.spawn(async move { computed.answer() });
+            computed.answer_on(runtime);
             current = next;
         }
     }
@@ -1499,8 +1568,7 @@ fn finish(
     answered_before: Option<std::time::Instant>,
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
-    let Prepared { replies, rows, tenants, bills, waits, enqueued, padded, last_deadline, stacked_at, started, .. } =
-        prepared;
+    let Prepared { replies, rows, tenants, bills, waits, enqueued, padded, last_deadline, stack_time, .. } = prepared;
     let device = device.label();
     let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
     // A run stopped at its callers' deadlines is the model's fault only when they gave it
@@ -1533,8 +1601,8 @@ fn finish(
                 Err(err) => Err(backend_error(err.to_string())),
             }
         }
+        Some((Ran::NotStacked, _)) | None => Err(backend_error("batched inputs could not be stacked".to_string())),
         Some((_, _)) => Err(backend_error("the engine panicked running this batch".to_string())),
-        None => Err(backend_error("batched inputs could not be stacked".to_string())),
     };
     execution.answered(std::time::Instant::now());
     let unstack_started = std::time::Instant::now();
@@ -1550,7 +1618,7 @@ fn finish(
         Ok(per_job)
     });
     let tenant_rows: Vec<(&str, usize)> = tenants.iter().map(|t| &**t).zip(rows.iter().copied()).collect();
-    stats.execution(&tenant_rows, stacked_at - started, infer_time, unstack_started.elapsed());
+    stats.execution(&tenant_rows, stack_time, infer_time, unstack_started.elapsed());
     metrics().batch(series, waits, total_rows, infer_time);
     // Charged before anyone is answered, so a request's bill is complete once it has its outputs.
     charge(execution, (infer_time, &device), (&rows, &tenants, &bills));
@@ -1965,6 +2033,72 @@ mod tests {
         }
         assert!(results[17].is_err(), "the panicking job is answered with an error");
         assert!(queue.compute(row(), deadline, share()).await.is_ok(), "the instance serves on");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn large_batches_are_stacked_and_split_off_the_runtimes_thread() {
+        // Jobs of 8 MiB, eight a batch, three batches on two instances (the third handed on to
+        // a running one): each batch a 64 MiB copy in and out. Copied on the runtime's one
+        // thread, they would hold every other task (other models' jobs, the network) as long.
+        const FLOATS: usize = 2 << 20;
+        let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(FLOATS)] };
+        let signature = Signature { inputs: vec![spec.clone()], outputs: vec![spec] };
+        // Runs of 30 ms that leave the CPU free, as a GPU's do.
+        let run_ms = Arc::new(AtomicU64::new(30));
+        let graphs = (0..2).map(|_| Arc::new(Sleepy(signature.clone(), run_ms.clone())) as Arc<dyn Graph>).collect();
+        let loaded = Loaded { graphs, memory: Vec::new() };
+        let settings = QueueSettings { max_batch_rows: 8, instances: 2, ..settings() };
+        let queue = ModelQueue::start("large", "none", (loaded, Residence::default()), true, settings, Arc::default());
+        let job = |fill: u8| {
+            let tensor = Tensor::new(ElementType::F32, vec![1, FLOATS], vec![fill; FLOATS * 4]).expect("a tensor");
+            vec![("X".to_string(), tensor)]
+        };
+        // What one batch's copies take on this machine as the test runs.
+        let parts = (0..8).map(job).collect();
+        let began = thread_cpu();
+        let batch = stack(parts).expect("a batch");
+        let stacked = thread_cpu();
+        drop(unstack(batch, &[1; 8]));
+        let copy = (stacked - began).min(thread_cpu() - stacked);
+
+        let jobs: Vec<NamedTensors> = (0..24).map(job).collect();
+        let ticking = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let ticker = tokio::spawn({
+            let ticking = ticking.clone();
+            // The runtime's thread's CPU time between ticks: what it ran meanwhile, however
+            // often the machine took the CPU away.
+            async move {
+                let (mut longest, mut last) = (Duration::ZERO, thread_cpu());
+                while ticking.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    longest = longest.max(thread_cpu() - last);
+                    last = thread_cpu();
+                }
+                longest
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let results =
+            futures::future::join_all(jobs.into_iter().map(|inputs| queue.compute(inputs, deadline, share()))).await;
+        ticking.store(false, Ordering::SeqCst);
+        let longest = ticker.await.expect("the ticker ran");
+        for (fill, result) in results.into_iter().enumerate() {
+            let outputs = result.unwrap_or_else(|err| panic!("job {fill}: {err}"));
+            let ok = outputs[0].1.rows() == 1 && outputs[0].1.data().iter().all(|&byte| byte == fill as u8);
+            assert!(ok, "job {fill} got another's outputs");
+        }
+        assert!(longest < copy / 2, "the runtime's thread ran {longest:?} at a stretch; a batch's copy takes {copy:?}");
+    }
+
+    /// The calling thread's CPU time.
+    fn thread_cpu() -> Duration {
+        let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec into the pointer it is given.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now);
+        }
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
     }
 
     fn stalled(result: &Result<NamedTensors, ComputeError>) -> Option<bool> {
