@@ -1268,9 +1268,9 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
 }
 
 /// Above this many bytes of inputs (or outputs), a batch is stacked (or split) on a blocking
-/// thread, not on the runtime's: the copy of 64 images of 3×224×224 f32 (38.5 MB) held a
-/// runtime thread for 10-30 ms, and every other model's jobs waiting on it (`cargo bench
-/// --bench layers -- queue`). Below, the copy costs less than a hand-off to another thread.
+/// thread, not on the runtime's: a 64 MiB batch's copy takes ~30 ms, and on a runtime thread it
+/// held every other model's jobs behind it (another model's p99 17-37 ms, 6-10 ms since:
+/// `cargo bench --bench layers -- queue`). Below, the copy costs less than a hand-off.
 const LARGE_BATCH_BYTES: usize = 1 << 20;
 
 fn byte_len<'a>(tensors: impl IntoIterator<Item = &'a (String, Tensor)>) -> usize {
