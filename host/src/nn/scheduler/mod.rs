@@ -1521,9 +1521,9 @@ impl FollowOn {
     }
 
     /// On the instance's blocking thread: run `first`, then each batch handed on meanwhile.
-    /// Each batch but the last is answered from a task on `runtime` as the next one runs
-    /// (one wake from this thread, not one a caller); the last is returned, for the task that
-    /// waits on this thread to answer.
+    /// Each batch but the last is answered from `runtime` as the next one runs (one wake from
+    /// this thread, not one a caller; see [`Computed::answer_on`]); the last is returned, for
+    /// the task that waits on this thread to answer.
     fn run_from(&self, graph: &dyn Graph, first: ReadyRun, runtime: &tokio::runtime::Handle) -> Computed {
         let mut current = first;
         loop {
