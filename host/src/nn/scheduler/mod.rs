@@ -1090,8 +1090,7 @@ async fn run_queue(
             let execution = execution.clone();
             let Some(inputs) = prepared.inputs.take() else {
                 resident.idle.push(graph);
-                let span = prepared.compute_span(&execution.model);
-                span.in_scope(|| finish(&execution, device, prepared, None, None));
+                prepared.answer_not_stacked(&execution, device);
                 continue;
             };
             let rows = prepared.rows.iter().sum();
@@ -1101,7 +1100,7 @@ async fn run_queue(
                     let ran = async move {
                         let (stop, began) = (Stop::default(), std::time::Instant::now());
                         let ran = Ran::of(&*graph, inputs, &stop);
-                        finish(&execution, device, prepared, Some((ran, stop)), None);
+                        finish(&execution, device, prepared, (ran, stop), None);
                         (graph, began.elapsed())
                     };
                     running.spawn(ran.instrument(span));
@@ -1119,8 +1118,7 @@ async fn run_queue(
                 let began = std::time::Instant::now();
                 let (instance, thread) = (graph.clone(), follow_on.clone());
                 match tokio::task::spawn_blocking(move || thread.run_from(&*instance, first, &runtime)).await {
-                    Ok(last) if last.is_large() => drop(tokio::task::spawn_blocking(move || last.answer())),
-                    Ok(last) => last.answer(),
+                    Ok(last) => last.answer_here_unless_large(),
                     // A panic outside the engine's run (which is caught) leaves that batch's
                     // callers without an answer (their channels close); one handed on behind
                     // it is answered. The instance stays.
@@ -1151,8 +1149,7 @@ async fn run_queue(
                 });
                 watch.into_iter().for_each(|watch| overdue.watch(watch));
                 if let Some(prepared) = unstackable {
-                    let span = prepared.compute_span(&execution.model);
-                    span.in_scope(|| finish(&execution, *device, prepared, None, None));
+                    prepared.answer_not_stacked(&execution, *device);
                 }
             }
         }
@@ -1316,6 +1313,12 @@ impl Inputs {
 }
 
 impl Prepared {
+    /// Answer its jobs: their inputs did not stack (or pad) into one batch.
+    fn answer_not_stacked(self, execution: &Execution, device: DeviceId) {
+        let span = self.compute_span(&execution.model);
+        span.in_scope(|| finish(execution, device, self, (Ran::NotStacked, Stop::default()), None));
+    }
+
     /// The batch's compute span, begun as its run begins (a batch waiting for its instance's
     /// thread is not computing yet).
     fn compute_span(&self, model: &str) -> tracing::Span {
@@ -1478,9 +1481,17 @@ impl Computed {
         }
     }
 
+    /// Answer it on this runtime task, or from a blocking thread where it is large.
+    fn answer_here_unless_large(self) {
+        match self.is_large() {
+            true => drop(tokio::task::spawn_blocking(move || self.answer())),
+            false => self.answer(),
+        }
+    }
+
     fn answer(self) {
         let Self { execution, device, prepared, ran, stop, answered_before } = self;
-        finish(&execution, device, prepared, Some((ran, stop)), answered_before);
+        finish(&execution, device, prepared, (ran, stop), answered_before);
     }
 }
 
@@ -1564,7 +1575,7 @@ fn finish(
     execution: &Execution,
     device: DeviceId,
     prepared: Prepared,
-    ran: Option<(Ran, Stop)>,
+    (ran, stop): (Ran, Stop),
     answered_before: Option<std::time::Instant>,
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
@@ -1580,16 +1591,16 @@ fn finish(
     };
     let total_rows = rows.iter().sum();
     let mut infer_time = Duration::ZERO;
-    if let Some((Ran::Expired, _)) = ran {
-        // As a job expiring in the queue: the model's fault when it answered nothing since.
-        for (reply, enqueued) in replies.into_iter().zip(enqueued) {
-            let stalled = answered_before.is_none_or(|answered| answered < enqueued);
-            let _ = reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string(), stalled }));
-        }
-        return;
-    }
     let result = match ran {
-        Some((Ran::Ended(outcome, took, began), stop)) => {
+        Ran::Expired => {
+            // As a job expiring in the queue: the model's fault when it answered nothing since.
+            for (reply, enqueued) in replies.into_iter().zip(enqueued) {
+                let stalled = answered_before.is_none_or(|answered| answered < enqueued);
+                let _ = reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string(), stalled }));
+            }
+            return;
+        }
+        Ran::Ended(outcome, took, began) => {
             infer_time = took;
             if outcome.is_ok() {
                 execution.row_time.record(total_rows, took);
@@ -1601,8 +1612,8 @@ fn finish(
                 Err(err) => Err(backend_error(err.to_string())),
             }
         }
-        Some((Ran::NotStacked, _)) | None => Err(backend_error("batched inputs could not be stacked".to_string())),
-        Some((_, _)) => Err(backend_error("the engine panicked running this batch".to_string())),
+        Ran::NotStacked => Err(backend_error("batched inputs could not be stacked".to_string())),
+        Ran::Panicked => Err(backend_error("the engine panicked running this batch".to_string())),
     };
     execution.answered(std::time::Instant::now());
     let unstack_started = std::time::Instant::now();
