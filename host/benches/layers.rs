@@ -352,23 +352,65 @@ async fn queue_layers() -> anyhow::Result<()> {
     let queue = queue_of("echo", Arc::new(Echo(signature())), queue_settings());
     let share = || Share::new("bench".into(), 1);
     let deadline = || tokio::time::Instant::now() + Duration::from_secs(10);
-    measure_async(50_000, 1, || async {
-        queue.compute(digits_row(), deadline(), share()).await.expect("answered");
-    })
-    .await
-    .row("queue hop (submit → batch → reply, no model), 1 in flight");
-    let queue = &queue;
-    measure_async(100_000, CONCURRENCY, || async move {
-        let calls = (0..CONCURRENCY).map(|_| async move {
+    let row = "queue hop (submit → batch → reply, no model), 1 in flight";
+    if wanted(row) {
+        measure_async(50_000, 1, || async {
             queue.compute(digits_row(), deadline(), share()).await.expect("answered");
-        });
-        futures::future::join_all(calls).await;
-    })
-    .await
-    .row(&format!("queue hop, {CONCURRENCY} in flight (batches of up to 32)"));
-    gap_between_runs(signature).await;
-    large_batches(signature).await;
+        })
+        .await
+        .row(row);
+    }
+    let row = format!("queue hop, {CONCURRENCY} in flight (batches of up to 32)");
+    if wanted(&row) {
+        let queue = &queue;
+        measure_async(100_000, CONCURRENCY, || async move {
+            let calls = (0..CONCURRENCY).map(|_| async move {
+                queue.compute(digits_row(), deadline(), share()).await.expect("answered");
+            });
+            futures::future::join_all(calls).await;
+        })
+        .await
+        .row(&row);
+    }
+    one_row_callers(signature).await;
+    if wanted("between runs") {
+        gap_between_runs(signature).await;
+    }
+    if wanted("images") {
+        large_batches(signature).await;
+    }
     Ok(())
+}
+
+/// Many callers of one-row jobs, each a task in a closed loop, batched up to 128 rows on one
+/// instance that answers at once (Triton's dynamic batcher's use: perf_analyzer's clients send
+/// one row each): the queue's CPU per job, which bounds a model's rows a second whatever its
+/// engine (the queue's own task books every job). Four tenants' jobs share the batches.
+async fn one_row_callers(signature: impl Fn() -> Signature) {
+    const CALLERS: usize = 256;
+    const TENANTS: usize = 4;
+    let row = format!("queue hop, {CALLERS} callers of one-row jobs, {TENANTS} tenants (batches of up to 128)");
+    if !wanted(&row) {
+        return;
+    }
+    let settings = QueueSettings { max_batch_rows: 128, capacity: 4 * CALLERS, ..queue_settings() };
+    let queue = Arc::new(queue_of("echo-128", Arc::new(Echo(signature())), settings));
+    let job = Arc::new(AtomicUsize::new(0));
+    let tenants: Arc<[Arc<str>]> = (0..TENANTS).map(|t| Arc::from(format!("tenant-{t}"))).collect();
+    let call = move || {
+        let queue = queue.clone();
+        let tenant = tenants[job.fetch_add(1, Ordering::Relaxed) % TENANTS].clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            queue.compute(digits_row(), deadline, Share::new(tenant, 1)).await.expect("answered");
+        }
+    };
+    let run = |jobs: usize| closed_loops(CALLERS, jobs, call.clone(), false);
+    run(40_000).await;
+    let (clock, before) = (Clock::start(), BatchRows::now());
+    let jobs = env_number("OPS").filter(|&n| n > CALLERS).unwrap_or(400_000);
+    run(jobs).await;
+    clock.per_op(jobs / CALLERS * CALLERS).row(&before.label(&row));
 }
 
 /// A queue serving `graph` alone, as loaded.

@@ -17,8 +17,13 @@ pub struct DurationCounter {
 
 impl DurationCounter {
     pub fn record(&self, duration: Duration) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.ns.fetch_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.record_many(1, duration);
+    }
+
+    /// Record `count` events that took `total` together.
+    pub fn record_many(&self, count: u64, total: Duration) {
+        self.count.fetch_add(count, Ordering::Relaxed);
+        self.ns.fetch_add(u64::try_from(total.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// (count, total ns)

@@ -66,29 +66,47 @@ pub fn decide(outlook: Outlook, rows: usize, budget: Duration) -> Verdict {
 /// Rows waiting in a queue, per tenant: added when a job is sent, removed when it leaves
 /// the queue (into a batch, expired or abandoned).
 #[derive(Debug, Default)]
-pub struct Backlog {
-    /// Per tenant: (jobs, rows, weight).
-    tenants: Mutex<HashMap<Arc<str>, (usize, usize, u32)>>,
+pub struct Backlog(Mutex<Waiting>);
+
+/// What waits, per tenant and in all: the totals are kept as they change, so a job's outlook
+/// is one lookup under the lock, not a walk over every tenant's.
+#[derive(Debug, Default)]
+struct Waiting {
+    /// Per tenant with waiting jobs: (jobs, rows, weight).
+    tenants: HashMap<Arc<str>, (usize, usize, u32)>,
+    jobs: usize,
+    rows: usize,
+    /// The sum of those tenants' weights.
+    weight: u32,
 }
 
 impl Backlog {
     /// Record a job's rows; returns the outlook the job met (itself excluded).
     pub fn add(&self, share: &Share, rows: usize, max_batch_rows: usize, time_per_batch: Option<Duration>) -> Outlook {
-        let mut tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let waiting_jobs = tenants.values().map(|(jobs, _, _)| jobs).sum();
-        let waiting_rows = tenants.values().map(|(_, rows, _)| rows).sum();
-        let tenant_rows = tenants.get(&share.tenant).map_or(0, |(_, rows, _)| *rows);
-        let others: u32 = tenants.iter().filter(|(t, _)| **t != share.tenant).map(|(_, (_, _, w))| *w).sum();
-        let entry = tenants.entry(share.tenant.clone()).or_insert((0, 0, share.weight.max(1)));
-        entry.0 += 1;
-        entry.1 += rows;
-        entry.2 = share.weight.max(1);
+        let mut waiting = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (waiting_jobs, waiting_rows) = (waiting.jobs, waiting.rows);
+        let weight = share.weight.max(1);
+        let (tenant_rows, former_weight) = match waiting.tenants.get_mut(&share.tenant) {
+            Some(entry) => {
+                let seen = (entry.1, entry.2);
+                *entry = (entry.0 + 1, entry.1 + rows, weight);
+                seen
+            }
+            None => {
+                waiting.tenants.insert(share.tenant.clone(), (1, rows, weight));
+                (0, 0)
+            }
+        };
+        let others = waiting.weight - former_weight;
+        waiting.jobs += 1;
+        waiting.rows += rows;
+        waiting.weight = others + weight;
         Outlook {
             waiting_jobs,
             waiting_rows,
             tenant_rows,
-            tenant_weight: share.weight.max(1),
-            active_weight: others + share.weight.max(1),
+            tenant_weight: weight,
+            active_weight: others + weight,
             max_batch_rows,
             time_per_batch,
         }
@@ -96,20 +114,31 @@ impl Backlog {
 
     /// Forget a job (of `rows` rows) that left the queue.
     pub fn remove(&self, tenant: &Arc<str>, rows: usize) {
-        let mut tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(entry) = tenants.get_mut(tenant) {
-            entry.0 = entry.0.saturating_sub(1);
-            entry.1 = entry.1.saturating_sub(rows);
-            if entry.0 == 0 {
-                tenants.remove(tenant);
+        self.remove_jobs([(tenant, 1, rows)]);
+    }
+
+    /// Forget jobs that left the queue together, as (tenant, jobs, rows): a batch's, under
+    /// one lock.
+    pub fn remove_jobs<'a>(&self, left: impl IntoIterator<Item = (&'a Arc<str>, usize, usize)>) {
+        let mut waiting = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (tenant, jobs, rows) in left {
+            let Some(entry) = waiting.tenants.get_mut(tenant) else { continue };
+            let (jobs, rows) = (jobs.min(entry.0), rows.min(entry.1));
+            *entry = (entry.0 - jobs, entry.1 - rows, entry.2);
+            let gone = (entry.0 == 0).then_some(entry.2);
+            waiting.jobs -= jobs;
+            waiting.rows -= rows;
+            if let Some(weight) = gone {
+                waiting.tenants.remove(tenant);
+                waiting.weight -= weight;
             }
         }
     }
 
     /// Rows of `tenant`'s jobs waiting (another tenant's are not its business).
     pub fn waiting_rows(&self, tenant: &str) -> usize {
-        let tenants = self.tenants.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        tenants.get(tenant).map_or(0, |(_, rows, _)| *rows)
+        let waiting = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        waiting.tenants.get(tenant).map_or(0, |(_, rows, _)| *rows)
     }
 }
 
@@ -170,5 +199,29 @@ mod tests {
         backlog.remove(&a.tenant, 1);
         let seen = backlog.add(&b, 1, 8, None);
         assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (1, 2, 2, 3));
+    }
+
+    #[test]
+    fn the_backlogs_totals_follow_jobs_leaving_together_and_weights_changing() {
+        let backlog = Backlog::default();
+        let (a, b, c) = (Share::new("a".into(), 2), Share::new("b".into(), 3), Share::new("c".into(), 1));
+        for _ in 0..3 {
+            backlog.add(&a, 2, 8, None);
+        }
+        backlog.add(&b, 5, 8, None);
+        // A batch takes two of a's jobs and b's only one: b's weight leaves with it.
+        backlog.remove_jobs([(&a.tenant, 2, 4), (&b.tenant, 1, 5)]);
+        let seen = backlog.add(&c, 1, 8, None);
+        assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (1, 2, 0, 3));
+        // A tenant's weight is its latest job's, in its own share and in everyone's sum.
+        let seen = backlog.add(&Share::new("a".into(), 7), 1, 8, None);
+        assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (2, 3, 2, 8));
+        let seen = backlog.add(&c, 1, 8, None);
+        assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (3, 4, 1, 8));
+        // More leaving than is recorded (a job already forgotten) stops at nothing.
+        backlog.remove_jobs([(&a.tenant, 9, 99), (&c.tenant, 2, 2)]);
+        let seen = backlog.add(&b, 1, 8, None);
+        assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (0, 0, 0, 3));
+        assert_eq!(backlog.waiting_rows("b"), 1);
     }
 }

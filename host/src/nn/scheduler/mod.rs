@@ -39,7 +39,7 @@ use crate::tensor::Tensor;
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use padding::PaddingRule;
-use queue::{BatchQueue, QueuePolicy, Queued, shape_key};
+use queue::{BatchQueue, LastShape, QueuePolicy, Queued};
 pub use queue::{Bill, Share};
 
 pub type NamedTensors = Vec<(String, Tensor)>;
@@ -269,6 +269,7 @@ pub struct ModelQueue {
     backlog: Arc<Backlog>,
     stats: Arc<ModelStats>,
     padding: Option<Arc<PaddingRule>>,
+    last_shape: Arc<LastShape>,
     residency: watch::Receiver<Residency>,
     controls: mpsc::Sender<Control>,
     last_use: Arc<LastUse>,
@@ -349,6 +350,7 @@ impl ModelQueue {
             backlog,
             stats,
             padding,
+            last_shape: Arc::default(),
             residency,
             controls,
             last_use: resident_last_use,
@@ -427,29 +429,31 @@ impl ModelQueue {
         share: Share,
     ) -> Result<NamedTensors, ComputeError> {
         metrics().compute_call(&share.tenant, &self.model);
-        let model = self.model.to_string();
+        // The model's name as an owned string only for an error: not every call's allocation.
+        let model = || self.model.to_string();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
         let outlook = self.backlog.add(&share, rows, self.max_batch_rows, self.stats.mean_execution());
-        let budget = deadline.saturating_duration_since(Instant::now());
+        let now = Instant::now();
+        let budget = deadline.saturating_duration_since(now);
         // The queue bound counts every job not yet in a batch (the actor drains its channel
         // into the batch state at once, so the channel alone would not bound the queue).
         let full = outlook.waiting_jobs >= self.capacity;
         let refusal = match admission::decide(outlook, rows, budget) {
-            _ if full => Some(ComputeError::Overloaded { model: model.clone(), capacity: self.capacity }),
+            _ if full => Some(ComputeError::Overloaded { model: model(), capacity: self.capacity }),
             Verdict::Admit => None,
             Verdict::TooLate { needed } => Some(ComputeError::TooLate {
-                model: model.clone(),
+                model: model(),
                 budget_ms: budget.as_millis() as u64,
                 needed_ms: needed.as_millis() as u64,
             }),
             Verdict::OverShare { predicted } => Some(ComputeError::OverShare {
-                model: model.clone(),
+                model: model(),
                 tenant: share.tenant.to_string(),
                 predicted_ms: predicted.as_millis() as u64,
                 budget_ms: budget.as_millis() as u64,
             }),
             Verdict::Overloaded { predicted } => Some(ComputeError::WaitTooLong {
-                model: model.clone(),
+                model: model(),
                 predicted_ms: predicted.as_millis() as u64,
                 budget_ms: budget.as_millis() as u64,
             }),
@@ -458,26 +462,26 @@ impl ModelQueue {
             self.backlog.remove(&share.tenant, rows);
             return Err(refusal);
         }
-        let tenant = share.tenant.clone();
         let (reply, answer) = oneshot::channel();
         let job = Queued {
-            key: shape_key(&inputs, self.padding.as_deref()),
+            key: self.last_shape.key_of(&inputs, self.padding.as_deref()),
             payload: Job { inputs, reply, span: tracing::Span::current() },
             rows,
             share,
-            enqueued: Instant::now().into_std(),
+            enqueued: now.into_std(),
             deadline: deadline.into_std(),
         };
         self.sender.try_send(job).map_err(|err| {
-            self.backlog.remove(&tenant, rows);
+            let (mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job)) = &err;
+            self.backlog.remove(&job.share.tenant, rows);
             match err {
                 mpsc::error::TrySendError::Full(_) => {
-                    ComputeError::Overloaded { model: model.clone(), capacity: self.capacity }
+                    ComputeError::Overloaded { model: model(), capacity: self.capacity }
                 }
-                mpsc::error::TrySendError::Closed(_) => ComputeError::Stopped { model: model.clone() },
+                mpsc::error::TrySendError::Closed(_) => ComputeError::Stopped { model: model() },
             }
         })?;
-        answer.await.map_err(|_| ComputeError::Stopped { model })?
+        answer.await.map_err(|_| ComputeError::Stopped { model: model() })?
     }
 }
 
@@ -1226,10 +1230,20 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let Execution { stats, backlog, padding, .. } = execution;
     let started = std::time::Instant::now();
     let waits: Vec<Duration> = batch.iter().map(|job| started.saturating_duration_since(job.enqueued)).collect();
+    // The books are kept per tenant, not per job: a batch of a hundred one-row jobs takes one
+    // lock of the backlog and finds each tenant's counters once.
+    let mut per_tenant: Vec<(&Arc<str>, usize, usize, Duration)> = Vec::new();
     for (job, wait) in batch.iter().zip(&waits) {
-        stats.of(&job.share.tenant).queue.record(*wait);
-        backlog.remove(&job.share.tenant, job.rows);
+        let tenant = &job.share.tenant;
+        match per_tenant.iter_mut().find(|(seen, ..)| *seen == tenant) {
+            Some((_, jobs, rows, waited)) => (*jobs, *rows, *waited) = (*jobs + 1, *rows + job.rows, *waited + *wait),
+            None => per_tenant.push((tenant, 1, job.rows, *wait)),
+        }
     }
+    for (tenant, jobs, _, waited) in &per_tenant {
+        stats.of(tenant).queue.record_many(*jobs as u64, *waited);
+    }
+    backlog.remove_jobs(per_tenant.iter().map(|(tenant, jobs, rows, _)| (*tenant, *jobs, *rows)));
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
     let bills: Vec<Bill> = batch.iter().map(|j| j.share.bill.clone()).collect();
@@ -1562,9 +1576,18 @@ fn charge(
     if infer_time.is_zero() || total == 0 {
         return;
     }
+    // Each request's bill its own share; the metric each tenant's in one sum (a label
+    // lookup per tenant, not per job).
+    let mut per_tenant: Vec<(&Arc<str>, Duration)> = Vec::new();
     for ((&rows, tenant), bill) in rows.iter().zip(tenants).zip(bills) {
         let share = infer_time.mul_f64(rows as f64 / total as f64);
         bill.charge(share);
+        match per_tenant.iter_mut().find(|(seen, _)| *seen == tenant) {
+            Some((_, sum)) => *sum += share,
+            None => per_tenant.push((tenant, share)),
+        }
+    }
+    for (tenant, share) in per_tenant {
         metrics().tenant_compute(tenant, &execution.model, device, share);
     }
 }

@@ -15,21 +15,71 @@ use std::time::{Duration, Instant};
 use super::padding::PaddingRule;
 use crate::tensor::{ElementType, Tensor};
 
-/// What makes two jobs stackable: per input, its name, element type and trailing dims.
-pub type ShapeKey = Vec<(String, ElementType, Vec<usize>)>;
+/// What makes two jobs stackable: per input (sorted), its name, element type and trailing
+/// dims. Shared: the jobs of one shape hold one key (see [`LastShape`]).
+pub type ShapeKey = Arc<[(String, ElementType, Vec<usize>)]>;
 
 /// The shape key of a job's inputs; a padded dimension matches any length.
-pub fn shape_key(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> ShapeKey {
-    let trailing = |name: &str, t: &Tensor| {
-        let mut dims = t.dims().get(1..).unwrap_or_default().to_vec();
-        if let Some(rule) = padding.filter(|rule| rule.pads(name, t.dims().len())) {
-            dims[rule.axis - 1] = usize::MAX;
-        }
-        dims
-    };
-    let mut key: ShapeKey = inputs.iter().map(|(name, t)| (name.clone(), t.ty(), trailing(name, t))).collect();
+fn shape_key(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> ShapeKey {
+    let mut key: Vec<_> = inputs.iter().map(|(name, t)| (name.clone(), t.ty(), trailing(name, t, padding))).collect();
     key.sort();
-    key
+    key.into()
+}
+
+/// A tensor's dims after the first, the padded one (if any) as `usize::MAX`.
+fn trailing(name: &str, tensor: &Tensor, padding: Option<&PaddingRule>) -> Vec<usize> {
+    let mut dims = tensor.dims().get(1..).unwrap_or_default().to_vec();
+    if let Some(rule) = padding.filter(|rule| rule.pads(name, tensor.dims().len())) {
+        dims[rule.axis - 1] = usize::MAX;
+    }
+    dims
+}
+
+/// The shape key a queue's jobs had last. Most models' jobs all have one shape: a job whose
+/// inputs match it shares it, rather than build its own (three allocations, and comparisons
+/// of strings and dims, a job).
+#[derive(Debug, Default)]
+pub struct LastShape(std::sync::Mutex<Option<ShapeKey>>);
+
+/// Inputs beyond which a job's shape key is built, not matched against the last (matching
+/// compares each input with each).
+const MATCHED_INPUTS: usize = 16;
+
+impl LastShape {
+    /// The shape key of `inputs`: the last one where they match it.
+    pub fn key_of(&self, inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> ShapeKey {
+        if inputs.len() > MATCHED_INPUTS {
+            return shape_key(inputs, padding);
+        }
+        let mut last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(key) = last.as_ref().filter(|key| Self::matches(key, inputs, padding)) {
+            return key.clone();
+        }
+        let key = shape_key(inputs, padding);
+        // A key naming an input twice is not kept: matching pairs each of its inputs with one.
+        if key.windows(2).all(|pair| pair[0].0 != pair[1].0) {
+            *last = Some(key.clone());
+        }
+        key
+    }
+
+    /// Whether `inputs`' shape key would equal `key` (whose names are distinct): each of its
+    /// entries is met by an input of that name, and there are no more inputs.
+    fn matches(key: &ShapeKey, inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> bool {
+        key.len() == inputs.len()
+            && key.iter().all(|(name, ty, dims)| {
+                inputs.iter().find(|(input, _)| input == name).is_some_and(|(_, tensor)| {
+                    let own = tensor.dims().get(1..).unwrap_or_default();
+                    let padded = padding.filter(|rule| rule.pads(name, tensor.dims().len())).map(|rule| rule.axis - 1);
+                    tensor.ty() == *ty
+                        && own.len() == dims.len()
+                        && own.iter().zip(dims).enumerate().all(|(axis, (own, keyed))| match padded == Some(axis) {
+                            true => *keyed == usize::MAX,
+                            false => own == keyed,
+                        })
+                })
+            })
+    }
 }
 
 /// Who a job is for, that tenant's share of compute (`compute_weight`), the request's
@@ -121,11 +171,18 @@ pub struct BatchQueue<P> {
     /// Tenants with waiting jobs, in round-robin order; the front is being served.
     ring: VecDeque<Arc<str>>,
     rows: usize,
+    /// Emptied lanes' storage, for the next tenants' lanes: a lane empties whenever a batch
+    /// takes all its jobs, and growing a new one job by job reallocated it each time.
+    spare: Vec<VecDeque<Queued<P>>>,
 }
+
+/// How many emptied lanes' storage a queue keeps, each for how many jobs at most.
+const SPARE_LANES: usize = 4;
+const SPARE_LANE_JOBS: usize = 128;
 
 impl<P> BatchQueue<P> {
     pub fn new(policy: QueuePolicy) -> Self {
-        Self { policy, lanes: HashMap::new(), ring: VecDeque::new(), rows: 0 }
+        Self { policy, lanes: HashMap::new(), ring: VecDeque::new(), rows: 0, spare: Vec::new() }
     }
 
     /// Rows waiting.
@@ -156,24 +213,29 @@ impl<P> BatchQueue<P> {
         self.rows += job.rows;
         let tenant = job.share.tenant.clone();
         let weight = u64::from(job.share.weight.max(1));
-        let lane =
-            self.lanes.entry(tenant.clone()).or_insert_with(|| Lane { jobs: VecDeque::new(), weight, deficit: 0 });
+        let spare = &mut self.spare;
+        let lane = self.lanes.entry(tenant.clone()).or_insert_with(|| Lane {
+            jobs: spare.pop().unwrap_or_default(),
+            weight,
+            deficit: 0,
+        });
         lane.weight = weight;
         if lane.jobs.is_empty() {
             self.ring.push_back(tenant);
         }
         // Priority orders the tenant's own jobs only: between tenants the round robin rules.
-        let position = lane.jobs.iter().position(|queued| queued.share.priority > job.share.priority);
-        match position {
-            Some(position) => lane.jobs.insert(position, job),
-            None => lane.jobs.push_back(job),
-        }
+        // The lane is in priority order, so the place is found by halving, not by a walk
+        // along every job waiting (at the back, for jobs of one priority).
+        let position = lane.jobs.partition_point(|queued| queued.share.priority <= job.share.priority);
+        lane.jobs.insert(position, job);
     }
 
     /// Remove jobs past their deadline and jobs whose caller has gone.
     pub fn drop_stale(&mut self, now: Instant, caller_gone: impl Fn(&P) -> bool) -> Dropped<P> {
         let mut dropped = Dropped { expired: Vec::new(), abandoned: Vec::new() };
-        for lane in self.lanes.values_mut() {
+        let stale = |job: &Queued<P>| job.deadline <= now || caller_gone(&job.payload);
+        // Most wake-ups find none: the lanes are rebuilt only where one is.
+        for lane in self.lanes.values_mut().filter(|lane| lane.jobs.iter().any(stale)) {
             let mut kept = VecDeque::with_capacity(lane.jobs.len());
             for job in lane.jobs.drain(..) {
                 if caller_gone(&job.payload) {
@@ -236,7 +298,9 @@ impl<P> BatchQueue<P> {
             .max()
             .unwrap_or(self.policy.max_batch_rows)
             .min(self.policy.max_batch_rows);
-        let mut batch = vec![first];
+        // At most a job a row (the rows left, or the room left in the batch): room for them all.
+        let mut batch = Vec::with_capacity(1 + self.rows.min(target - rows.min(target)));
+        batch.push(first);
         while rows < target {
             let Some(job) = self.next_job(Some(&key), target - rows) else { break };
             rows += job.rows;
@@ -264,7 +328,16 @@ impl<P> BatchQueue<P> {
                     lane.deficit -= rows;
                     let job = lane.jobs.remove(position)?;
                     self.rows -= job.rows;
-                    self.forget_idle_lanes();
+                    if lane.jobs.is_empty() {
+                        // Its lane leaves the ring (it is at the front) and loses its credit.
+                        self.ring.pop_front();
+                        if let Some(mut emptied) = self.lanes.remove(&tenant).map(|lane| lane.jobs)
+                            && self.spare.len() < SPARE_LANES
+                        {
+                            emptied.shrink_to(SPARE_LANE_JOBS);
+                            self.spare.push(emptied);
+                        }
+                    }
                     return Some(job);
                 }
                 lane.deficit += lane.weight;
@@ -312,7 +385,7 @@ mod tests {
         Queued {
             payload: id,
             rows,
-            key: vec![(key.to_string(), ElementType::F32, vec![4])],
+            key: vec![(key.to_string(), ElementType::F32, vec![4])].into(),
             share: Share::new(tenant.into(), weight),
             enqueued: at,
             deadline: at + Duration::from_secs(1),
@@ -321,6 +394,60 @@ mod tests {
 
     fn ids(batch: &[Queued<u32>]) -> Vec<u32> {
         batch.iter().map(|j| j.payload).collect()
+    }
+
+    fn input(name: &str, ty: ElementType, dims: &[usize]) -> (String, Tensor) {
+        let bytes = dims.iter().product::<usize>() * ty.size();
+        (name.to_string(), Tensor::new(ty, dims.to_vec(), vec![0; bytes]).expect("a tensor"))
+    }
+
+    #[test]
+    fn jobs_of_the_last_shape_share_its_key_and_others_get_their_own() {
+        let last = LastShape::default();
+        let f32 = ElementType::F32;
+        let first = last.key_of(&[input("x", f32, &[1, 4]), input("y", f32, &[1, 2])], None);
+        // More rows, the inputs in another order: the same shape, the same key.
+        let same = last.key_of(&[input("y", f32, &[3, 2]), input("x", f32, &[3, 4])], None);
+        assert!(Arc::ptr_eq(&first, &same), "{first:?} {same:?}");
+        // Each way of differing is another shape; its key is built as before, and kept.
+        let others = [
+            vec![input("x", f32, &[1, 5]), input("y", f32, &[1, 2])],
+            vec![input("x", ElementType::I64, &[1, 4]), input("y", f32, &[1, 2])],
+            vec![input("x", f32, &[1, 4]), input("z", f32, &[1, 2])],
+            vec![input("x", f32, &[1, 4])],
+            vec![input("x", f32, &[1, 4]), input("y", f32, &[1, 2]), input("z", f32, &[1])],
+            vec![input("x", f32, &[1, 4, 1]), input("y", f32, &[1, 2])],
+            // An input named twice does not stand for another.
+            vec![input("x", f32, &[1, 4]), input("x", f32, &[1, 4])],
+        ];
+        for inputs in others {
+            let key = last.key_of(&inputs, None);
+            assert_eq!(key, shape_key(&inputs, None), "{inputs:?}");
+            assert_ne!(key, first, "{inputs:?}");
+            let again = last.key_of(&[input("x", f32, &[1, 4]), input("y", f32, &[1, 2])], None);
+            assert_eq!(again, first, "the first shape again");
+        }
+        // A key naming an input twice is not kept, so the next job of it builds its own.
+        let twice = [input("x", f32, &[1, 4]), input("x", f32, &[1, 4])];
+        assert!(!Arc::ptr_eq(&last.key_of(&twice, None), &last.key_of(&twice, None)));
+    }
+
+    #[test]
+    fn a_padded_axis_of_any_length_matches_the_last_key() {
+        let last = LastShape::default();
+        let rule = PaddingRule { axis: 1, fill: 0.0, inputs: vec!["ids".into()], outputs: Vec::new() };
+        let (i64, f32) = (ElementType::I64, ElementType::F32);
+        let short = last.key_of(&[input("ids", i64, &[1, 5]), input("scale", f32, &[1, 3])], Some(&rule));
+        let long = last.key_of(&[input("ids", i64, &[2, 9]), input("scale", f32, &[2, 3])], Some(&rule));
+        assert!(Arc::ptr_eq(&short, &long), "{short:?} {long:?}");
+        // The axis of an input the rule does not pad must still agree.
+        let other = [input("ids", i64, &[1, 5]), input("scale", f32, &[1, 4])];
+        assert_eq!(last.key_of(&other, Some(&rule)), shape_key(&other, Some(&rule)));
+        assert_ne!(last.key_of(&other, Some(&rule)), short);
+        // Without the rule, the lengths differ.
+        let unpadded = LastShape::default();
+        let short = unpadded.key_of(&[input("ids", i64, &[1, 5])], None);
+        assert_ne!(short, unpadded.key_of(&[input("ids", i64, &[1, 9])], None));
     }
 
     #[test]
