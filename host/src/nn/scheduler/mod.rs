@@ -39,7 +39,7 @@ use crate::tensor::Tensor;
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use padding::PaddingRule;
-use queue::{BatchQueue, LastShape, QueuePolicy, Queued};
+use queue::{BatchQueue, FirstShape, QueuePolicy, Queued};
 pub use queue::{Bill, Share};
 
 pub type NamedTensors = Vec<(String, Tensor)>;
@@ -269,7 +269,7 @@ pub struct ModelQueue {
     backlog: Arc<Backlog>,
     stats: Arc<ModelStats>,
     padding: Option<Arc<PaddingRule>>,
-    last_shape: Arc<LastShape>,
+    first_shape: Arc<FirstShape>,
     residency: watch::Receiver<Residency>,
     controls: mpsc::Sender<Control>,
     last_use: Arc<LastUse>,
@@ -350,7 +350,7 @@ impl ModelQueue {
             backlog,
             stats,
             padding,
-            last_shape: Arc::default(),
+            first_shape: Arc::default(),
             residency,
             controls,
             last_use: resident_last_use,
@@ -464,7 +464,7 @@ impl ModelQueue {
         }
         let (reply, answer) = oneshot::channel();
         let job = Queued {
-            key: self.last_shape.key_of(&inputs, self.padding.as_deref()),
+            key: self.first_shape.key_of(&inputs, self.padding.as_deref()),
             payload: Job { inputs, reply, span: tracing::Span::current() },
             rows,
             share,

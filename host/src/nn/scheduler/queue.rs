@@ -15,15 +15,27 @@ use std::time::{Duration, Instant};
 use super::padding::PaddingRule;
 use crate::tensor::{ElementType, Tensor};
 
-/// What makes two jobs stackable: per input (sorted), its name, element type and trailing
-/// dims. Shared: the jobs of one shape hold one key (see [`LastShape`]).
-pub type ShapeKey = Arc<[(String, ElementType, Vec<usize>)]>;
+/// A job's inputs as batching sees them: per input (sorted), its name, element type and
+/// trailing dims.
+type Shape = Vec<(String, ElementType, Vec<usize>)>;
 
-/// The shape key of a job's inputs; a padded dimension matches any length.
-fn shape_key(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> ShapeKey {
-    let mut key: Vec<_> = inputs.iter().map(|(name, t)| (name.clone(), t.ty(), trailing(name, t, padding))).collect();
-    key.sort();
-    key.into()
+/// What makes two jobs stackable: equal shapes. Most models' jobs all have one shape, so the
+/// first a queue meets is named, not spelled out: its jobs' keys are built without allocating
+/// and compared without reading strings, and are shared without a reference count that every
+/// caller's core would write to (see [`FirstShape`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShapeKey {
+    /// The shape of the queue's [`FirstShape`].
+    First,
+    /// Any other.
+    Other(Shape),
+}
+
+/// The shape of a job's inputs; a padded dimension matches any length.
+fn shape_of(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> Shape {
+    let mut shape: Shape = inputs.iter().map(|(name, t)| (name.clone(), t.ty(), trailing(name, t, padding))).collect();
+    shape.sort();
+    shape
 }
 
 /// A tensor's dims after the first, the padded one (if any) as `usize::MAX`.
@@ -35,47 +47,48 @@ fn trailing(name: &str, tensor: &Tensor, padding: Option<&PaddingRule>) -> Vec<u
     dims
 }
 
-/// The shape key a queue's jobs had last. Most models' jobs all have one shape: a job whose
-/// inputs match it shares it, rather than build its own (three allocations, and comparisons
-/// of strings and dims, a job).
+/// The shape of the first job a queue keyed, kept for the queue's life. Whoever sends first
+/// chooses it; jobs of any other shape have their keys built in full, as all did before.
 #[derive(Debug, Default)]
-pub struct LastShape(std::sync::Mutex<Option<ShapeKey>>);
+pub struct FirstShape(std::sync::OnceLock<Shape>);
 
-/// Inputs beyond which a job's shape key is built, not matched against the last (matching
-/// compares each input with each).
+/// Inputs beyond which a job is not matched against the first shape (matching compares each
+/// input with each).
 const MATCHED_INPUTS: usize = 16;
 
-impl LastShape {
-    /// The shape key of `inputs`: the last one where they match it.
+impl FirstShape {
+    /// The shape key of `inputs`.
     pub fn key_of(&self, inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> ShapeKey {
-        if inputs.len() > MATCHED_INPUTS {
-            return shape_key(inputs, padding);
+        let matchable = inputs.len() <= MATCHED_INPUTS;
+        if let Some(first) = self.0.get().filter(|first| matchable && Self::matches(first, inputs, padding)) {
+            debug_assert_eq!(*first, shape_of(inputs, padding));
+            return ShapeKey::First;
         }
-        let mut last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(key) = last.as_ref().filter(|key| Self::matches(key, inputs, padding)) {
-            return key.clone();
+        let shape = shape_of(inputs, padding);
+        // A shape naming an input twice is never the first: matching pairs each of its inputs
+        // with one.
+        if matchable
+            && shape.windows(2).all(|pair| pair[0].0 != pair[1].0)
+            && *self.0.get_or_init(|| shape.clone()) == shape
+        {
+            return ShapeKey::First;
         }
-        let key = shape_key(inputs, padding);
-        // A key naming an input twice is not kept: matching pairs each of its inputs with one.
-        if key.windows(2).all(|pair| pair[0].0 != pair[1].0) {
-            *last = Some(key.clone());
-        }
-        key
+        ShapeKey::Other(shape)
     }
 
-    /// Whether `inputs`' shape key would equal `key` (whose names are distinct): each of its
-    /// entries is met by an input of that name, and there are no more inputs.
-    fn matches(key: &ShapeKey, inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> bool {
-        key.len() == inputs.len()
-            && key.iter().all(|(name, ty, dims)| {
+    /// Whether `inputs` have `shape` (whose names are distinct): each of its entries is met by
+    /// an input of that name, and there are no more inputs.
+    fn matches(shape: &Shape, inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> bool {
+        shape.len() == inputs.len()
+            && shape.iter().all(|(name, ty, dims)| {
                 inputs.iter().find(|(input, _)| input == name).is_some_and(|(_, tensor)| {
                     let own = tensor.dims().get(1..).unwrap_or_default();
                     let padded = padding.filter(|rule| rule.pads(name, tensor.dims().len())).map(|rule| rule.axis - 1);
                     tensor.ty() == *ty
                         && own.len() == dims.len()
-                        && own.iter().zip(dims).enumerate().all(|(axis, (own, keyed))| match padded == Some(axis) {
-                            true => *keyed == usize::MAX,
-                            false => own == keyed,
+                        && own.iter().zip(dims).enumerate().all(|(axis, (own, shaped))| match padded == Some(axis) {
+                            true => *shaped == usize::MAX,
+                            false => own == shaped,
                         })
                 })
             })
@@ -385,7 +398,7 @@ mod tests {
         Queued {
             payload: id,
             rows,
-            key: vec![(key.to_string(), ElementType::F32, vec![4])].into(),
+            key: ShapeKey::Other(vec![(key.to_string(), ElementType::F32, vec![4])]),
             share: Share::new(tenant.into(), weight),
             enqueued: at,
             deadline: at + Duration::from_secs(1),
@@ -402,14 +415,13 @@ mod tests {
     }
 
     #[test]
-    fn jobs_of_the_last_shape_share_its_key_and_others_get_their_own() {
-        let last = LastShape::default();
+    fn jobs_of_the_first_shape_are_keyed_by_name_and_others_in_full() {
+        let first = FirstShape::default();
         let f32 = ElementType::F32;
-        let first = last.key_of(&[input("x", f32, &[1, 4]), input("y", f32, &[1, 2])], None);
-        // More rows, the inputs in another order: the same shape, the same key.
-        let same = last.key_of(&[input("y", f32, &[3, 2]), input("x", f32, &[3, 4])], None);
-        assert!(Arc::ptr_eq(&first, &same), "{first:?} {same:?}");
-        // Each way of differing is another shape; its key is built as before, and kept.
+        assert_eq!(first.key_of(&[input("x", f32, &[1, 4]), input("y", f32, &[1, 2])], None), ShapeKey::First);
+        // More rows, the inputs in another order: the same shape.
+        assert_eq!(first.key_of(&[input("y", f32, &[3, 2]), input("x", f32, &[3, 4])], None), ShapeKey::First);
+        // Each way of differing is another shape, keyed in full; the first stays the first.
         let others = [
             vec![input("x", f32, &[1, 5]), input("y", f32, &[1, 2])],
             vec![input("x", ElementType::I64, &[1, 4]), input("y", f32, &[1, 2])],
@@ -421,33 +433,33 @@ mod tests {
             vec![input("x", f32, &[1, 4]), input("x", f32, &[1, 4])],
         ];
         for inputs in others {
-            let key = last.key_of(&inputs, None);
-            assert_eq!(key, shape_key(&inputs, None), "{inputs:?}");
-            assert_ne!(key, first, "{inputs:?}");
-            let again = last.key_of(&[input("x", f32, &[1, 4]), input("y", f32, &[1, 2])], None);
-            assert_eq!(again, first, "the first shape again");
+            assert_eq!(first.key_of(&inputs, None), ShapeKey::Other(shape_of(&inputs, None)), "{inputs:?}");
+            let again = first.key_of(&[input("x", f32, &[2, 4]), input("y", f32, &[2, 2])], None);
+            assert_eq!(again, ShapeKey::First, "the first shape again");
         }
-        // A key naming an input twice is not kept, so the next job of it builds its own.
+        // A shape naming an input twice is never the first: the one after it may be.
+        let first = FirstShape::default();
         let twice = [input("x", f32, &[1, 4]), input("x", f32, &[1, 4])];
-        assert!(!Arc::ptr_eq(&last.key_of(&twice, None), &last.key_of(&twice, None)));
+        assert_eq!(first.key_of(&twice, None), ShapeKey::Other(shape_of(&twice, None)));
+        assert_eq!(first.key_of(&[input("x", f32, &[1, 4]), input("y", f32, &[1, 4])], None), ShapeKey::First);
+        assert_eq!(first.key_of(&twice, None), ShapeKey::Other(shape_of(&twice, None)));
     }
 
     #[test]
-    fn a_padded_axis_of_any_length_matches_the_last_key() {
-        let last = LastShape::default();
+    fn a_padded_axis_of_any_length_matches_the_first_shape() {
+        let first = FirstShape::default();
         let rule = PaddingRule { axis: 1, fill: 0.0, inputs: vec!["ids".into()], outputs: Vec::new() };
         let (i64, f32) = (ElementType::I64, ElementType::F32);
-        let short = last.key_of(&[input("ids", i64, &[1, 5]), input("scale", f32, &[1, 3])], Some(&rule));
-        let long = last.key_of(&[input("ids", i64, &[2, 9]), input("scale", f32, &[2, 3])], Some(&rule));
-        assert!(Arc::ptr_eq(&short, &long), "{short:?} {long:?}");
+        let short = first.key_of(&[input("ids", i64, &[1, 5]), input("scale", f32, &[1, 3])], Some(&rule));
+        let long = first.key_of(&[input("ids", i64, &[2, 9]), input("scale", f32, &[2, 3])], Some(&rule));
+        assert_eq!((short, long), (ShapeKey::First, ShapeKey::First));
         // The axis of an input the rule does not pad must still agree.
         let other = [input("ids", i64, &[1, 5]), input("scale", f32, &[1, 4])];
-        assert_eq!(last.key_of(&other, Some(&rule)), shape_key(&other, Some(&rule)));
-        assert_ne!(last.key_of(&other, Some(&rule)), short);
+        assert_eq!(first.key_of(&other, Some(&rule)), ShapeKey::Other(shape_of(&other, Some(&rule))));
         // Without the rule, the lengths differ.
-        let unpadded = LastShape::default();
-        let short = unpadded.key_of(&[input("ids", i64, &[1, 5])], None);
-        assert_ne!(short, unpadded.key_of(&[input("ids", i64, &[1, 9])], None));
+        let unpadded = FirstShape::default();
+        assert_eq!(unpadded.key_of(&[input("ids", i64, &[1, 5])], None), ShapeKey::First);
+        assert_ne!(unpadded.key_of(&[input("ids", i64, &[1, 9])], None), ShapeKey::First);
     }
 
     #[test]
