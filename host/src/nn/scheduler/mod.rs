@@ -513,6 +513,14 @@ struct Execution {
 /// whole run.
 const RUN_IN_PLACE_MAX: Duration = Duration::from_micros(100);
 
+/// The same while jobs come closer together than [`RUN_IN_PLACE_MAX`]: only a run shorter than
+/// what handing it to a blocking thread and back costs, so that running it in place holds the
+/// runtime's thread no longer than the hand-off would take the CPU. A few clients of a small
+/// model (requests 10-100 µs apart, batches of a few rows) had each batch handed off: 27-29 ->
+/// 23-25 µs of server CPU a request at 8 clients over HTTP, 67-68 -> 54-58 at one
+/// (`scripts/bench_ab.sh`).
+const RUN_IN_PLACE_WHILE_BUSY_MAX: Duration = Duration::from_micros(20);
+
 /// How often jobs arrive, lately: a moving average of the gaps between arrivals.
 #[derive(Default)]
 struct Arrivals {
@@ -529,8 +537,8 @@ impl Arrivals {
         self.last = Some(now);
     }
 
-    /// Whether jobs arrive further apart than the longest run in place, so that one rarely
-    /// arrives while a batch runs on the runtime's thread.
+    /// Whether jobs arrive further apart than [`RUN_IN_PLACE_MAX`], so that one rarely arrives
+    /// while a batch of up to that long runs on the runtime's thread.
     fn sparse(&self) -> bool {
         self.gap_ns > RUN_IN_PLACE_MAX.as_nanos() as u64
     }
@@ -541,11 +549,11 @@ impl Arrivals {
 struct RowTime(AtomicU64);
 
 impl RowTime {
-    /// Whether a batch of `rows` is expected to end within [`RUN_IN_PLACE_MAX`]. A model
-    /// not measured yet runs on a blocking thread.
-    fn runs_in_place(&self, rows: usize) -> bool {
+    /// Whether a batch of `rows` is expected to end within `limit`. A model not measured yet
+    /// runs on a blocking thread.
+    fn runs_within(&self, rows: usize, limit: Duration) -> bool {
         let per_row = self.0.load(Ordering::Relaxed);
-        per_row > 0 && per_row.saturating_mul(rows as u64) <= RUN_IN_PLACE_MAX.as_nanos() as u64
+        per_row > 0 && u128::from(per_row.saturating_mul(rows as u64)) <= limit.as_nanos()
     }
 
     /// A batch of `rows` ran for `took`: one eighth of the new per-row time goes into the
@@ -1085,10 +1093,15 @@ async fn run_queue(
         while !resident.idle.is_empty() {
             let Some(batch) = state.pop_batch(due_at) else { break };
             let Some(graph) = resident.idle.pop() else { break };
-            // Only where no job waits and none is expected before it ends: otherwise the
-            // runtime's threads stay free to take the requests the next batch is made of
-            // (and the fair share chooses among), and the hand-off's cost is shared by a batch.
-            let alone = state.is_empty() && arrivals.sparse();
+            // Only where no job waits, and for longer only where none is expected before it
+            // ends: otherwise the runtime's threads stay free to take the requests the next
+            // batch is made of (and the fair share chooses among), and the hand-off's cost is
+            // shared by a batch.
+            let in_place_max = match arrivals.sparse() {
+                true => RUN_IN_PLACE_MAX,
+                false => RUN_IN_PLACE_WHILE_BUSY_MAX,
+            };
+            let no_job_waits = state.is_empty();
             let mut prepared = prepare(&execution, batch);
             let device = graph.device();
             let execution = execution.clone();
@@ -1099,7 +1112,7 @@ async fn run_queue(
             };
             let rows = prepared.rows.iter().sum();
             let inputs = match inputs {
-                Inputs::Stacked(inputs) if alone && execution.row_time.runs_in_place(rows) => {
+                Inputs::Stacked(inputs) if no_job_waits && execution.row_time.runs_within(rows, in_place_max) => {
                     let span = prepared.compute_span(&execution.model);
                     let ran = async move {
                         let (stop, began) = (Stop::default(), std::time::Instant::now());
@@ -1964,16 +1977,54 @@ mod tests {
     #[test]
     fn only_batches_measured_to_be_short_run_in_place() {
         let row_time = RowTime::default();
-        assert!(!row_time.runs_in_place(1), "not measured yet: a blocking thread");
+        assert!(!row_time.runs_within(1, RUN_IN_PLACE_MAX), "not measured yet: a blocking thread");
         row_time.record(10, Duration::from_micros(30));
-        assert!(row_time.runs_in_place(1) && row_time.runs_in_place(33));
-        assert!(!row_time.runs_in_place(34), "34 rows of 3 µs are over {RUN_IN_PLACE_MAX:?}");
+        assert!(row_time.runs_within(1, RUN_IN_PLACE_MAX) && row_time.runs_within(33, RUN_IN_PLACE_MAX));
+        assert!(!row_time.runs_within(34, RUN_IN_PLACE_MAX), "34 rows of 3 µs are over {RUN_IN_PLACE_MAX:?}");
+        assert!(row_time.runs_within(6, RUN_IN_PLACE_WHILE_BUSY_MAX));
+        assert!(!row_time.runs_within(7, RUN_IN_PLACE_WHILE_BUSY_MAX), "7 rows of 3 µs");
         // A model that turns slow leaves the runtime's threads within a few batches.
         let slow = (1..=4).find(|_| {
             row_time.record(1, Duration::from_millis(5));
-            !row_time.runs_in_place(1)
+            !row_time.runs_within(1, RUN_IN_PLACE_MAX)
         });
         assert_eq!(slow, Some(1));
+    }
+
+    /// A graph that answers at once and counts its runs on the thread that made it.
+    struct CountsItsThread(Signature, std::thread::ThreadId, AtomicUsize, AtomicUsize);
+
+    impl Graph for CountsItsThread {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+
+        fn run(&self, inputs: NamedTensors, _stop: &Stop) -> Result<NamedTensors, BackendError> {
+            let here = std::thread::current().id() == self.1;
+            [&self.3, &self.2][usize::from(here)].fetch_add(1, Ordering::SeqCst);
+            Ok(inputs)
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn short_batches_run_in_place_even_when_jobs_come_close_together() {
+        // One caller in a closed loop: a job every few µs, too close together for runs of up to
+        // RUN_IN_PLACE_MAX, but each run far shorter than handing it off to a blocking thread.
+        let spec = TensorSpec { name: "x".to_string(), ty: ElementType::F32, dims: vec![None, Some(4)] };
+        let signature = Signature { inputs: vec![spec.clone()], outputs: vec![spec] };
+        let here = std::thread::current().id();
+        let graph = Arc::new(CountsItsThread(signature, here, AtomicUsize::new(0), AtomicUsize::new(0)));
+        let loaded = Loaded { graphs: vec![graph.clone()], memory: Vec::new() };
+        let queue =
+            ModelQueue::start("short", "none", (loaded, Residence::default()), true, settings(), Arc::default());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let started = std::time::Instant::now();
+        for _ in 0..500 {
+            queue.compute(row(), deadline, share()).await.expect("answered");
+        }
+        assert!(started.elapsed() < RUN_IN_PLACE_MAX * 500, "the jobs came closer together than that");
+        let (in_place, handed_off) = (graph.2.load(Ordering::SeqCst), graph.3.load(Ordering::SeqCst));
+        assert!(in_place >= 400, "{in_place} runs in place, {handed_off} handed off to a blocking thread");
     }
 
     #[tokio::test]
