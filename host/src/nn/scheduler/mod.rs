@@ -499,7 +499,7 @@ struct Execution {
     /// next looks (which, on a busy runtime, can be after another model's use: the wrong
     /// model would look least recently used).
     last_use: Arc<LastUse>,
-    /// How long a row of this model takes to run, lately: whether a batch runs in place.
+    /// How long a row and a run of this model take, lately: whether a batch runs in place.
     row_time: RowTime,
     /// When a batch last ended: a job that expires with none ended since it came waited on
     /// a model that answered nobody, not behind the load.
@@ -544,25 +544,40 @@ impl Arrivals {
     }
 }
 
-/// A moving average of the engine time per row (nanoseconds; 0 until the first run).
+/// Moving averages of the engine's time per row and per run (nanoseconds; 0 until the first
+/// run).
 #[derive(Default)]
-struct RowTime(AtomicU64);
+struct RowTime {
+    per_row: AtomicU64,
+    per_run: AtomicU64,
+}
 
 impl RowTime {
     /// Whether a batch of `rows` is expected to end within `limit`. A model not measured yet
     /// runs on a blocking thread.
     fn runs_within(&self, rows: usize, limit: Duration) -> bool {
-        let per_row = self.0.load(Ordering::Relaxed);
+        let per_row = self.per_row.load(Ordering::Relaxed);
         per_row > 0 && u128::from(per_row.saturating_mul(rows as u64)) <= limit.as_nanos()
     }
 
-    /// A batch of `rows` ran for `took`: one eighth of the new per-row time goes into the
-    /// average, so a model that slows down leaves the runtime's threads within a few batches.
+    /// The same, and the model's runs of any size end within `limit` too: a run's time is not
+    /// all in its rows, and where it is mostly a fixed time (a GPU's run of one row takes about
+    /// as long as one of a hundred) a small batch's estimate from the time a row is too low.
+    fn runs_of_any_size_within(&self, rows: usize, limit: Duration) -> bool {
+        self.runs_within(rows, limit) && u128::from(self.per_run.load(Ordering::Relaxed)) <= limit.as_nanos()
+    }
+
+    /// A batch of `rows` ran for `took`: one eighth of the new times goes into the averages, so
+    /// a model that slows down leaves the runtime's threads within a few batches.
     fn record(&self, rows: usize, took: Duration) {
-        let sample = (took.as_nanos() / rows.max(1) as u128).clamp(1, u128::from(u64::MAX)) as u64;
-        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
-            Some(if average == 0 { sample } else { average - average / 8 + sample / 8 }.max(1))
-        });
+        let average = |cell: &AtomicU64, sample: u128| {
+            let sample = sample.clamp(1, u128::from(u64::MAX)) as u64;
+            let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
+                Some(if average == 0 { sample } else { average - average / 8 + sample / 8 }.max(1))
+            });
+        };
+        average(&self.per_row, took.as_nanos() / rows.max(1) as u128);
+        average(&self.per_run, took.as_nanos());
     }
 }
 
@@ -1097,11 +1112,7 @@ async fn run_queue(
             // ends: otherwise the runtime's threads stay free to take the requests the next
             // batch is made of (and the fair share chooses among), and the hand-off's cost is
             // shared by a batch.
-            let in_place_max = match arrivals.sparse() {
-                true => RUN_IN_PLACE_MAX,
-                false => RUN_IN_PLACE_WHILE_BUSY_MAX,
-            };
-            let no_job_waits = state.is_empty();
+            let (no_job_waits, sparse) = (state.is_empty(), arrivals.sparse());
             let mut prepared = prepare(&execution, batch);
             let device = graph.device();
             let execution = execution.clone();
@@ -1111,8 +1122,13 @@ async fn run_queue(
                 continue;
             };
             let rows = prepared.rows.iter().sum();
+            let in_place = no_job_waits
+                && match sparse {
+                    true => execution.row_time.runs_within(rows, RUN_IN_PLACE_MAX),
+                    false => execution.row_time.runs_of_any_size_within(rows, RUN_IN_PLACE_WHILE_BUSY_MAX),
+                };
             let inputs = match inputs {
-                Inputs::Stacked(inputs) if no_job_waits && execution.row_time.runs_within(rows, in_place_max) => {
+                Inputs::Stacked(inputs) if in_place => {
                     let span = prepared.compute_span(&execution.model);
                     let ran = async move {
                         let (stop, began) = (Stop::default(), std::time::Instant::now());
@@ -1983,6 +1999,17 @@ mod tests {
         assert!(!row_time.runs_within(34, RUN_IN_PLACE_MAX), "34 rows of 3 µs are over {RUN_IN_PLACE_MAX:?}");
         assert!(row_time.runs_within(6, RUN_IN_PLACE_WHILE_BUSY_MAX));
         assert!(!row_time.runs_within(7, RUN_IN_PLACE_WHILE_BUSY_MAX), "7 rows of 3 µs");
+        // Runs of 100 µs whatever their rows, as a GPU's: a small batch is no shorter.
+        let fixed = RowTime::default();
+        for rows in [128, 128, 4, 128] {
+            fixed.record(rows, Duration::from_micros(100));
+        }
+        assert!(fixed.runs_within(4, RUN_IN_PLACE_WHILE_BUSY_MAX), "4 rows at the time a row of the large runs");
+        assert!(!fixed.runs_of_any_size_within(4, RUN_IN_PLACE_WHILE_BUSY_MAX));
+        let small = RowTime::default();
+        small.record(4, Duration::from_micros(5));
+        assert!(small.runs_of_any_size_within(4, RUN_IN_PLACE_WHILE_BUSY_MAX));
+        assert!(!small.runs_of_any_size_within(64, RUN_IN_PLACE_WHILE_BUSY_MAX), "64 rows of 1.25 µs");
         // A model that turns slow leaves the runtime's threads within a few batches.
         let slow = (1..=4).find(|_| {
             row_time.record(1, Duration::from_millis(5));
