@@ -76,8 +76,8 @@ struct Waiting {
     tenants: HashMap<Arc<str>, (usize, usize, u32)>,
     jobs: usize,
     rows: usize,
-    /// The sum of those tenants' weights.
-    weight: u32,
+    /// The sum of those tenants' weights (wider than a weight: it sums any number of them).
+    weight: u64,
 }
 
 impl Backlog {
@@ -97,16 +97,16 @@ impl Backlog {
                 (0, 0)
             }
         };
-        let others = waiting.weight - former_weight;
+        let others = waiting.weight - u64::from(former_weight);
         waiting.jobs += 1;
         waiting.rows += rows;
-        waiting.weight = others + weight;
+        waiting.weight = others + u64::from(weight);
         Outlook {
             waiting_jobs,
             waiting_rows,
             tenant_rows,
             tenant_weight: weight,
-            active_weight: others + weight,
+            active_weight: u32::try_from(waiting.weight).unwrap_or(u32::MAX),
             max_batch_rows,
             time_per_batch,
         }
@@ -130,7 +130,7 @@ impl Backlog {
             waiting.rows -= rows;
             if let Some(weight) = gone {
                 waiting.tenants.remove(tenant);
-                waiting.weight -= weight;
+                waiting.weight -= u64::from(weight);
             }
         }
     }
@@ -223,5 +223,20 @@ mod tests {
         let seen = backlog.add(&b, 1, 8, None);
         assert_eq!((seen.waiting_jobs, seen.waiting_rows, seen.tenant_rows, seen.active_weight), (0, 0, 0, 3));
         assert_eq!(backlog.waiting_rows("b"), 1);
+    }
+
+    #[test]
+    fn weights_that_sum_past_a_u32_do_not_wrap() {
+        let backlog = Backlog::default();
+        let (a, b) = (Share::new("a".into(), u32::MAX), Share::new("b".into(), u32::MAX));
+        backlog.add(&a, 1, 8, None);
+        let seen = backlog.add(&b, 1, 8, None);
+        assert_eq!((seen.tenant_weight, seen.active_weight), (u32::MAX, u32::MAX));
+        backlog.remove(&a.tenant, 1);
+        let seen = backlog.add(&Share::new("c".into(), 1), 1, 8, None);
+        assert_eq!(seen.active_weight, u32::MAX, "b's weight and c's, at most a u32");
+        backlog.remove(&b.tenant, 1);
+        let seen = backlog.add(&Share::new("d".into(), 2), 1, 8, None);
+        assert_eq!(seen.active_weight, 3, "c's and d's: nothing of a and b left over");
     }
 }
