@@ -8,9 +8,11 @@
 //! - OIP JSON decode and encode (HTTP), and the binary tensor extension;
 //! - gRPC decode (protobuf bytes → validated request) and encode (→ protobuf bytes);
 //! - the queue hop: submit → batch → reply, with a graph that computes nothing, one request
-//!   at a time and 64 at once; and an instance's time between runs when its queue is never
-//!   empty, with a graph that holds its thread for 150 µs or 1 ms a run (as a GPU's run does
-//!   while its stream synchronises): what the hand-off of each batch costs the instance; and
+//!   at a time, 64 at once, and 256 callers of one-row jobs batched up to 128 (the queue's
+//!   own cost a job, which bounds a model's one-row requests a second); and an instance's
+//!   time between runs when its queue is never empty, with a graph that holds its thread for
+//!   150 µs or 1 ms a run (as a GPU's run does while its stream synchronises): what the
+//!   hand-off of each batch costs the instance; and
 //!   image-sized jobs batched 64 at a time on two instances: their batches a second, and
 //!   another model's latency meanwhile (where a batch's copies hold the runtime's threads);
 //! - the backend call: the digits MLP on ONNX Runtime (1 intra-op thread), one row, and
@@ -32,7 +34,8 @@
 //!   the kernel's socket. The row is the process's CPU less the client thread's.
 //!
 //! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
-//! those groups; `TASKS=N`: the handler rows from N tasks instead of 64 (Sluice's concurrent
+//! those groups; `ROWS=text` picks among the queue rows too (`between runs`, `images`);
+//! `TASKS=N`: the handler rows from N tasks instead of 64 (Sluice's concurrent
 //! rows print their rows per batch, as `scripts/bench_overhead.sh` prints an end-to-end run's:
 //! compare rows with the same batches); `ROWS=text`: only the handler rows whose label
 //! contains the text, and `OPS=N`: N requests per handler row instead of 40,000, e.g. to
