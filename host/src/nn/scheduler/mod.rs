@@ -1261,18 +1261,16 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let waits: Vec<Duration> = batch.iter().map(|job| started.saturating_duration_since(job.enqueued)).collect();
     // The books are kept per tenant, not per job: a batch of a hundred one-row jobs takes one
     // lock of the backlog and finds each tenant's counters once.
-    let mut per_tenant: Vec<(&Arc<str>, usize, usize, Duration)> = Vec::new();
-    for (job, wait) in batch.iter().zip(&waits) {
-        let tenant = &job.share.tenant;
-        match per_tenant.iter_mut().find(|(seen, ..)| *seen == tenant) {
-            Some((_, jobs, rows, waited)) => (*jobs, *rows, *waited) = (*jobs + 1, *rows + job.rows, *waited + *wait),
-            None => per_tenant.push((tenant, 1, job.rows, *wait)),
-        }
-    }
-    for (tenant, jobs, _, waited) in &per_tenant {
+    let per_tenant = sum_per_tenant(
+        batch.iter().zip(&waits).map(|(job, wait)| (&job.share.tenant, (1, job.rows, *wait))),
+        |(jobs, rows, waited), (more_jobs, more_rows, more_waited)| {
+            (*jobs, *rows, *waited) = (*jobs + more_jobs, *rows + more_rows, *waited + more_waited);
+        },
+    );
+    for (tenant, (jobs, _, waited)) in &per_tenant {
         stats.of(tenant).queue.record_many(*jobs as u64, *waited);
     }
-    backlog.remove_jobs(per_tenant.iter().map(|(tenant, jobs, rows, _)| (*tenant, *jobs, *rows)));
+    backlog.remove_jobs(per_tenant.iter().map(|(tenant, (jobs, rows, _))| (*tenant, *jobs, *rows)));
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
     let bills: Vec<Bill> = batch.iter().map(|j| j.share.bill.clone()).collect();
@@ -1607,18 +1605,30 @@ fn charge(
     }
     // Each request's bill its own share; the metric each tenant's in one sum (a label
     // lookup per tenant, not per job).
-    let mut per_tenant: Vec<(&Arc<str>, Duration)> = Vec::new();
-    for ((&rows, tenant), bill) in rows.iter().zip(tenants).zip(bills) {
+    let shares = rows.iter().zip(tenants).zip(bills).map(|((&rows, tenant), bill)| {
         let share = infer_time.mul_f64(rows as f64 / total as f64);
         bill.charge(share);
-        match per_tenant.iter_mut().find(|(seen, _)| *seen == tenant) {
-            Some((_, sum)) => *sum += share,
-            None => per_tenant.push((tenant, share)),
-        }
-    }
-    for (tenant, share) in per_tenant {
+        (tenant, share)
+    });
+    for (tenant, share) in sum_per_tenant(shares, |sum, more| *sum += more) {
         metrics().tenant_compute(tenant, &execution.model, device, share);
     }
+}
+
+/// A batch's values summed per tenant by `add`, in the order the tenants first come (a batch
+/// holds few tenants: a walk beats a map).
+fn sum_per_tenant<'a, V>(
+    values: impl IntoIterator<Item = (&'a Arc<str>, V)>,
+    add: impl Fn(&mut V, V),
+) -> Vec<(&'a Arc<str>, V)> {
+    let mut sums: Vec<(&Arc<str>, V)> = Vec::new();
+    for (tenant, value) in values {
+        match sums.iter_mut().find(|(seen, _)| *seen == tenant) {
+            Some((_, sum)) => add(sum, value),
+            None => sums.push((tenant, value)),
+        }
+    }
+    sums
 }
 
 /// Charge a batch's run, split its outputs and answer its jobs. `answered_before`: for a batch
