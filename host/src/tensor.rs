@@ -3,7 +3,10 @@
 //! (element type, dimensions and little-endian bytes), checked on construction so every
 //! tensor that reaches a queue or a backend is self-consistent.
 
+use std::borrow::Cow;
 use std::fmt;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Element types a model tensor can hold (the union of `wasi:nn`'s and ONNX's common types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -203,6 +206,50 @@ impl Tensor {
         self.data
     }
 
+    /// The data as elements of `T` (which must be this tensor's element type): read in place
+    /// where its bytes lie aligned for `T` and this machine is little-endian as tensor bytes are,
+    /// else copied out. An engine given a batch of images reads tens of MB in place, where a
+    /// copy cost as much as stacking the batch.
+    pub fn elements<T: FromBytes + IntoBytes + Immutable + KnownLayout + Clone>(&self) -> Cow<'_, [T]> {
+        debug_assert_eq!(
+            size_of::<T>(),
+            self.ty.size(),
+            "elements of {} read as {}",
+            self.ty,
+            std::any::type_name::<T>()
+        );
+        if cfg!(target_endian = "little")
+            && let Ok(values) = <[T]>::ref_from_bytes(&self.data)
+        {
+            return Cow::Borrowed(values);
+        }
+        Cow::Owned(self.copied_elements())
+    }
+
+    fn copied_elements<T: FromBytes + IntoBytes + Clone>(&self) -> Vec<T> {
+        let mut values = vec![T::new_zeroed(); self.data.len() / size_of::<T>()];
+        let bytes = values.as_mut_bytes();
+        bytes.copy_from_slice(&self.data);
+        if cfg!(target_endian = "big") {
+            bytes.chunks_exact_mut(size_of::<T>()).for_each(<[u8]>::reverse);
+        }
+        values
+    }
+
+    /// A tensor of `values`, elements of type `ty`, copied out as little-endian bytes at once.
+    pub fn from_elements<T: IntoBytes + Immutable>(
+        ty: ElementType,
+        dims: Vec<usize>,
+        values: &[T],
+    ) -> Result<Self, TensorError> {
+        debug_assert_eq!(size_of::<T>(), ty.size(), "elements of {ty} given as {}", std::any::type_name::<T>());
+        let mut data = values.as_bytes().to_vec();
+        if cfg!(target_endian = "big") {
+            data.chunks_exact_mut(size_of::<T>()).for_each(<[u8]>::reverse);
+        }
+        Self::new(ty, dims, data)
+    }
+
     /// Number of elements.
     pub fn element_count(&self) -> usize {
         self.dims.iter().product()
@@ -314,6 +361,34 @@ mod tests {
         assert_eq!(numbers.len(), 13, "Triton numbers are distinct");
         assert_eq!(ElementType::I8.decode(&ElementType::I8.encode(-5.0)), -5.0);
         assert_eq!(ElementType::F16.values(&[0, 0x3c, 0, 0xc0, 7]).collect::<Vec<_>>(), vec![1.0, -2.0]);
+    }
+
+    #[test]
+    fn elements_are_read_in_place_or_copied_alike_and_written_back_as_the_same_bytes() {
+        let floats = [1.5f32, -2.0, 3.25, f32::MAX, 0.0, -0.0];
+        let tensor = f32s(vec![2, 3], &floats);
+        let read = tensor.elements::<f32>();
+        assert!(matches!(read, Cow::Borrowed(_)), "a tensor's own allocation is aligned for its elements");
+        assert_eq!(&*read, &floats);
+        assert_eq!(tensor.copied_elements::<f32>(), floats);
+        assert_eq!(Tensor::from_elements(ElementType::F32, vec![2, 3], &read), Ok(tensor.clone()));
+
+        let halves: Vec<half::f16> = [0.5f32, -1.0, 65504.0].map(half::f16::from_f32).to_vec();
+        let data = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let tensor = Tensor::new(ElementType::F16, vec![3], data).expect("valid");
+        assert_eq!(&*tensor.elements::<half::f16>(), halves.as_slice());
+        assert_eq!(tensor.copied_elements::<half::f16>(), halves);
+        let wide = Tensor::new(ElementType::I64, vec![2], [i64::MIN, 7].iter().flat_map(|v| v.to_le_bytes()).collect());
+        let wide = wide.expect("valid");
+        assert_eq!(&*wide.elements::<i64>(), &[i64::MIN, 7]);
+
+        // No elements: an empty allocation is aligned for nothing, and reads as no values.
+        let empty = Tensor::new(ElementType::F32, vec![0, 3], Vec::new()).expect("valid");
+        assert!(empty.elements::<f32>().is_empty());
+        assert_eq!(
+            Tensor::from_elements(ElementType::F32, vec![2, 2], &[1.0f32]),
+            Err(TensorError::LengthMismatch { shape: vec![2, 2], ty: ElementType::F32, expected: 16, actual: 4 })
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod clients;
 mod confidentiality;
 mod control;
 mod cost;
+mod datatypes;
 mod degradation;
 mod deploy;
 mod drain;

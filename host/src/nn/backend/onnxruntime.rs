@@ -9,14 +9,16 @@
 //! the WebGPU adapter through the WebGPU plugin execution provider (`--webgpu-ep-lib`). A
 //! device's provider that cannot be registered is an error, never a silent run on the CPU.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ort::ep::{ArbitrarilyConfigurableExecutionProvider, ExecutionProvider};
 use ort::session::builder::GraphOptimizationLevel;
-use ort::session::{RunOptions, Session};
-use ort::value::{DynValue, TensorElementType, ValueType};
+use ort::session::{RunOptions, Session, SessionInputValue};
+use ort::value::{DynValue, PrimitiveTensorElementType, TensorElementType, ValueType};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
 use crate::registry::placement::{DeviceId, Placement};
@@ -269,9 +271,9 @@ impl Graph for OrtGraph {
             let _ = terminate.terminate();
         }));
         let values = inputs
-            .into_iter()
-            .map(|(name, tensor)| to_value(tensor).map(|v| (name, v)))
-            .collect::<Result<Vec<(String, DynValue)>, _>>()
+            .iter()
+            .map(|(name, tensor)| to_value(tensor).map(|v| (name.as_str(), v)))
+            .collect::<Result<Vec<(&str, SessionInputValue)>, _>>()
             .map_err(run_error)?;
         let mut session = self.session.lock().map_err(|_| run_error("session lock poisoned".to_string()))?;
         let outputs = session.run_with_options(values, &options);
@@ -320,48 +322,51 @@ fn spec(name: &str, dtype: &ValueType) -> Result<TensorSpec, String> {
     Ok(TensorSpec { name: name.to_string(), ty, dims })
 }
 
-macro_rules! typed_value {
-    ($tensor:expr, $ty:ty) => {{
-        let dims: Vec<i64> = $tensor.dims().iter().map(|&d| d as i64).collect();
-        let values: Vec<$ty> = $tensor
-            .data()
-            .chunks_exact(std::mem::size_of::<$ty>())
-            .map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk has the element size")))
-            .collect();
-        ort::value::Tensor::from_array((dims, values)).map(|t| t.into_dyn())
-    }};
+/// An input as ONNX Runtime takes it: a view of the tensor's bytes where they can be read as
+/// elements in place (a batch of images is tens of MB, and converting it cost as much as
+/// stacking it), else a converted copy.
+fn typed_value<T>(tensor: &Tensor) -> ort::Result<SessionInputValue<'_>>
+where
+    T: PrimitiveTensorElementType + FromBytes + IntoBytes + Immutable + KnownLayout + Clone + std::fmt::Debug + 'static,
+{
+    let dims: Vec<i64> = tensor.dims().iter().map(|&d| d as i64).collect();
+    Ok(match tensor.elements::<T>() {
+        Cow::Borrowed(values) => ort::value::TensorRef::from_array_view((dims, values))?.into(),
+        Cow::Owned(values) => ort::value::Tensor::from_array((dims, values))?.into(),
+    })
 }
 
-fn to_value(tensor: Tensor) -> Result<DynValue, String> {
+fn to_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, String> {
     let value = match tensor.ty() {
-        ElementType::F16 => typed_value!(tensor, half::f16),
-        ElementType::BF16 => typed_value!(tensor, half::bf16),
-        ElementType::F32 => typed_value!(tensor, f32),
-        ElementType::F64 => typed_value!(tensor, f64),
-        ElementType::U8 => typed_value!(tensor, u8),
-        ElementType::I8 => typed_value!(tensor, i8),
-        ElementType::U16 => typed_value!(tensor, u16),
-        ElementType::I16 => typed_value!(tensor, i16),
-        ElementType::U32 => typed_value!(tensor, u32),
-        ElementType::I32 => typed_value!(tensor, i32),
-        ElementType::U64 => typed_value!(tensor, u64),
-        ElementType::I64 => typed_value!(tensor, i64),
+        ElementType::F16 => typed_value::<half::f16>(tensor),
+        ElementType::BF16 => typed_value::<half::bf16>(tensor),
+        ElementType::F32 => typed_value::<f32>(tensor),
+        ElementType::F64 => typed_value::<f64>(tensor),
+        ElementType::U8 => typed_value::<u8>(tensor),
+        ElementType::I8 => typed_value::<i8>(tensor),
+        ElementType::U16 => typed_value::<u16>(tensor),
+        ElementType::I16 => typed_value::<i16>(tensor),
+        ElementType::U32 => typed_value::<u32>(tensor),
+        ElementType::I32 => typed_value::<i32>(tensor),
+        ElementType::U64 => typed_value::<u64>(tensor),
+        ElementType::I64 => typed_value::<i64>(tensor),
+        // Any byte but 0 is true here; ONNX Runtime's bools must be 0 or 1.
         ElementType::Bool => {
             let dims: Vec<i64> = tensor.dims().iter().map(|&d| d as i64).collect();
             let values: Vec<bool> = tensor.data().iter().map(|&b| b != 0).collect();
-            ort::value::Tensor::from_array((dims, values)).map(|t| t.into_dyn())
+            ort::value::Tensor::from_array((dims, values)).map(SessionInputValue::from)
         }
     };
     value.map_err(|e| e.to_string())
 }
 
-macro_rules! typed_bytes {
-    ($value:expr, $ty:ty) => {{
-        let (shape, values) = $value.try_extract_tensor::<$ty>().map_err(|e| e.to_string())?;
-        let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        (dims, data)
-    }};
+/// An output copied out of ONNX Runtime's memory as the bytes of a tensor.
+fn typed_output<T: PrimitiveTensorElementType + IntoBytes + Immutable>(
+    value: &DynValue,
+    element: ElementType,
+) -> Result<Tensor, String> {
+    let (shape, values) = value.try_extract_tensor::<T>().map_err(|e| e.to_string())?;
+    Tensor::from_elements(element, shape.iter().map(|&d| d as usize).collect(), values).map_err(|e| e.to_string())
 }
 
 fn from_value(value: &DynValue) -> Result<Tensor, String> {
@@ -369,25 +374,25 @@ fn from_value(value: &DynValue) -> Result<Tensor, String> {
         return Err("model produced a non-tensor output".to_string());
     };
     let element = element_type(*ty).ok_or_else(|| format!("unsupported output type {ty:?}"))?;
-    let (dims, data) = match element {
-        ElementType::F16 => typed_bytes!(value, half::f16),
-        ElementType::BF16 => typed_bytes!(value, half::bf16),
-        ElementType::F32 => typed_bytes!(value, f32),
-        ElementType::F64 => typed_bytes!(value, f64),
-        ElementType::U8 => typed_bytes!(value, u8),
-        ElementType::I8 => typed_bytes!(value, i8),
-        ElementType::U16 => typed_bytes!(value, u16),
-        ElementType::I16 => typed_bytes!(value, i16),
-        ElementType::U32 => typed_bytes!(value, u32),
-        ElementType::I32 => typed_bytes!(value, i32),
-        ElementType::U64 => typed_bytes!(value, u64),
-        ElementType::I64 => typed_bytes!(value, i64),
+    match element {
+        ElementType::F16 => typed_output::<half::f16>(value, element),
+        ElementType::BF16 => typed_output::<half::bf16>(value, element),
+        ElementType::F32 => typed_output::<f32>(value, element),
+        ElementType::F64 => typed_output::<f64>(value, element),
+        ElementType::U8 => typed_output::<u8>(value, element),
+        ElementType::I8 => typed_output::<i8>(value, element),
+        ElementType::U16 => typed_output::<u16>(value, element),
+        ElementType::I16 => typed_output::<i16>(value, element),
+        ElementType::U32 => typed_output::<u32>(value, element),
+        ElementType::I32 => typed_output::<i32>(value, element),
+        ElementType::U64 => typed_output::<u64>(value, element),
+        ElementType::I64 => typed_output::<i64>(value, element),
         ElementType::Bool => {
             let (shape, values) = value.try_extract_tensor::<bool>().map_err(|e| e.to_string())?;
-            (shape.iter().map(|&d| d as usize).collect(), values.iter().map(|&b| u8::from(b)).collect())
+            let data = values.iter().map(|&b| u8::from(b)).collect();
+            Tensor::new(element, shape.iter().map(|&d| d as usize).collect(), data).map_err(|e| e.to_string())
         }
-    };
-    Tensor::new(element, dims, data).map_err(|e| e.to_string())
+    }
 }
 
 /// Find `libonnxruntime.so.*`: the one the build fetched, else one in an installed

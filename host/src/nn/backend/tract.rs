@@ -7,11 +7,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tract_onnx::prelude::{
-    DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt, IntoRunnable, TDim, TValue, TVec,
+    Datum, DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt, IntoRunnable, TDim, TValue, TVec,
     Tensor as TractTensor, TractResult, TypedFact, TypedModel, TypedSimplePlan,
 };
 use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
 use crate::registry::placement::Placement;
@@ -255,30 +257,19 @@ fn element_type(dt: DatumType) -> Option<ElementType> {
     })
 }
 
-macro_rules! typed_tract {
-    ($tensor:expr, $ty:ty) => {{
-        let values: Vec<$ty> = $tensor
-            .data()
-            .chunks_exact(std::mem::size_of::<$ty>())
-            .map(|c| <$ty>::from_le_bytes(c.try_into().expect("chunk has the element size")))
-            .collect();
-        TractTensor::from_shape::<$ty>($tensor.dims(), &values)
-    }};
-}
-
 fn to_tract(tensor: &Tensor) -> Result<TractTensor, String> {
     let converted = match tensor.ty() {
-        ElementType::F16 => typed_tract!(tensor, half::f16),
-        ElementType::F32 => typed_tract!(tensor, f32),
-        ElementType::F64 => typed_tract!(tensor, f64),
-        ElementType::U8 => typed_tract!(tensor, u8),
-        ElementType::I8 => typed_tract!(tensor, i8),
-        ElementType::U16 => typed_tract!(tensor, u16),
-        ElementType::I16 => typed_tract!(tensor, i16),
-        ElementType::U32 => typed_tract!(tensor, u32),
-        ElementType::I32 => typed_tract!(tensor, i32),
-        ElementType::U64 => typed_tract!(tensor, u64),
-        ElementType::I64 => typed_tract!(tensor, i64),
+        ElementType::F16 => tract_tensor::<half::f16>(tensor),
+        ElementType::F32 => tract_tensor::<f32>(tensor),
+        ElementType::F64 => tract_tensor::<f64>(tensor),
+        ElementType::U8 => tract_tensor::<u8>(tensor),
+        ElementType::I8 => tract_tensor::<i8>(tensor),
+        ElementType::U16 => tract_tensor::<u16>(tensor),
+        ElementType::I16 => tract_tensor::<i16>(tensor),
+        ElementType::U32 => tract_tensor::<u32>(tensor),
+        ElementType::I32 => tract_tensor::<i32>(tensor),
+        ElementType::U64 => tract_tensor::<u64>(tensor),
+        ElementType::I64 => tract_tensor::<i64>(tensor),
         ElementType::Bool => {
             let values: Vec<bool> = tensor.data().iter().map(|&b| b != 0).collect();
             TractTensor::from_shape::<bool>(tensor.dims(), &values)
@@ -286,6 +277,13 @@ fn to_tract(tensor: &Tensor) -> Result<TractTensor, String> {
         ElementType::BF16 => return Err("BF16 tensors are not supported by the tract backend".to_string()),
     };
     converted.map_err(|e| format!("{e:#}"))
+}
+
+/// tract copies an input into its own tensor: from the bytes read in place where they can be.
+fn tract_tensor<T: Datum + FromBytes + IntoBytes + Immutable + KnownLayout + Copy>(
+    tensor: &Tensor,
+) -> TractResult<TractTensor> {
+    TractTensor::from_shape::<T>(tensor.dims(), &tensor.elements::<T>())
 }
 
 fn from_tract(value: &TractTensor) -> Result<Tensor, String> {

@@ -1,0 +1,143 @@
+//! Every datatype through ONNX Runtime as it was sent: an Identity model per type answers
+//! each caller its own values, alone or stacked with other callers' into one batch (the
+//! engine reads a batch's bytes in place, and a large batch is stacked off the runtime).
+
+use serde_json::{Value, json};
+
+use crate::onnx::{self, GraphProto};
+use crate::support::*;
+
+const KEY: &str = "test-key-types";
+
+/// Each OIP datatype with its ONNX element type.
+const TYPES: [(&str, i32); 13] = [
+    ("FP32", 1),
+    ("UINT8", 2),
+    ("INT8", 3),
+    ("UINT16", 4),
+    ("INT16", 5),
+    ("INT32", 6),
+    ("INT64", 7),
+    ("BOOL", 9),
+    ("FP16", 10),
+    ("FP64", 11),
+    ("UINT32", 12),
+    ("UINT64", 13),
+    ("BF16", 16),
+];
+
+/// `y` = `x`, both [N, `width`] of `elem_type`.
+fn identity(elem_type: i32, width: i64) -> Vec<u8> {
+    onnx::model(GraphProto {
+        node: vec![onnx::node("Identity", &["x"], &["y"], Vec::new())],
+        name: "identity".into(),
+        initializer: Vec::new(),
+        input: vec![onnx::value("x", elem_type, &[None, Some(width)])],
+        output: vec![onnx::value("y", elem_type, &[None, Some(width)])],
+    })
+}
+
+/// Caller `caller`'s row of three values, exact in every datatype.
+fn row(datatype: &str, caller: usize) -> Value {
+    let base = (caller % 40) as i64;
+    match datatype {
+        "BOOL" => json!([caller.is_multiple_of(2), caller.is_multiple_of(3), true]),
+        "FP32" | "FP64" | "FP16" | "BF16" => json!([base as f64 + 0.5, -(base as f64) - 0.25, 2.0]),
+        "INT8" | "INT16" | "INT32" | "INT64" => json!([base, -base, 7]),
+        _ => json!([base, base + 1, 7]),
+    }
+}
+
+fn same_values(sent: &Value, answered: &Value) -> bool {
+    let (Some(sent), Some(answered)) = (sent.as_array(), answered.as_array()) else { return false };
+    sent.len() == answered.len()
+        && sent.iter().zip(answered).all(|(a, b)| match (a.as_bool(), b.as_bool()) {
+            (Some(a), Some(b)) => a == b,
+            _ => a.as_f64().is_some() && a.as_f64() == b.as_f64(),
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_datatype_comes_back_as_sent_alone_or_stacked_with_other_callers() {
+    let models = tempfile::tempdir().expect("tmp");
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("types", KEY, "max_concurrent_requests = 1000");
+    for (datatype, elem_type) in TYPES {
+        let path = models.path().join(format!("{datatype}.onnx"));
+        std::fs::write(&path, identity(elem_type, 3)).expect("model");
+        let name = datatype.to_lowercase();
+        manifest += &model_entry(&name, &path, Some("onnxruntime"));
+        // Batches of four callers each, whatever the timing.
+        manifest += &format!("[models.{name}.batching]\nmax_batch_size = 4\nmax_queue_delay_us = 5000000\n");
+        manifest += "preferred_batch_sizes = [4]\n\n";
+    }
+    tenants.write("types.toml", &manifest);
+    let server = std::sync::Arc::new(Server::start(tenants.path(), &[]));
+    let mut callers = Vec::new();
+    for (datatype, _) in TYPES {
+        for caller in 0..24 {
+            let server = server.clone();
+            callers.push(tokio::spawn(async move {
+                let sent = row(datatype, caller);
+                let body = json!({ "inputs": [{ "name": "x", "shape": [1, 3], "datatype": datatype, "data": sent }] });
+                let (code, answer) = server.infer(&datatype.to_lowercase(), KEY, &body).await;
+                assert_eq!(code, 200, "{datatype}, caller {caller}: {answer}");
+                let y = output(&answer, "y");
+                assert_eq!(y["datatype"], datatype, "{answer}");
+                assert_eq!(y["shape"], json!([1, 3]), "{answer}");
+                assert!(same_values(&sent, &y["data"]), "{datatype}, caller {caller}: sent {sent}, answered {answer}");
+            }));
+        }
+    }
+    for caller in callers {
+        caller.await.expect("a caller");
+    }
+    for (datatype, _) in TYPES {
+        let (_, stats) = server.get(&format!("/v2/models/{}/stats", datatype.to_lowercase()), Some(KEY)).await;
+        let model = &stats["model_stats"][0];
+        let counts = (model["inference_count"].as_u64(), model["execution_count"].as_u64());
+        assert_eq!(counts, (Some(24), Some(6)), "{datatype}: {stats}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_of_large_rows_each_get_their_own_rows_back_batch_after_batch() {
+    // 256 KB a row, and batches of eight callers (2 MiB): past the 1 MiB above which batches
+    // are stacked off the runtime, into buffers kept for the next batch.
+    const WIDTH: usize = 65536;
+    let models = tempfile::tempdir().expect("tmp");
+    let path = models.path().join("wide.onnx");
+    std::fs::write(&path, identity(1, WIDTH as i64)).expect("model");
+    let tenants = Tenants::new();
+    let batching =
+        "[models.wide.batching]\nmax_batch_size = 8\nmax_queue_delay_us = 5000000\npreferred_batch_sizes = [8]\n\n";
+    let manifest = tenant_header("types", KEY, "") + &model_entry("wide", &path, Some("onnxruntime")) + batching;
+    tenants.write("types.toml", &manifest);
+    let server = std::sync::Arc::new(Server::start(tenants.path(), &[]));
+    for round in 0..3 {
+        let callers: Vec<_> = (0..16)
+            .map(|caller| {
+                let server = server.clone();
+                tokio::spawn(async move {
+                    let mark = (round * 100 + caller) as f32;
+                    let values: Vec<f32> = (0..WIDTH).map(|i| mark + (i % 7) as f32 / 8.0).collect();
+                    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let header = json!({ "inputs": [{ "name": "x", "shape": [1, WIDTH], "datatype": "FP32",
+                                                     "parameters": { "binary_data_size": raw.len() } }] });
+                    let (code, answer) = server.infer_binary("wide", KEY, &header, &raw).await;
+                    assert_eq!(code, 200, "round {round}, caller {caller}: {answer}");
+                    assert!(
+                        f32s(&output(&answer, "y")["data"]) == values,
+                        "round {round}, caller {caller}: another's rows"
+                    );
+                })
+            })
+            .collect();
+        for caller in callers {
+            caller.await.expect("a caller");
+        }
+    }
+    let (_, stats) = server.get("/v2/models/wide/stats", Some(KEY)).await;
+    let model = &stats["model_stats"][0];
+    assert_eq!((model["inference_count"].as_u64(), model["execution_count"].as_u64()), (Some(48), Some(6)), "{stats}");
+}
