@@ -228,7 +228,7 @@ mod floor_server;
 use common::{digits_row, pixels, root, scaled};
 use floor_server::{Answering, Hop, thread_cpu};
 
-/// A graph that answers its input at once: the queue's own cost.
+/// A graph that answers (a copy of) its input at once: the queue's own cost.
 struct Echo(Signature);
 
 impl Graph for Echo {
@@ -236,8 +236,8 @@ impl Graph for Echo {
         &self.0
     }
 
-    fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
-        Ok(inputs)
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        Ok(inputs.clone())
     }
 }
 
@@ -250,12 +250,12 @@ impl Graph for Waits {
         &self.0
     }
 
-    fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
         let until = Instant::now() + self.1;
         while Instant::now() < until {
             std::hint::spin_loop();
         }
-        Ok(inputs)
+        Ok(inputs.clone())
     }
 }
 
@@ -284,7 +284,7 @@ fn main() -> anyhow::Result<()> {
         backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("{:?}", backends.unavailable))?;
     let model_bytes = std::fs::read(root().join("examples/digits/model/digits.onnx"))?;
     let graph: Arc<dyn Graph> = onnxruntime.load(&model_bytes, &Placement::CPU)?.into();
-    let outputs = graph.run(digits_row(), &Stop::default())?;
+    let outputs = graph.run(&mut digits_row(), &Stop::default())?;
 
     println!("### Layers (`cargo bench --bench layers`)\n");
     println!("| layer | CPU µs per request | wall µs per request |\n| --- | --- | --- |");
@@ -458,7 +458,8 @@ async fn gap_between_runs(signature: impl Fn() -> Signature) {
 }
 
 /// A graph whose run leaves the CPU free for its time (a GPU's run, its stream synchronised
-/// by blocking rather than spinning).
+/// by blocking rather than spinning), and answers a copy of its input, as an engine copies
+/// its outputs out.
 struct Sleeps(Signature, Duration);
 
 impl Graph for Sleeps {
@@ -466,9 +467,9 @@ impl Graph for Sleeps {
         &self.0
     }
 
-    fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
         std::thread::sleep(self.1);
-        Ok(inputs)
+        Ok(inputs.clone())
     }
 }
 
@@ -533,11 +534,11 @@ async fn large_batches(small_signature: impl Fn() -> Signature) {
 }
 
 fn backend_layers(onnxruntime: &dyn Backend, graph: &dyn Graph) -> anyhow::Result<()> {
-    measure(100_000, 1, || drop(graph.run(digits_row(), &Stop::default()).expect("runs")))
+    measure(100_000, 1, || drop(graph.run(&mut digits_row(), &Stop::default()).expect("runs")))
         .row("backend call: digits MLP on ONNX Runtime, 1 row");
     let data: Vec<u8> = (0..32).flat_map(|_| scaled()).flat_map(|v| v.to_le_bytes()).collect();
     let batch = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![32, 64], data)?)];
-    measure(200_000, 32, || drop(graph.run(batch.clone(), &Stop::default()).expect("runs")))
+    measure(200_000, 32, || drop(graph.run(&mut batch.clone(), &Stop::default()).expect("runs")))
         .row("backend call: the same, per row of a batch of 32");
     // An engine call that reads tens of MB and computes little, as a GPU's does on the host:
     // what handing a batch of images to the engine costs beside the engine's own read of it
@@ -551,7 +552,7 @@ fn backend_layers(onnxruntime: &dyn Backend, graph: &dyn Graph) -> anyhow::Resul
     });
     let pool = onnxruntime.load(&pool, &Placement::CPU)?;
     let images = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![32, 3, 224, 224], vec![7; 32 * 602_112])?)];
-    measure(3_200, 32, || drop(pool.run(images.clone(), &Stop::default()).expect("runs")))
+    measure(3_200, 32, || drop(pool.run(&mut images.clone(), &Stop::default()).expect("runs")))
         .row("backend call: per image of a batch of 32 (19 MB) averaged per channel, on ONNX Runtime");
     Ok(())
 }

@@ -132,12 +132,12 @@ fn batch_input(model: &BenchModel, batch: usize) -> Vec<(String, Tensor)> {
 /// Inferences per second over at least one second of back-to-back runs.
 fn throughput(graph: &dyn Graph, inputs: &[(String, Tensor)], batch: usize) -> anyhow::Result<f64> {
     for _ in 0..20 {
-        graph.run(inputs.to_vec(), &Stop::default())?;
+        graph.run(&mut inputs.to_vec(), &Stop::default())?;
     }
     let started = Instant::now();
     let mut runs = 0usize;
     while started.elapsed() < Duration::from_secs(1) || runs < 20 {
-        graph.run(inputs.to_vec(), &Stop::default())?;
+        graph.run(&mut inputs.to_vec(), &Stop::default())?;
         runs += 1;
     }
     Ok((runs * batch) as f64 / started.elapsed().as_secs_f64())
@@ -246,7 +246,7 @@ async fn end_to_end() -> anyhow::Result<()> {
     let mut raw = Vec::with_capacity(E2E_CALLS);
     for i in 0..(E2E_CALLS + 200) {
         let started = Instant::now();
-        graph.run(input.clone(), &Stop::default())?;
+        graph.run(&mut input.clone(), &Stop::default())?;
         if i >= 200 {
             raw.push(started.elapsed());
         }

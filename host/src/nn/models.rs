@@ -609,8 +609,8 @@ fn run_on_zeros(graph: &dyn Graph, rows: usize) -> Result<(), String> {
         let bytes = dims.iter().product::<usize>() * spec.ty.size();
         Tensor::new(spec.ty, dims, vec![0; bytes]).map(|tensor| (spec.name.clone(), tensor)).map_err(|e| e.to_string())
     };
-    let inputs = graph.signature().inputs.iter().map(zeros).collect::<Result<NamedTensors, _>>()?;
-    graph.run(inputs, &Stop::default()).map(drop).map_err(|err| err.to_string())
+    let mut inputs = graph.signature().inputs.iter().map(zeros).collect::<Result<NamedTensors, _>>()?;
+    graph.run(&mut inputs, &Stop::default()).map(drop).map_err(|err| err.to_string())
 }
 
 /// How a model that left memory is loaded again: from its file (the manifest's, or the
@@ -1199,7 +1199,11 @@ mod tests {
             DeviceId::Cuda(0)
         }
 
-        fn run(&self, _inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(
+            &self,
+            _inputs: &mut Vec<(String, Tensor)>,
+            _stop: &Stop,
+        ) -> Result<Vec<(String, Tensor)>, BackendError> {
             Ok(Vec::new())
         }
     }

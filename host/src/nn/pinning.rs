@@ -103,16 +103,19 @@ impl Graph for PinnedGraph {
         self.graph.device()
     }
 
-    fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
         let gone = || BackendError::InvalidInput("the instance's pinned thread is gone".to_string());
         let (reply, answer) = mpsc::sync_channel(1);
-        let (graph, stop) = (self.graph.clone(), stop.clone());
+        let (graph, stop, mut moved) = (self.graph.clone(), stop.clone(), std::mem::take(inputs));
         self.jobs
             .send(Box::new(move || {
-                let _ = reply.send(graph.run(inputs, &stop));
+                let outputs = graph.run(&mut moved, &stop);
+                let _ = reply.send((outputs, moved));
             }))
             .map_err(|_| gone())?;
-        answer.recv().map_err(|_| gone())?
+        let (outputs, moved) = answer.recv().map_err(|_| gone())?;
+        *inputs = moved;
+        outputs
     }
 }
 

@@ -97,8 +97,10 @@ pub trait Graph: Send + Sync {
 
     /// Run on named inputs already checked against the signature; outputs in signature order.
     /// `stop` may end the run early from another thread (backends that cannot stop a run
-    /// ignore it).
-    fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError>;
+    /// ignore it). The inputs are left as they were given: they are `&mut` only so that a
+    /// graph that runs on another thread (a pinned instance's) can move them there and back,
+    /// and the caller keeps a large batch's buffers for its next batch.
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError>;
 }
 
 /// Ends a graph run from another thread: when nobody waits for its result any more, a run

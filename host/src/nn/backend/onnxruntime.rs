@@ -263,7 +263,7 @@ impl Graph for OrtGraph {
         self.device
     }
 
-    fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
         let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
         let options = Arc::new(RunOptions::new().map_err(|e| run_error(e.to_string()))?);
         let terminate = options.clone();

@@ -183,7 +183,7 @@ impl Graph for TractGraph {
     }
 
     /// tract cannot stop a run once started: `stop` is only checked before it starts.
-    fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
         let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
         if stop.is_stopped() {
             return Err(run_error("stopped: every request in the batch had passed its deadline".into()));

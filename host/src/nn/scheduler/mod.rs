@@ -17,6 +17,7 @@
 
 pub mod admission;
 pub mod autoscale;
+mod buffers;
 pub mod padding;
 pub mod queue;
 
@@ -38,6 +39,7 @@ use crate::telemetry::stats::ModelStats;
 use crate::tensor::Tensor;
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
+use buffers::StackBuffers;
 use padding::PaddingRule;
 use queue::{BatchQueue, FirstShape, QueuePolicy, Queued};
 pub use queue::{Bill, Share};
@@ -278,6 +280,9 @@ pub struct ModelQueue {
     /// Registered with its device (which holds it weakly) while any handle lives; `None`:
     /// the model is pinned or cannot be loaded again.
     evictable: Option<Arc<EvictHandle>>,
+    /// The buffers its large batches are stacked into, for tests to see what is kept.
+    #[cfg(test)]
+    buffers: Arc<StackBuffers>,
 }
 
 impl ModelQueue {
@@ -319,8 +324,11 @@ impl ModelQueue {
             last_use: last_use.clone(),
             row_time: RowTime::default(),
             answered_at: Mutex::new(None),
+            buffers: Arc::default(),
         };
         let (instances, events) = (execution.instances.clone(), execution.events.clone());
+        #[cfg(test)]
+        let buffers = execution.buffers.clone();
         let evictable = (!residence.evictable_from.is_empty() && residence.loader.is_some()).then(|| {
             let handle = Arc::new(EvictHandle {
                 controls: controls.clone(),
@@ -357,6 +365,8 @@ impl ModelQueue {
             instances,
             events,
             evictable,
+            #[cfg(test)]
+            buffers,
         }
     }
 
@@ -504,6 +514,8 @@ struct Execution {
     /// When a batch last ended: a job that expires with none ended since it came waited on
     /// a model that answered nobody, not behind the load.
     answered_at: Mutex<Option<std::time::Instant>>,
+    /// Buffers its large batches were stacked into, for the next ones.
+    buffers: Arc<StackBuffers>,
 }
 
 /// Longest a batch may be expected to run on the async runtime's thread, in place, rather
@@ -839,6 +851,7 @@ impl Resident {
         self.gauge = None;
         self.set_instances(execution, 0);
         self.unload_wanted = false;
+        execution.buffers.clear();
         self.status.send_replace(Residency::Unloaded);
         tracing::info!(model = %model, why, "model left memory");
     }
@@ -985,6 +998,7 @@ async fn run_queue(
         let idle_until = resident.idle_until(!running.is_empty() || !state.is_empty());
         let room_retry = resident.room_retry.filter(|_| !state.is_empty());
         let tick_due = resident.tick_due();
+        let buffers_due = execution.buffers.release_due();
         tokio::select! {
             job = receiver.recv(), if !closed => match job {
                 Some(job) => {
@@ -1042,6 +1056,9 @@ async fn run_queue(
             }
             () = sleep_until_due(tick_due), if tick_due.is_some() => {
                 resident.tick(&execution, state.oldest_enqueued(), std::time::Instant::now());
+            }
+            () = sleep_until_due(buffers_due), if buffers_due.is_some() => {
+                execution.buffers.release_unused(std::time::Instant::now());
             }
             Some(added) = resident.scaling.join_next(), if !resident.scaling.is_empty() => {
                 let added =
@@ -1128,11 +1145,11 @@ async fn run_queue(
                     false => execution.row_time.runs_of_any_size_within(rows, RUN_IN_PLACE_WHILE_BUSY_MAX),
                 };
             let inputs = match inputs {
-                Inputs::Stacked(inputs) if in_place => {
+                Inputs::Stacked(mut inputs) if in_place => {
                     let span = prepared.compute_span(&execution.model);
                     let ran = async move {
                         let (stop, began) = (Stop::default(), std::time::Instant::now());
-                        let ran = Ran::of(&*graph, inputs, &stop);
+                        let ran = Ran::of(&*graph, &mut inputs, &stop);
                         finish(&execution, device, prepared, (ran, stop), None);
                         (graph, began.elapsed())
                     };
@@ -1175,7 +1192,7 @@ async fn run_queue(
                         unstackable = Some(prepared);
                         return None;
                     };
-                    let inputs = inputs.stacking_meanwhile();
+                    let inputs = inputs.stacking_meanwhile(&execution.buffers);
                     let (ready, watching) = ReadyRun::of(&execution, *device, prepared, inputs);
                     watch = Some(watching);
                     Some(ready)
@@ -1225,7 +1242,7 @@ enum Ran {
 
 impl Ran {
     /// Run `graph`; a panic in the engine is this batch's failure, not its instance's end.
-    fn of(graph: &dyn Graph, inputs: NamedTensors, stop: &Stop) -> Self {
+    fn of(graph: &dyn Graph, inputs: &mut NamedTensors, stop: &Stop) -> Self {
         let began = std::time::Instant::now();
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| graph.run(inputs, stop))) {
             Ok(outcome) => Self::Ended(outcome, began.elapsed(), began),
@@ -1288,7 +1305,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let inputs = match padded {
         Some(None) => None,
         _ if inputs.len() > 1 && byte_len(inputs.iter().flatten()) > LARGE_BATCH_BYTES => Some(Inputs::Apart(inputs)),
-        _ => stack(inputs).map(Inputs::Stacked),
+        _ => stack(inputs, &execution.buffers).map(Inputs::Stacked),
     };
     Prepared {
         inputs,
@@ -1328,12 +1345,13 @@ enum Inputs {
 
 impl Inputs {
     /// A large batch handed on to a running instance: stacked meanwhile on a blocking thread.
-    fn stacking_meanwhile(self) -> Self {
+    fn stacking_meanwhile(self, buffers: &Arc<StackBuffers>) -> Self {
         let Self::Apart(jobs) = self else { return self };
         let (stacked, stacking) = std::sync::mpsc::sync_channel(1);
+        let buffers = buffers.clone();
         tokio::task::spawn_blocking(move || {
             let began = std::time::Instant::now();
-            let batch = stack(jobs);
+            let batch = stack(jobs, &buffers);
             let _ = stacked.send((batch, began.elapsed()));
         });
         Self::Stacking(stacking)
@@ -1341,12 +1359,12 @@ impl Inputs {
 
     /// The stacked batch (`None` if the jobs' inputs do not stack), and how long stacking it
     /// took here. Blocks: on an instance's thread only.
-    fn into_batch(self) -> (Option<NamedTensors>, Duration) {
+    fn into_batch(self, buffers: &StackBuffers) -> (Option<NamedTensors>, Duration) {
         match self {
             Self::Stacked(batch) => (Some(batch), Duration::ZERO),
             Self::Apart(jobs) => {
                 let began = std::time::Instant::now();
-                (stack(jobs), began.elapsed())
+                (stack(jobs, buffers), began.elapsed())
             }
             Self::Stacking(stacking) => stacking.recv().unwrap_or((None, Duration::ZERO)),
         }
@@ -1484,11 +1502,18 @@ impl ReadyRun {
         }
         let Self { inputs, mut prepared, watch, execution, device } = self;
         let stop = watch.stop.clone();
-        let (inputs, stack_time) = inputs.into_batch();
+        let (inputs, stack_time) = inputs.into_batch(&execution.buffers);
         prepared.stack_time += stack_time;
         // The span is the run's: it ends as the run does, before the next one begins.
         let ran = match inputs {
-            Some(inputs) => prepared.compute_span(&execution.model).in_scope(|| Ran::of(graph, inputs, &stop)),
+            Some(mut inputs) => {
+                let ran = prepared.compute_span(&execution.model).in_scope(|| Ran::of(graph, &mut inputs, &stop));
+                // Up to two batches an instance: the one it runs and the one stacked meanwhile.
+                let limit = 2 * execution.instances.load(Ordering::Relaxed).max(1) * inputs.len();
+                let buffers = inputs.into_iter().map(|(_, tensor)| tensor.into_data());
+                execution.buffers.keep(buffers, limit, std::time::Instant::now());
+                ran
+            }
             None => Ran::NotStacked,
         };
         // Ran: the queue stops watching it (not before: it stops the run at the deadline).
@@ -1710,8 +1735,9 @@ fn finish(
     }
 }
 
-/// Stack the jobs' inputs along dimension 0, input by input.
-fn stack(mut inputs: Vec<NamedTensors>) -> Option<NamedTensors> {
+/// Stack the jobs' inputs along dimension 0, input by input, into `buffers`' kept memory where
+/// they are large.
+fn stack(mut inputs: Vec<NamedTensors>, buffers: &StackBuffers) -> Option<NamedTensors> {
     if inputs.len() == 1 {
         return inputs.pop();
     }
@@ -1721,7 +1747,8 @@ fn stack(mut inputs: Vec<NamedTensors>) -> Option<NamedTensors> {
         .map(|name| {
             let parts: Vec<&Tensor> =
                 inputs.iter().map(|job| job.iter().find(|(n, _)| *n == name).map(|(_, t)| t)).collect::<Option<_>>()?;
-            Some((name, Tensor::concat_rows(&parts)?))
+            let len = parts.iter().map(|part| part.data().len()).sum();
+            Some((name, Tensor::concat_rows_into(&parts, buffers.take(len))?))
         })
         .collect()
 }
@@ -1892,9 +1919,9 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
             self.1.fetch_add(1, Ordering::SeqCst);
-            Ok(inputs)
+            Ok(inputs.clone())
         }
     }
 
@@ -2036,10 +2063,10 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: NamedTensors, _stop: &Stop) -> Result<NamedTensors, BackendError> {
+        fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<NamedTensors, BackendError> {
             let here = std::thread::current().id() == self.1;
             [&self.3, &self.2][usize::from(here)].fetch_add(1, Ordering::SeqCst);
-            Ok(inputs)
+            Ok(inputs.clone())
         }
     }
 
@@ -2091,7 +2118,7 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
             let started = std::time::Instant::now();
             while started.elapsed() < Duration::from_millis(self.1.load(Ordering::SeqCst)) {
                 if stop.is_stopped() {
@@ -2100,7 +2127,7 @@ mod tests {
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Ok(inputs)
+            Ok(inputs.clone())
         }
     }
 
@@ -2124,10 +2151,10 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
             std::thread::sleep(Duration::from_millis(2));
             assert!(inputs[0].1.data()[3] & 0x80 == 0, "a negative input");
-            Ok(inputs)
+            Ok(inputs.clone())
         }
     }
 
@@ -2178,7 +2205,7 @@ mod tests {
         // What one batch's copies take on this machine as the test runs.
         let parts = (0..8).map(job).collect();
         let began = thread_cpu();
-        let batch = stack(parts).expect("a batch");
+        let batch = stack(parts, &StackBuffers::default()).expect("a batch");
         let stacked = thread_cpu();
         drop(unstack(batch, &[1; 8]));
         let copy = (stacked - began).min(thread_cpu() - stacked);
@@ -2210,6 +2237,51 @@ mod tests {
             assert!(ok, "job {fill} got another's outputs");
         }
         assert!(longest < copy / 2, "the runtime's thread ran {longest:?} at a stretch; a batch's copy takes {copy:?}");
+    }
+
+    /// A graph that answers its input and notes where each run's input lay in memory.
+    struct NotesAddresses(Signature, Arc<Mutex<Vec<usize>>>);
+
+    impl Graph for NotesAddresses {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+
+        fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<NamedTensors, BackendError> {
+            self.1.lock().expect("addresses").push(inputs[0].1.data().as_ptr() as usize);
+            Ok(inputs.clone())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_batch_is_stacked_into_the_last_ones_memory_which_goes_back_once_unused() {
+        // Eight jobs of 256 KB a batch: 2 MiB, stacked off the runtime into a kept buffer.
+        const FLOATS: usize = 65_536;
+        let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(FLOATS)] };
+        let addresses = Arc::new(Mutex::new(Vec::new()));
+        let graph = NotesAddresses(Signature { inputs: vec![spec.clone()], outputs: vec![spec] }, addresses.clone());
+        let loaded = Loaded { graphs: vec![Arc::new(graph)], memory: Vec::new() };
+        let settings = QueueSettings { max_batch_rows: 8, ..settings() };
+        let queue = ModelQueue::start("large", "none", (loaded, Residence::default()), true, settings, Arc::default());
+        let job = |fill: u8| {
+            let tensor = Tensor::new(ElementType::F32, vec![1, FLOATS], vec![fill; FLOATS * 4]).expect("a tensor");
+            vec![("X".to_string(), tensor)]
+        };
+        for round in 0..2u8 {
+            let fills: Vec<u8> = (0..8).map(|caller| round * 8 + caller).collect();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let jobs = fills.iter().map(|&fill| queue.compute(job(fill), deadline, share()));
+            for (fill, result) in fills.iter().zip(futures::future::join_all(jobs).await) {
+                let outputs = result.unwrap_or_else(|err| panic!("job {fill}: {err}"));
+                assert!(outputs[0].1.data().iter().all(|byte| byte == fill), "job {fill} got another's rows");
+            }
+        }
+        let addresses = addresses.lock().expect("addresses").clone();
+        assert_eq!(addresses.len(), 2, "one batch a round");
+        assert_eq!(addresses[0], addresses[1], "the second batch was stacked into the first's buffer");
+        assert!(queue.buffers.held_bytes() >= 8 * FLOATS * 4, "kept for the next batch");
+        tokio::time::sleep(buffers::KEEP_FOR + Duration::from_millis(300)).await;
+        assert_eq!(queue.buffers.held_bytes(), 0, "given back once no batch used it for a while");
     }
 
     /// The calling thread's CPU time.
