@@ -122,6 +122,7 @@ impl Graph for PinnedGraph {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::ElementType;
 
     #[test]
     fn work_runs_on_a_named_thread_pinned_to_the_cores() {
@@ -136,5 +137,36 @@ mod tests {
         assert_eq!(cores, Some(vec![last]), "the thread runs on the named core only");
         let beyond = CpuList::parse("2000").expect("a list");
         assert!(on_pinned_thread(&beyond, || ()).is_err(), "a core past CPU_SETSIZE is refused");
+    }
+
+    /// A graph that answers the name of the thread it ran on and where its input lay.
+    struct Notes(Signature);
+
+    impl Graph for Notes {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+            let thread = std::thread::current().name().unwrap_or_default().as_bytes().to_vec();
+            let address = (inputs[0].1.data().as_ptr() as u64).to_le_bytes().to_vec();
+            let tensor = |bytes: Vec<u8>| Tensor::new(ElementType::U8, vec![bytes.len()], bytes).expect("a tensor");
+            Ok(vec![("thread".into(), tensor(thread)), ("address".into(), tensor(address))])
+        }
+    }
+
+    #[test]
+    fn a_pinned_graph_runs_on_its_thread_and_gives_the_inputs_back_as_they_were() {
+        let allowed = allowed_cores().expect("this process's cores");
+        let one = CpuList::parse(&allowed.cores()[0].to_string()).expect("a core");
+        let pinned = PinnedGraph::new(Box::new(Notes(Signature::default())), &one).expect("a pinned thread");
+        let input = Tensor::new(ElementType::F32, vec![2, 2], (0..16).collect()).expect("a tensor");
+        let mut inputs = vec![("X".to_string(), input.clone())];
+        let address = inputs[0].1.data().as_ptr() as u64;
+        let outputs = pinned.run(&mut inputs, &Stop::default()).expect("runs");
+        assert_eq!(outputs[0].1.data(), thread_name(&one).as_bytes(), "it ran on the pinned thread");
+        assert_eq!(outputs[1].1.data(), address.to_le_bytes(), "the engine read the caller's own buffer");
+        assert_eq!(inputs, vec![("X".to_string(), input)], "the inputs came back as they were");
+        assert_eq!(inputs[0].1.data().as_ptr() as u64, address, "in the same memory, for the next batch");
     }
 }
