@@ -12,7 +12,6 @@ use tract_onnx::prelude::{
 };
 use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
-
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
