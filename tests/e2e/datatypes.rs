@@ -140,4 +140,9 @@ async fn callers_of_large_rows_each_get_their_own_rows_back_batch_after_batch() 
     let (_, stats) = server.get("/v2/models/wide/stats", Some(KEY)).await;
     let model = &stats["model_stats"][0];
     assert_eq!((model["inference_count"].as_u64(), model["execution_count"].as_u64()), (Some(48), Some(6)), "{stats}");
+    // The last batch's buffer is kept for the next, in sight of the operator, then let go.
+    let kept = server.metric("sluice_batch_buffer_bytes{").await;
+    assert!(kept >= (8 * WIDTH * 4) as f64, "kept {kept} bytes");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(server.metric("sluice_batch_buffer_bytes{").await, 0.0, "released a second after the last batch");
 }

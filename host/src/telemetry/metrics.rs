@@ -36,6 +36,7 @@ pub mod names {
     pub const MODEL_EVICTIONS: &str = "sluice_model_evictions_total";
     pub const MODEL_INSTANCES: &str = "sluice_model_instances";
     pub const MODEL_SCALINGS: &str = "sluice_model_scalings_total";
+    pub const BATCH_BUFFERS: &str = "sluice_batch_buffer_bytes";
     pub const DEVICE_MEMORY_TOTAL: &str = "sluice_device_memory_total_bytes";
     pub const DEVICE_MEMORY_BUDGET: &str = "sluice_device_memory_budget_bytes";
     pub const DEVICE_MEMORY_USED: &str = "sluice_device_memory_used_bytes";
@@ -110,6 +111,8 @@ pub struct ModelSeries {
     /// The autoscaler's changes: an instance added, one removed.
     pub scaled_up: IntCounter,
     pub scaled_down: IntCounter,
+    /// Memory kept for stacking its large batches (changed by deltas, as `queue_depth`).
+    pub batch_buffers: IntGauge,
 }
 
 /// How mirrored requests of one shadow version ended.
@@ -149,6 +152,7 @@ pub struct Metrics {
     model_memory: IntGaugeVec,
     model_evictions: IntCounterVec,
     model_instances: IntGaugeVec,
+    batch_buffers: IntGaugeVec,
     model_scalings: IntCounterVec,
     device_memory_total: IntGaugeVec,
     device_memory_budget: IntGaugeVec,
@@ -337,6 +341,12 @@ impl Metrics {
                 "Execution instances of a resident model (loaded copies that run batches at once).",
                 &["model", "backend"],
             ),
+            batch_buffers: int_gauge(
+                &registry,
+                BATCH_BUFFERS,
+                "Memory a model keeps for stacking its next large batches (released after a second unused).",
+                &["model", "backend"],
+            ),
             model_scalings: counter(
                 &registry,
                 MODEL_SCALINGS,
@@ -507,6 +517,7 @@ impl Metrics {
             instances: self.model_instances.with_label_values(&values),
             scaled_up: self.model_scalings.with_label_values(&[labels.model, labels.backend, "up"]),
             scaled_down: self.model_scalings.with_label_values(&[labels.model, labels.backend, "down"]),
+            batch_buffers: self.batch_buffers.with_label_values(&values),
         }
     }
 

@@ -2,11 +2,14 @@
 //! buffer of tens of MB is a new mapping whose every page faults as it is first written
 //! (glibc maps allocations above 32 MiB afresh and unmaps them when freed): stacking 128
 //! images (77 MB) took ~30 ms into a new buffer and ~4.5 ms into a kept one. Kept only while
-//! batches keep coming: a buffer unused for [`KEEP_FOR`] goes back to the system.
+//! batches keep coming: a buffer unused for [`KEEP_FOR`] goes back to the system. What is kept
+//! shows in `sluice_batch_buffer_bytes`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use prometheus::IntGauge;
 
 /// How long a buffer no batch has used is kept.
 pub const KEEP_FOR: Duration = Duration::from_secs(1);
@@ -16,20 +19,28 @@ const KEPT_FROM: usize = 1 << 20;
 
 /// A model's kept buffers, shared by its queue, its instances' threads and the threads that
 /// stack batches for them.
-#[derive(Default)]
 pub struct StackBuffers {
-    kept: Mutex<Vec<Kept>>,
+    kept: Mutex<Kept>,
     /// Whether any is kept, read without the lock: the queue asks on each of its turns, and
     /// most models never have a large batch.
     any_kept: AtomicBool,
+    /// The bytes kept, as the model's gauge (changed by deltas: copies of different weights
+    /// may share a model's name).
+    gauge: IntGauge,
 }
 
+#[derive(Default)]
 struct Kept {
-    buffer: Vec<u8>,
-    since: Instant,
+    buffers: Vec<(Vec<u8>, Instant)>,
+    /// What the gauge was last told.
+    reported: i64,
 }
 
 impl StackBuffers {
+    pub fn new(gauge: IntGauge) -> Self {
+        Self { kept: Mutex::default(), any_kept: AtomicBool::new(false), gauge }
+    }
+
     /// An empty buffer with room for `len` bytes: the smallest kept one with that room, else
     /// a new one. What a kept buffer held is cleared, never read again.
     pub fn take(&self, len: usize) -> Vec<u8> {
@@ -38,15 +49,16 @@ impl StackBuffers {
         }
         let mut kept = self.lock();
         let fitting = kept
+            .buffers
             .iter()
             .enumerate()
-            .filter(|(_, k)| k.buffer.capacity() >= len)
-            .min_by_key(|(_, k)| k.buffer.capacity())
+            .filter(|(_, (buffer, _))| buffer.capacity() >= len)
+            .min_by_key(|(_, (buffer, _))| buffer.capacity())
             .map(|(index, _)| index);
         match fitting {
             Some(index) => {
-                let mut buffer = kept.swap_remove(index).buffer;
-                self.any_kept.store(!kept.is_empty(), Ordering::Relaxed);
+                let (mut buffer, _) = kept.buffers.swap_remove(index);
+                self.changed(&mut kept);
                 buffer.clear();
                 buffer
             }
@@ -62,12 +74,12 @@ impl StackBuffers {
             return;
         }
         let mut kept = self.lock();
-        kept.extend(returned.map(|buffer| Kept { buffer, since: now }));
-        if kept.len() > limit {
-            kept.sort_unstable_by_key(|k| std::cmp::Reverse(k.buffer.capacity()));
-            kept.truncate(limit);
+        kept.buffers.extend(returned.map(|buffer| (buffer, now)));
+        if kept.buffers.len() > limit {
+            kept.buffers.sort_unstable_by_key(|(buffer, _)| std::cmp::Reverse(buffer.capacity()));
+            kept.buffers.truncate(limit);
         }
-        self.any_kept.store(!kept.is_empty(), Ordering::Relaxed);
+        self.changed(&mut kept);
     }
 
     /// When the buffer unused longest is due to go (`None` while none is kept).
@@ -75,31 +87,47 @@ impl StackBuffers {
         if !self.any_kept.load(Ordering::Relaxed) {
             return None;
         }
-        self.lock().iter().map(|k| k.since + KEEP_FOR).min()
+        self.lock().buffers.iter().map(|(_, since)| *since + KEEP_FOR).min()
     }
 
     /// Let go of the buffers no batch has used for [`KEEP_FOR`] before `now`.
     pub fn release_unused(&self, now: Instant) {
         let mut kept = self.lock();
-        kept.retain(|k| now.saturating_duration_since(k.since) < KEEP_FOR);
-        self.any_kept.store(!kept.is_empty(), Ordering::Relaxed);
+        kept.buffers.retain(|(_, since)| now.saturating_duration_since(*since) < KEEP_FOR);
+        self.changed(&mut kept);
     }
 
     /// Let go of every kept buffer (the model left memory).
     pub fn clear(&self) {
         let mut kept = self.lock();
-        kept.clear();
-        self.any_kept.store(false, Ordering::Relaxed);
+        kept.buffers.clear();
+        self.changed(&mut kept);
     }
 
     /// Bytes held in kept buffers.
     #[cfg(test)]
     pub fn held_bytes(&self) -> usize {
-        self.lock().iter().map(|k| k.buffer.capacity()).sum()
+        self.lock().buffers.iter().map(|(buffer, _)| buffer.capacity()).sum()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
+    /// What is kept changed: tell the flag and the gauge.
+    fn changed(&self, kept: &mut Kept) {
+        self.any_kept.store(!kept.buffers.is_empty(), Ordering::Relaxed);
+        let bytes: usize = kept.buffers.iter().map(|(buffer, _)| buffer.capacity()).sum();
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.gauge.add(bytes - kept.reported);
+        kept.reported = bytes;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for StackBuffers {
+    fn drop(&mut self) {
+        let kept = self.kept.get_mut().unwrap_or_else(PoisonError::into_inner);
+        self.gauge.sub(kept.reported);
     }
 }
 
@@ -109,13 +137,17 @@ mod tests {
 
     const MIB: usize = 1 << 20;
 
+    fn buffers() -> StackBuffers {
+        StackBuffers::new(IntGauge::new("kept", "kept").expect("a gauge"))
+    }
+
     fn filled(len: usize, byte: u8) -> Vec<u8> {
         vec![byte; len]
     }
 
     #[test]
     fn a_kept_buffer_is_reused_empty_by_the_next_batch_that_fits() {
-        let buffers = StackBuffers::default();
+        let buffers = buffers();
         let now = Instant::now();
         let large = filled(4 * MIB, 0xAB);
         let address = large.as_ptr();
@@ -133,41 +165,56 @@ mod tests {
 
     #[test]
     fn the_smallest_fitting_buffer_is_taken_and_small_ones_are_not_kept() {
-        let buffers = StackBuffers::default();
+        let buffers = buffers();
         let now = Instant::now();
         let (two, eight) = (filled(2 * MIB, 1), filled(8 * MIB, 2));
         let two_at = two.as_ptr();
         buffers.keep([eight, two, filled(4096, 3)], 8, now);
-        assert_eq!(buffers.lock().len(), 2, "a buffer under 1 MiB is the allocator's to reuse");
+        assert_eq!(buffers.lock().buffers.len(), 2, "a buffer under 1 MiB is the allocator's to reuse");
         let taken = buffers.take(MIB + 1);
         assert_eq!(taken.as_ptr(), two_at);
         let small = buffers.take(4096);
         assert!(small.capacity() >= 4096 && small.is_empty());
-        assert_eq!(buffers.lock().len(), 1, "a small batch takes no kept buffer");
+        assert_eq!(buffers.lock().buffers.len(), 1, "a small batch takes no kept buffer");
     }
 
     #[test]
     fn at_most_the_limit_is_kept_the_largest_first() {
-        let buffers = StackBuffers::default();
+        let buffers = buffers();
         let now = Instant::now();
         buffers.keep((1..=5).map(|mib| filled(mib * MIB, 0)), 2, now);
-        let mut capacities: Vec<usize> = buffers.lock().iter().map(|k| k.buffer.capacity() / MIB).collect();
+        let mut capacities: Vec<usize> = buffers.lock().buffers.iter().map(|(b, _)| b.capacity() / MIB).collect();
         capacities.sort_unstable();
         assert_eq!(capacities, vec![4, 5]);
     }
 
     #[test]
     fn buffers_unused_for_a_while_go_back() {
-        let buffers = StackBuffers::default();
+        let buffers = buffers();
         let start = Instant::now();
         assert_eq!(buffers.release_due(), None);
         buffers.keep([filled(2 * MIB, 0)], 4, start);
         buffers.keep([filled(3 * MIB, 0)], 4, start + KEEP_FOR / 2);
+        assert_eq!(buffers.gauge.get(), 5 * MIB as i64, "the gauge shows what is kept");
         assert_eq!(buffers.release_due(), Some(start + KEEP_FOR));
         buffers.release_unused(start + KEEP_FOR);
         assert_eq!(buffers.held_bytes() / MIB, 3, "the buffer used since stays");
+        assert_eq!(buffers.gauge.get(), 3 * MIB as i64);
         assert_eq!(buffers.release_due(), Some(start + KEEP_FOR / 2 + KEEP_FOR));
         buffers.clear();
-        assert_eq!((buffers.held_bytes(), buffers.release_due()), (0, None));
+        assert_eq!((buffers.held_bytes(), buffers.release_due(), buffers.gauge.get()), (0, None, 0));
+    }
+
+    #[test]
+    fn the_gauge_is_shared_with_other_copies_of_the_model_and_forgets_a_copy_that_ends() {
+        let gauge = IntGauge::new("kept", "kept").expect("a gauge");
+        let (one, other) = (StackBuffers::new(gauge.clone()), StackBuffers::new(gauge.clone()));
+        one.keep([filled(2 * MIB, 0)], 4, Instant::now());
+        other.keep([filled(3 * MIB, 0)], 4, Instant::now());
+        assert_eq!(gauge.get(), 5 * MIB as i64);
+        drop(one.take(MIB));
+        assert_eq!(gauge.get(), 3 * MIB as i64, "a taken buffer is no longer counted");
+        drop(other);
+        assert_eq!(gauge.get(), 0, "an ended copy's buffers go with it");
     }
 }

@@ -312,19 +312,20 @@ impl ModelQueue {
         let backlog = Arc::new(Backlog::default());
         let padding = settings.padding.map(Arc::new);
         let last_use = Arc::new(LastUse::new());
+        let series = metrics().model_series(ModelLabels { model: &model, backend });
         let execution = Execution {
             model: model.clone(),
             stats: stats.clone(),
             backlog: backlog.clone(),
             padding: padding.clone(),
-            series: metrics().model_series(ModelLabels { model: &model, backend }),
+            buffers: Arc::new(StackBuffers::new(series.batch_buffers.clone())),
+            series,
             backend: backend.into(),
             instances: Arc::new(AtomicUsize::new(0)),
             events: Arc::new(Mutex::new(VecDeque::new())),
             last_use: last_use.clone(),
             row_time: RowTime::default(),
             answered_at: Mutex::new(None),
-            buffers: Arc::default(),
         };
         let (instances, events) = (execution.instances.clone(), execution.events.clone());
         #[cfg(test)]
@@ -2205,7 +2206,8 @@ mod tests {
         // What one batch's copies take on this machine as the test runs.
         let parts = (0..8).map(job).collect();
         let began = thread_cpu();
-        let batch = stack(parts, &StackBuffers::default()).expect("a batch");
+        let unkept = StackBuffers::new(prometheus::IntGauge::new("kept", "kept").expect("a gauge"));
+        let batch = stack(parts, &unkept).expect("a batch");
         let stacked = thread_cpu();
         drop(unstack(batch, &[1; 8]));
         let copy = (stacked - began).min(thread_cpu() - stacked);
