@@ -542,7 +542,7 @@ fn backend_layers(onnxruntime: &dyn Backend, graph: &dyn Graph) -> anyhow::Resul
         .row("backend call: the same, per row of a batch of 32");
     // An engine call that reads tens of MB and computes little, as a GPU's does on the host:
     // what handing a batch of images to the engine costs beside the engine's own read of it
-    // (each call copies the batch first, as each batch is stacked afresh).
+    // (each call copies the batch first, as each batch is stacked).
     let pool = onnx::model(onnx::GraphProto {
         node: vec![onnx::node("GlobalAveragePool", &["X"], &["Y"], Vec::new())],
         name: "pool".into(),

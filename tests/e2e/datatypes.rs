@@ -37,6 +37,13 @@ fn identity(elem_type: i32, width: i64) -> Vec<u8> {
     })
 }
 
+/// A model's batching: batches of `rows` callers each, whatever the timing.
+fn batches_of(model: &str, rows: usize) -> String {
+    format!(
+        "[models.{model}.batching]\nmax_batch_size = {rows}\nmax_queue_delay_us = 5000000\npreferred_batch_sizes = [{rows}]\n\n"
+    )
+}
+
 /// Caller `caller`'s row of three values, exact in every datatype.
 fn row(datatype: &str, caller: usize) -> Value {
     let base = (caller % 40) as i64;
@@ -67,9 +74,7 @@ async fn every_datatype_comes_back_as_sent_alone_or_stacked_with_other_callers()
         std::fs::write(&path, identity(elem_type, 3)).expect("model");
         let name = datatype.to_lowercase();
         manifest += &model_entry(&name, &path, Some("onnxruntime"));
-        // Batches of four callers each, whatever the timing.
-        manifest += &format!("[models.{name}.batching]\nmax_batch_size = 4\nmax_queue_delay_us = 5000000\n");
-        manifest += "preferred_batch_sizes = [4]\n\n";
+        manifest += &batches_of(&name, 4);
     }
     tenants.write("types.toml", &manifest);
     let server = std::sync::Arc::new(Server::start(tenants.path(), &[]));
@@ -109,9 +114,8 @@ async fn callers_of_large_rows_each_get_their_own_rows_back_batch_after_batch() 
     let path = models.path().join("wide.onnx");
     std::fs::write(&path, identity(1, WIDTH as i64)).expect("model");
     let tenants = Tenants::new();
-    let batching =
-        "[models.wide.batching]\nmax_batch_size = 8\nmax_queue_delay_us = 5000000\npreferred_batch_sizes = [8]\n\n";
-    let manifest = tenant_header("types", KEY, "") + &model_entry("wide", &path, Some("onnxruntime")) + batching;
+    let manifest =
+        tenant_header("types", KEY, "") + &model_entry("wide", &path, Some("onnxruntime")) + &batches_of("wide", 8);
     tenants.write("types.toml", &manifest);
     let server = std::sync::Arc::new(Server::start(tenants.path(), &[]));
     for round in 0..3 {
