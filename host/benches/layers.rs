@@ -17,7 +17,9 @@
 //!   another model's latency meanwhile (where a batch's copies hold the runtime's threads);
 //! - the backend call: the digits MLP on ONNX Runtime (1 intra-op thread), one row, and
 //!   per row of a batch of 32; and per image of a batch of 32 through a per-channel average
-//!   pool (what handing tens of MB to the engine costs beside the engine's read of them);
+//!   pool (what handing tens of MB to the engine costs beside the engine's read of them); and
+//!   callers of images through a Relu, batched 64 at a time, whose outputs are as large as
+//!   their inputs (what an image costs from its call to its answer, the run included);
 //! - the sandbox: fresh store + instantiate + call of a trivial component, and of the digits
 //!   component (whose model call goes through the queue and the backend above);
 //! - a request's whole path in process, over HTTP and gRPC (the router and the gRPC service
@@ -64,7 +66,7 @@ use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
 use sluice::api::grpc_body::BodyLimits;
 use sluice::api::http::HttpService;
 use sluice::nn::backend::{
-    self, Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec,
+    self, Backend, BackendError, BackendKind, BackendSettings, Graph, Output, Signature, Stop, TensorSpec,
 };
 use sluice::nn::models::{ModelCopy, TenantModels};
 use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Residence, Share};
@@ -236,8 +238,8 @@ impl Graph for Echo {
         &self.0
     }
 
-    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
-        Ok(inputs.clone())
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
+        Ok(Output::all(inputs.clone()))
     }
 }
 
@@ -250,12 +252,12 @@ impl Graph for Waits {
         &self.0
     }
 
-    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
         let until = Instant::now() + self.1;
         while Instant::now() < until {
             std::hint::spin_loop();
         }
-        Ok(inputs.clone())
+        Ok(Output::all(inputs.clone()))
     }
 }
 
@@ -284,7 +286,7 @@ fn main() -> anyhow::Result<()> {
         backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("{:?}", backends.unavailable))?;
     let model_bytes = std::fs::read(root().join("examples/digits/model/digits.onnx"))?;
     let graph: Arc<dyn Graph> = onnxruntime.load(&model_bytes, &Placement::CPU)?.into();
-    let outputs = graph.run(&mut digits_row(), &Stop::default())?;
+    let outputs = Output::into_tensors(graph.run(&mut digits_row(), &Stop::default())?)?;
 
     println!("### Layers (`cargo bench --bench layers`)\n");
     println!("| layer | CPU µs per request | wall µs per request |\n| --- | --- | --- |");
@@ -300,6 +302,7 @@ fn main() -> anyhow::Result<()> {
     }
     if wanted("backend") {
         backend_layers(onnxruntime.as_ref(), graph.as_ref())?;
+        runtime.block_on(runtime.spawn(large_outputs(onnxruntime.clone())))??;
     }
     if wanted("sandbox") {
         runtime.block_on(runtime.spawn(sandbox_layers(graph)))??;
@@ -467,9 +470,9 @@ impl Graph for Sleeps {
         &self.0
     }
 
-    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
         std::thread::sleep(self.1);
-        Ok(inputs.clone())
+        Ok(Output::all(inputs.clone()))
     }
 }
 
@@ -543,17 +546,51 @@ fn backend_layers(onnxruntime: &dyn Backend, graph: &dyn Graph) -> anyhow::Resul
     // An engine call that reads tens of MB and computes little, as a GPU's does on the host:
     // what handing a batch of images to the engine costs beside the engine's own read of it
     // (each call copies the batch first, as each batch is stacked).
-    let pool = onnx::model(onnx::GraphProto {
-        node: vec![onnx::node("GlobalAveragePool", &["X"], &["Y"], Vec::new())],
-        name: "pool".into(),
-        initializer: Vec::new(),
-        input: vec![onnx::value("X", onnx::FLOAT, &[None, Some(3), Some(224), Some(224)])],
-        output: vec![onnx::value("Y", onnx::FLOAT, &[None, Some(3), Some(1), Some(1)])],
-    });
-    let pool = onnxruntime.load(&pool, &Placement::CPU)?;
+    let pool = onnxruntime.load(&on_images("GlobalAveragePool", [1, 1]), &Placement::CPU)?;
     let images = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![32, 3, 224, 224], vec![7; 32 * 602_112])?)];
     measure(3_200, 32, || drop(pool.run(&mut images.clone(), &Stop::default()).expect("runs")))
         .row("backend call: per image of a batch of 32 (19 MB) averaged per channel, on ONNX Runtime");
+    Ok(())
+}
+
+/// A model of one operator from a batch of 3×224×224 f32 images `X` to `Y` of 3 channels of
+/// `height_width`.
+fn on_images(operator: &str, [height, width]: [i64; 2]) -> Vec<u8> {
+    onnx::model(onnx::GraphProto {
+        node: vec![onnx::node(operator, &["X"], &["Y"], Vec::new())],
+        name: operator.to_lowercase(),
+        initializer: Vec::new(),
+        input: vec![onnx::value("X", onnx::FLOAT, &[None, Some(3), Some(224), Some(224)])],
+        output: vec![onnx::value("Y", onnx::FLOAT, &[None, Some(3), Some(height), Some(width)])],
+    })
+}
+
+/// Callers of images through ONNX Runtime whose outputs are as large as their inputs (as a
+/// segmentation's or a detector's are), batched 64 at a time (38.5 MB each way) on one instance
+/// whose queue is never empty: what an image costs the process from its call to its answer,
+/// the engine's run (one element-wise op) included.
+async fn large_outputs(onnxruntime: Arc<dyn Backend>) -> anyhow::Result<()> {
+    const ROWS: usize = 64;
+    const IMAGES: usize = 40 * ROWS;
+    let graph: Arc<dyn Graph> = onnxruntime.load(&on_images("Relu", [224, 224]), &Placement::CPU)?.into();
+    let settings = QueueSettings { max_batch_rows: ROWS, ..queue_settings() };
+    let queue = Arc::new(queue_of("relu", graph, settings));
+    let image = Tensor::new(ElementType::F32, vec![1, 3, 224, 224], vec![7; 3 * 224 * 224 * 4])?;
+    let call = move || {
+        let (queue, image) = (queue.clone(), image.clone());
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let outputs = queue.compute(vec![("X".to_string(), image)], deadline, Share::new("images".into(), 1));
+            assert_eq!(outputs.await.expect("answered")[0].1.data().len(), 3 * 224 * 224 * 4);
+        }
+    };
+    // Two batches' worth of callers: one batch waits while the other runs.
+    closed_loops(2 * ROWS, IMAGES / 4, call.clone(), false).await;
+    let clock = Clock::start();
+    closed_loops(2 * ROWS, IMAGES, call, false).await;
+    clock.per_op(IMAGES).row(&format!(
+        "backend and answers: per image of batches of {ROWS} (38.5 MB) through Relu on ONNX Runtime, as large out"
+    ));
     Ok(())
 }
 

@@ -183,11 +183,13 @@ pub struct Tensor {
 impl Tensor {
     /// Build a tensor, checking that the bytes match the shape exactly.
     pub fn new(ty: ElementType, dims: Vec<usize>, data: Vec<u8>) -> Result<Self, TensorError> {
-        let expected = byte_len(ty, &dims).ok_or_else(|| TensorError::TooLarge { shape: dims.clone() })?;
-        if expected != data.len() {
-            return Err(TensorError::LengthMismatch { shape: dims, ty, expected, actual: data.len() });
-        }
+        check_length(ty, &dims, data.len())?;
         Ok(Self { ty, dims, data })
+    }
+
+    /// Its type, dimensions and bytes, borrowed.
+    pub fn view(&self) -> TensorView<'_> {
+        TensorView { ty: self.ty, dims: &self.dims, data: &self.data }
     }
 
     pub fn ty(&self) -> ElementType {
@@ -309,6 +311,46 @@ impl Tensor {
 
     /// Split along dimension 0 into pieces of the given row counts.
     pub fn split_rows(&self, rows: &[usize]) -> Option<Vec<Tensor>> {
+        self.view().split_rows(rows)
+    }
+}
+
+/// A tensor's type, dimensions and bytes where they lie, checked as a [`Tensor`]'s are: an
+/// engine's output read in place, so that a batch's outputs are copied once, into each
+/// caller's rows, not first out of the engine whole.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TensorView<'a> {
+    ty: ElementType,
+    dims: &'a [usize],
+    data: &'a [u8],
+}
+
+impl<'a> TensorView<'a> {
+    /// A view of `data` (little-endian elements), checking that it matches the shape exactly.
+    pub fn new(ty: ElementType, dims: &'a [usize], data: &'a [u8]) -> Result<Self, TensorError> {
+        check_length(ty, dims, data.len())?;
+        Ok(Self { ty, dims, data })
+    }
+
+    pub fn ty(&self) -> ElementType {
+        self.ty
+    }
+
+    pub fn dims(&self) -> &'a [usize] {
+        self.dims
+    }
+
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// A tensor of its own: the bytes copied.
+    pub fn to_tensor(&self) -> Tensor {
+        Tensor { ty: self.ty, dims: self.dims.to_vec(), data: self.data.to_vec() }
+    }
+
+    /// Split along dimension 0 into tensors of the given row counts.
+    pub fn split_rows(&self, rows: &[usize]) -> Option<Vec<Tensor>> {
         let total: usize = rows.iter().sum();
         if self.dims.first() != Some(&total) {
             return None;
@@ -317,7 +359,7 @@ impl Tensor {
         let mut offset = 0;
         let mut pieces = Vec::with_capacity(rows.len());
         for &n in rows {
-            let mut dims = self.dims.clone();
+            let mut dims = self.dims.to_vec();
             dims[0] = n;
             let end = offset + n * row_bytes;
             pieces.push(Tensor { ty: self.ty, dims, data: self.data[offset..end].to_vec() });
@@ -325,6 +367,15 @@ impl Tensor {
         }
         Some(pieces)
     }
+}
+
+/// Whether `len` bytes are exactly what a tensor of this type and shape holds.
+fn check_length(ty: ElementType, dims: &[usize], len: usize) -> Result<(), TensorError> {
+    let expected = byte_len(ty, dims).ok_or_else(|| TensorError::TooLarge { shape: dims.to_vec() })?;
+    if expected != len {
+        return Err(TensorError::LengthMismatch { shape: dims.to_vec(), ty, expected, actual: len });
+    }
+    Ok(())
 }
 
 /// Bytes a tensor of this type and shape occupies, or `None` on overflow.

@@ -1,6 +1,7 @@
 //! Every datatype through ONNX Runtime as it was sent: an Identity model per type answers
 //! each caller its own values, alone or stacked with other callers' into one batch (the
-//! engine reads a batch's bytes in place, and a large batch is stacked off the runtime).
+//! engine reads a batch's bytes in place, a large batch is stacked off the runtime, and large
+//! outputs are split from the engine's memory).
 
 use serde_json::{Value, json};
 
@@ -66,42 +67,67 @@ fn same_values(sent: &Value, answered: &Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_datatype_comes_back_as_sent_alone_or_stacked_with_other_callers() {
+    each_caller_gets_its_own_values(|_| 3, 24).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wide_outputs_of_every_datatype_are_split_from_the_engines_memory_to_their_callers() {
+    // 32 KiB a caller, batches of four (128 KiB): outputs from 64 KiB up stay in ONNX Runtime's
+    // memory until each caller's rows are copied out of it.
+    each_caller_gets_its_own_values(|datatype| 32 * 1024 / size_of(datatype), 8).await;
+}
+
+/// `callers` callers of each datatype's Identity model, whose rows are `width(datatype)` wide,
+/// in batches of four: each is answered its own values.
+async fn each_caller_gets_its_own_values(width: fn(&str) -> usize, callers: usize) {
     let models = tempfile::tempdir().expect("tmp");
     let tenants = Tenants::new();
     let mut manifest = tenant_header("types", KEY, "max_concurrent_requests = 1000");
     for (datatype, elem_type) in TYPES {
         let path = models.path().join(format!("{datatype}.onnx"));
-        std::fs::write(&path, identity(elem_type, 3)).expect("model");
+        std::fs::write(&path, identity(elem_type, width(datatype) as i64)).expect("model");
         let name = datatype.to_lowercase();
         manifest += &model_entry(&name, &path, Some("onnxruntime"));
         manifest += &batches_of(&name, 4);
     }
     tenants.write("types.toml", &manifest);
     let server = std::sync::Arc::new(Server::start(tenants.path(), &[]));
-    let mut callers = Vec::new();
+    let mut calls = Vec::new();
     for (datatype, _) in TYPES {
-        for caller in 0..24 {
+        for caller in 0..callers {
             let server = server.clone();
-            callers.push(tokio::spawn(async move {
-                let sent = row(datatype, caller);
-                let body = json!({ "inputs": [{ "name": "x", "shape": [1, 3], "datatype": datatype, "data": sent }] });
+            calls.push(tokio::spawn(async move {
+                let values = row(datatype, caller);
+                let values = values.as_array().expect("a row");
+                let sent = Value::Array(values.iter().cycle().take(width(datatype)).cloned().collect());
+                let shape = json!([1, width(datatype)]);
+                let body = json!({ "inputs": [{ "name": "x", "shape": shape, "datatype": datatype, "data": sent }] });
                 let (code, answer) = server.infer(&datatype.to_lowercase(), KEY, &body).await;
                 assert_eq!(code, 200, "{datatype}, caller {caller}: {answer}");
                 let y = output(&answer, "y");
-                assert_eq!(y["datatype"], datatype, "{answer}");
-                assert_eq!(y["shape"], json!([1, 3]), "{answer}");
-                assert!(same_values(&sent, &y["data"]), "{datatype}, caller {caller}: sent {sent}, answered {answer}");
+                assert_eq!((&y["datatype"], &y["shape"]), (&json!(datatype), &shape), "{datatype}, caller {caller}");
+                assert!(same_values(&sent, &y["data"]), "{datatype}, caller {caller}: not its own values");
             }));
         }
     }
-    for caller in callers {
-        caller.await.expect("a caller");
+    for call in calls {
+        call.await.expect("a caller");
     }
     for (datatype, _) in TYPES {
         let (_, stats) = server.get(&format!("/v2/models/{}/stats", datatype.to_lowercase()), Some(KEY)).await;
         let model = &stats["model_stats"][0];
         let counts = (model["inference_count"].as_u64(), model["execution_count"].as_u64());
-        assert_eq!(counts, (Some(24), Some(6)), "{datatype}: {stats}");
+        assert_eq!(counts, (Some(callers as u64), Some(callers as u64 / 4)), "{datatype}: {stats}");
+    }
+}
+
+/// Bytes an element of an OIP datatype takes.
+fn size_of(datatype: &str) -> usize {
+    match datatype {
+        "BOOL" | "UINT8" | "INT8" => 1,
+        "UINT16" | "INT16" | "FP16" | "BF16" => 2,
+        "UINT32" | "INT32" | "FP32" => 4,
+        _ => 8,
     }
 }
 

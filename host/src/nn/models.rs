@@ -1173,6 +1173,7 @@ impl TenantModels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nn::backend::Output;
 
     /// A GPU engine as the memory manager sees it, on a simulated meter (no CUDA call): its
     /// first load on the device takes `ONCE` for itself (handles, kernels), each graph
@@ -1203,7 +1204,7 @@ mod tests {
             &self,
             _inputs: &mut Vec<(String, Tensor)>,
             _stop: &Stop,
-        ) -> Result<Vec<(String, Tensor)>, BackendError> {
+        ) -> Result<Vec<(String, Output)>, BackendError> {
             Ok(Vec::new())
         }
     }

@@ -6,7 +6,7 @@
 use std::io;
 use std::sync::{Arc, mpsc};
 
-use super::backend::{BackendError, Graph, Signature, Stop};
+use super::backend::{BackendError, Graph, Output, Signature, Stop};
 use crate::registry::placement::{CpuList, DeviceId};
 use crate::tensor::Tensor;
 
@@ -103,7 +103,7 @@ impl Graph for PinnedGraph {
         self.graph.device()
     }
 
-    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
         let gone = || BackendError::InvalidInput("the instance's pinned thread is gone".to_string());
         let (reply, answer) = mpsc::sync_channel(1);
         let (graph, stop, mut moved) = (self.graph.clone(), stop.clone(), std::mem::take(inputs));
@@ -147,11 +147,11 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
             let thread = std::thread::current().name().unwrap_or_default().as_bytes().to_vec();
             let address = (inputs[0].1.data().as_ptr() as u64).to_le_bytes().to_vec();
             let tensor = |bytes: Vec<u8>| Tensor::new(ElementType::U8, vec![bytes.len()], bytes).expect("a tensor");
-            Ok(vec![("thread".into(), tensor(thread)), ("address".into(), tensor(address))])
+            Ok(Output::all(vec![("thread".into(), tensor(thread)), ("address".into(), tensor(address))]))
         }
     }
 
@@ -164,8 +164,9 @@ mod tests {
         let mut inputs = vec![("X".to_string(), input.clone())];
         let address = inputs[0].1.data().as_ptr() as u64;
         let outputs = pinned.run(&mut inputs, &Stop::default()).expect("runs");
-        assert_eq!(outputs[0].1.data(), thread_name(&one).as_bytes(), "it ran on the pinned thread");
-        assert_eq!(outputs[1].1.data(), address.to_le_bytes(), "the engine read the caller's own buffer");
+        let data = |index: usize| outputs[index].1.view().expect("a view").data();
+        assert_eq!(data(0), thread_name(&one).as_bytes(), "it ran on the pinned thread");
+        assert_eq!(data(1), address.to_le_bytes(), "the engine read the caller's own buffer");
         assert_eq!(inputs, vec![("X".to_string(), input)], "the inputs came back as they were");
         assert_eq!(inputs[0].1.data().as_ptr() as u64, address, "in the same memory, for the next batch");
     }

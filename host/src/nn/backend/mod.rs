@@ -6,6 +6,7 @@
 
 #[cfg(feature = "onnxruntime")]
 pub mod onnxruntime;
+mod output;
 #[cfg(feature = "tract")]
 pub mod tract;
 
@@ -14,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
 
+pub use self::output::{EngineMemory, Output};
 pub use crate::registry::manifest::BackendKind;
 use crate::registry::placement::{DeviceId, Placement};
 use crate::tensor::{ElementType, Tensor};
@@ -95,12 +97,13 @@ pub trait Graph: Send + Sync {
         DeviceId::Cpu
     }
 
-    /// Run on named inputs already checked against the signature; outputs in signature order.
-    /// `stop` may end the run early from another thread (backends that cannot stop a run
-    /// ignore it). The inputs are left as they were given: they are `&mut` only so that a
-    /// graph that runs on another thread (a pinned instance's) can move them there and back,
-    /// and the caller keeps a large batch's buffers for its next batch.
-    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError>;
+    /// Run on named inputs already checked against the signature; outputs in signature order,
+    /// where the engine left them if it can ([`Output`]). `stop` may end the run early from
+    /// another thread (backends that cannot stop a run ignore it). The inputs are left as they
+    /// were given: they are `&mut` only so that a graph that runs on another thread (a pinned
+    /// instance's) can move them there and back, and the caller keeps a large batch's buffers
+    /// for its next batch.
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError>;
 }
 
 /// Ends a graph run from another thread: when nobody waits for its result any more, a run

@@ -20,7 +20,9 @@ use ort::session::{RunOptions, Session, SessionInputValue};
 use ort::value::{DynValue, PrimitiveTensorElementType, TensorElementType, ValueType};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
+use super::{
+    Backend, BackendError, BackendKind, BackendSettings, EngineMemory, Graph, Output, Signature, Stop, TensorSpec,
+};
 use crate::registry::placement::{DeviceId, Placement};
 use crate::tensor::{ElementType, Tensor};
 
@@ -263,7 +265,7 @@ impl Graph for OrtGraph {
         self.device
     }
 
-    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
         let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
         let options = Arc::new(RunOptions::new().map_err(|e| run_error(e.to_string()))?);
         let terminate = options.clone();
@@ -281,13 +283,13 @@ impl Graph for OrtGraph {
         if stop.is_stopped() {
             return Err(run_error("stopped: every request in the batch had passed its deadline".into()));
         }
-        let outputs = outputs.map_err(|e| run_error(e.to_string()))?;
+        let mut outputs = outputs.map_err(|e| run_error(e.to_string()))?;
         self.signature
             .outputs
             .iter()
             .map(|spec| {
-                let value = outputs.get(&spec.name).ok_or_else(|| format!("missing output '{}'", spec.name))?;
-                Ok((spec.name.clone(), from_value(value)?))
+                let value = outputs.remove(&spec.name).ok_or_else(|| format!("missing output '{}'", spec.name))?;
+                Ok((spec.name.clone(), output(value)?))
             })
             .collect::<Result<_, String>>()
             .map_err(run_error)
@@ -360,37 +362,44 @@ fn to_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, String> {
     value.map_err(|e| e.to_string())
 }
 
-/// An output copied out of ONNX Runtime's memory as the bytes of a tensor.
-fn typed_output<T: PrimitiveTensorElementType + IntoBytes + Immutable>(
-    value: &DynValue,
-    element: ElementType,
-) -> Result<Tensor, String> {
-    let (shape, values) = value.try_extract_tensor::<T>().map_err(|e| e.to_string())?;
-    Tensor::from_elements(element, shape.iter().map(|&d| d as usize).collect(), values).map_err(|e| e.to_string())
-}
-
-fn from_value(value: &DynValue) -> Result<Tensor, String> {
-    let ValueType::Tensor { ty, .. } = value.dtype() else {
+/// An output in ONNX Runtime's memory (on the CPU: the provider of a device copies its outputs
+/// back), read in place.
+fn output(value: DynValue) -> Result<Output, String> {
+    let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
         return Err("model produced a non-tensor output".to_string());
     };
     let element = element_type(*ty).ok_or_else(|| format!("unsupported output type {ty:?}"))?;
-    match element {
-        ElementType::F16 => typed_output::<half::f16>(value, element),
-        ElementType::BF16 => typed_output::<half::bf16>(value, element),
-        ElementType::F32 => typed_output::<f32>(value, element),
-        ElementType::F64 => typed_output::<f64>(value, element),
-        ElementType::U8 => typed_output::<u8>(value, element),
-        ElementType::I8 => typed_output::<i8>(value, element),
-        ElementType::U16 => typed_output::<u16>(value, element),
-        ElementType::I16 => typed_output::<i16>(value, element),
-        ElementType::U32 => typed_output::<u32>(value, element),
-        ElementType::I32 => typed_output::<i32>(value, element),
-        ElementType::U64 => typed_output::<u64>(value, element),
-        ElementType::I64 => typed_output::<i64>(value, element),
-        ElementType::Bool => {
-            let (shape, values) = value.try_extract_tensor::<bool>().map_err(|e| e.to_string())?;
-            let data = values.iter().map(|&b| u8::from(b)).collect();
-            Tensor::new(element, shape.iter().map(|&d| d as usize).collect(), data).map_err(|e| e.to_string())
+    let dims = shape.iter().map(|&d| usize::try_from(d)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    Output::in_engine(element, dims, OrtMemory { value, element }).map_err(|e| e.to_string())
+}
+
+/// An output value of ONNX Runtime's with its element type.
+struct OrtMemory {
+    value: DynValue,
+    element: ElementType,
+}
+
+impl EngineMemory for OrtMemory {
+    fn bytes(&self) -> &[u8] {
+        fn of<T: PrimitiveTensorElementType + IntoBytes + Immutable + 'static>(value: &DynValue) -> &[u8] {
+            value.try_extract_tensor::<T>().map_or(&[], |(_, values)| values.as_bytes())
+        }
+        let value = &self.value;
+        match self.element {
+            ElementType::F16 => of::<half::f16>(value),
+            ElementType::BF16 => of::<half::bf16>(value),
+            ElementType::F32 => of::<f32>(value),
+            ElementType::F64 => of::<f64>(value),
+            ElementType::U8 => of::<u8>(value),
+            ElementType::I8 => of::<i8>(value),
+            ElementType::U16 => of::<u16>(value),
+            ElementType::I16 => of::<i16>(value),
+            ElementType::U32 => of::<u32>(value),
+            ElementType::I32 => of::<i32>(value),
+            ElementType::U64 => of::<u64>(value),
+            ElementType::I64 => of::<i64>(value),
+            // ONNX Runtime's bools are bytes of 0 or 1, as a tensor's are.
+            ElementType::Bool => of::<bool>(value),
         }
     }
 }

@@ -7,14 +7,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tract_onnx::prelude::{
-    Datum, DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt, IntoRunnable, TDim, TValue, TVec,
-    Tensor as TractTensor, TractResult, TypedFact, TypedModel, TypedSimplePlan,
+    Datum, DatumType, Framework, InferenceFact, InferenceModel, InferenceModelExt, IntoArcTensor, IntoRunnable, TDim,
+    TValue, TVec, Tensor as TractTensor, TractResult, TypedFact, TypedModel, TypedSimplePlan,
 };
 use tract_onnx::tract_hir::infer::{Factoid, ShapeFactoid};
 use tract_onnx::tract_hir::internal::DimLike;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-use super::{Backend, BackendError, BackendKind, BackendSettings, Graph, Signature, Stop, TensorSpec};
+use super::{
+    Backend, BackendError, BackendKind, BackendSettings, EngineMemory, Graph, Output, Signature, Stop, TensorSpec,
+};
 use crate::registry::placement::Placement;
 use crate::tensor::{ElementType, Tensor};
 
@@ -182,7 +184,7 @@ impl Graph for TractGraph {
     }
 
     /// tract cannot stop a run once started: `stop` is only checked before it starts.
-    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
         let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
         if stop.is_stopped() {
             return Err(run_error("stopped: every request in the batch had passed its deadline".into()));
@@ -204,7 +206,7 @@ impl Graph for TractGraph {
             .outputs
             .iter()
             .zip(outputs)
-            .map(|(spec, value)| Ok((spec.name.clone(), from_tract(&value)?)))
+            .map(|(spec, value)| Ok((spec.name.clone(), output(value)?)))
             .collect::<Result<_, String>>()
             .map_err(run_error)
     }
@@ -285,15 +287,23 @@ fn tract_tensor<T: Datum + FromBytes + IntoBytes + Immutable + KnownLayout + Cop
     TractTensor::from_shape::<T>(tensor.dims(), &tensor.elements::<T>())
 }
 
-fn from_tract(value: &TractTensor) -> Result<Tensor, String> {
-    if value.datum_type() == DatumType::TDim {
-        let as_i64 = value.cast_to::<i64>().map_err(|e| format!("{e:#}"))?;
-        return from_tract(&as_i64);
+/// An output in tract's own tensor, read in place.
+fn output(value: TValue) -> Result<Output, String> {
+    let mut tensor = value.into_arc_tensor();
+    if tensor.datum_type() == DatumType::TDim {
+        tensor = Arc::new(tensor.cast_to::<i64>().map_err(|e| format!("{e:#}"))?.into_owned());
     }
-    let ty =
-        element_type(value.datum_type()).ok_or_else(|| format!("unsupported output type {:?}", value.datum_type()))?;
-    // tract stores elements in native order; every platform Sluice runs on is little-endian.
-    Tensor::new(ty, value.shape().to_vec(), value.as_bytes().to_vec()).map_err(|e| e.to_string())
+    let ty = element_type(tensor.datum_type())
+        .ok_or_else(|| format!("unsupported output type {:?}", tensor.datum_type()))?;
+    Output::in_engine(ty, tensor.shape().to_vec(), TractMemory(tensor)).map_err(|e| e.to_string())
+}
+
+struct TractMemory(Arc<TractTensor>);
+
+impl EngineMemory for TractMemory {
+    fn bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use tokio::task::JoinError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::backend::{BackendError, Graph, Stop};
+use super::backend::{BackendError, Graph, Output, Stop};
 use super::device::{Device, Evictable, Reservation};
 use crate::registry::placement::DeviceId;
 use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
@@ -1232,7 +1232,7 @@ async fn sleep_until_due(due: Option<std::time::Instant>) {
 /// What became of a batch's run.
 enum Ran {
     /// The engine's answer, how long it took and when it began.
-    Ended(Result<NamedTensors, BackendError>, Duration, std::time::Instant),
+    Ended(Result<Vec<(String, Output)>, BackendError>, Duration, std::time::Instant),
     /// Every caller's deadline passed while it waited for the instance: not run.
     Expired,
     /// The engine panicked.
@@ -1537,7 +1537,10 @@ struct Computed {
 impl Computed {
     /// Whether its outputs are so large that splitting them is for a blocking thread.
     fn is_large(&self) -> bool {
-        matches!(&self.ran, Ran::Ended(Ok(outputs), ..) if byte_len(outputs) > LARGE_BATCH_BYTES)
+        let bytes = |outputs: &[(String, Output)]| -> usize {
+            outputs.iter().map(|(_, output)| output.view().map_or(0, |view| view.data().len())).sum()
+        };
+        matches!(&self.ran, Ran::Ended(Ok(outputs), ..) if bytes(outputs) > LARGE_BATCH_BYTES)
     }
 
     /// Answer it from `runtime`: from a task, or from a blocking thread where it is large.
@@ -1754,14 +1757,15 @@ fn stack(mut inputs: Vec<NamedTensors>, buffers: &StackBuffers) -> Option<NamedT
         .collect()
 }
 
-/// Split batched outputs back into each job's rows.
-fn unstack(outputs: NamedTensors, rows: &[usize]) -> Option<Vec<NamedTensors>> {
+/// Split batched outputs back into each job's rows, each copied once from where the engine
+/// left it.
+fn unstack(outputs: Vec<(String, Output)>, rows: &[usize]) -> Option<Vec<NamedTensors>> {
     if rows.len() == 1 {
-        return Some(vec![outputs]);
+        return Output::into_tensors(outputs).ok().map(|job| vec![job]);
     }
     let mut per_job: Vec<NamedTensors> = vec![Vec::with_capacity(outputs.len()); rows.len()];
-    for (name, tensor) in outputs {
-        for (job, piece) in per_job.iter_mut().zip(tensor.split_rows(rows)?) {
+    for (name, output) in &outputs {
+        for (job, piece) in per_job.iter_mut().zip(output.view().ok()?.split_rows(rows)?) {
             job.push((name.clone(), piece));
         }
     }
@@ -1920,9 +1924,9 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
             self.1.fetch_add(1, Ordering::SeqCst);
-            Ok(inputs.clone())
+            Ok(Output::all(inputs.clone()))
         }
     }
 
@@ -2064,10 +2068,10 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<NamedTensors, BackendError> {
+        fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
             let here = std::thread::current().id() == self.1;
             [&self.3, &self.2][usize::from(here)].fetch_add(1, Ordering::SeqCst);
-            Ok(inputs.clone())
+            Ok(Output::all(inputs.clone()))
         }
     }
 
@@ -2119,7 +2123,7 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
             let started = std::time::Instant::now();
             while started.elapsed() < Duration::from_millis(self.1.load(Ordering::SeqCst)) {
                 if stop.is_stopped() {
@@ -2128,7 +2132,7 @@ mod tests {
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Ok(inputs.clone())
+            Ok(Output::all(inputs.clone()))
         }
     }
 
@@ -2152,10 +2156,10 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Tensor)>, BackendError> {
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
             std::thread::sleep(Duration::from_millis(2));
             assert!(inputs[0].1.data()[3] & 0x80 == 0, "a negative input");
-            Ok(inputs.clone())
+            Ok(Output::all(inputs.clone()))
         }
     }
 
@@ -2209,7 +2213,7 @@ mod tests {
         let unkept = StackBuffers::new(prometheus::IntGauge::new("kept", "kept").expect("a gauge"));
         let batch = stack(parts, &unkept).expect("a batch");
         let stacked = thread_cpu();
-        drop(unstack(batch, &[1; 8]));
+        drop(unstack(Output::all(batch), &[1; 8]));
         let copy = (stacked - began).min(thread_cpu() - stacked);
 
         let jobs: Vec<NamedTensors> = (0..24).map(job).collect();
@@ -2249,9 +2253,9 @@ mod tests {
             &self.0
         }
 
-        fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<NamedTensors, BackendError> {
+        fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
             self.1.lock().expect("addresses").push(inputs[0].1.data().as_ptr() as usize);
-            Ok(inputs.clone())
+            Ok(Output::all(inputs.clone()))
         }
     }
 
@@ -2284,6 +2288,75 @@ mod tests {
         assert!(queue.buffers.held_bytes() >= 8 * FLOATS * 4, "kept for the next batch");
         tokio::time::sleep(buffers::KEEP_FOR + Duration::from_millis(300)).await;
         assert_eq!(queue.buffers.held_bytes(), 0, "given back once no batch used it for a while");
+    }
+
+    /// A graph that leaves its outputs (its inputs' bytes) in memory of its own, as an engine
+    /// does: how many runs, and how many runs' memory is alive.
+    struct LeavesInEngine(Signature, Arc<AtomicUsize>, Arc<AtomicUsize>);
+
+    struct EngineBytes(Vec<u8>, Arc<AtomicUsize>);
+
+    impl crate::nn::backend::EngineMemory for EngineBytes {
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl Drop for EngineBytes {
+        fn drop(&mut self) {
+            self.1.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Graph for LeavesInEngine {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+
+        fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
+            let (name, tensor) = &inputs[0];
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.2.fetch_add(1, Ordering::SeqCst);
+            let memory = EngineBytes(tensor.data().to_vec(), self.1.clone());
+            let output = Output::in_engine(tensor.ty(), tensor.dims().to_vec(), memory).expect("it fits");
+            Ok(vec![(name.clone(), output)])
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn outputs_left_in_the_engines_memory_reach_each_caller_and_that_memory_is_let_go() {
+        let (live, runs) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let spec = |floats| TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(floats)] };
+        // Rows of 16 KB (a batch of 128 KB, held and split on the runtime; one alone is copied
+        // out in the run) and of 256 KB (a batch of 2 MiB, split off the runtime).
+        for floats in [4_096, 65_536] {
+            let signature = Signature { inputs: vec![spec(floats)], outputs: vec![spec(floats)] };
+            let graph = LeavesInEngine(signature, live.clone(), runs.clone());
+            let loaded = Loaded { graphs: vec![Arc::new(graph)], memory: Vec::new() };
+            let settings = QueueSettings { max_batch_rows: 8, ..settings() };
+            let queue =
+                ModelQueue::start("held", "none", (loaded, Residence::default()), true, settings, Arc::default());
+            let job = |fill: u8| {
+                let tensor = Tensor::new(ElementType::F32, vec![1, floats], vec![fill; floats * 4]).expect("a tensor");
+                vec![("X".to_string(), tensor)]
+            };
+            // A batch of eight callers, then one alone (its outputs taken whole).
+            for fills in [(0..8).collect::<Vec<u8>>(), vec![9]] {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let jobs = fills.iter().map(|&fill| queue.compute(job(fill), deadline, share()));
+                for (fill, result) in fills.iter().zip(futures::future::join_all(jobs).await) {
+                    let outputs = result.unwrap_or_else(|err| panic!("job {fill}: {err}"));
+                    assert_eq!(outputs[0].1.dims(), [1, floats]);
+                    assert!(outputs[0].1.data().iter().all(|byte| byte == fill), "job {fill} got another's rows");
+                }
+                assert_eq!(
+                    live.load(Ordering::SeqCst),
+                    0,
+                    "the engine's memory outlived its answers ({floats} floats)"
+                );
+            }
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 4, "a batch of eight and one alone, twice");
     }
 
     /// The calling thread's CPU time.
