@@ -153,13 +153,11 @@ async fn callers_of_large_rows_each_get_their_own_rows_back_batch_after_batch() 
                     let values: Vec<f32> = (0..WIDTH).map(|i| mark + (i % 7) as f32 / 8.0).collect();
                     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
                     let header = json!({ "inputs": [{ "name": "x", "shape": [1, WIDTH], "datatype": "FP32",
-                                                     "parameters": { "binary_data_size": raw.len() } }] });
-                    let (code, answer) = server.infer_binary("wide", KEY, &header, &raw).await;
-                    assert_eq!(code, 200, "round {round}, caller {caller}: {answer}");
-                    assert!(
-                        f32s(&output(&answer, "y")["data"]) == values,
-                        "round {round}, caller {caller}: another's rows"
-                    );
+                                                     "parameters": { "binary_data_size": raw.len() } }],
+                                         "parameters": { "binary_data_output": true } });
+                    let (answer, answered) = binary_both_ways(&server, "wide", &header, &raw).await;
+                    assert_eq!(output(&answer, "y")["parameters"]["binary_data_size"], raw.len());
+                    assert!(answered == raw, "round {round}, caller {caller}: another's rows");
                 })
             })
             .collect();
@@ -175,4 +173,29 @@ async fn callers_of_large_rows_each_get_their_own_rows_back_batch_after_batch() 
     assert!(kept >= (8 * WIDTH * 4) as f64, "kept {kept} bytes");
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(server.metric("sluice_batch_buffer_bytes{").await, 0.0, "released a second after the last batch");
+}
+
+/// An infer call of binary inputs that asks for binary outputs: the answer's JSON and the bytes
+/// after it, where its headers say (its length, and the JSON's).
+async fn binary_both_ways(server: &Server, model: &str, header: &Value, raw: &[u8]) -> (Value, Vec<u8>) {
+    let json = serde_json::to_vec(header).expect("json");
+    let response = reqwest::Client::new()
+        .post(format!("{}/v2/models/{model}/infer", server.base))
+        .bearer_auth(KEY)
+        .header("Inference-Header-Content-Length", json.len())
+        .body([json.as_slice(), raw].concat())
+        .send()
+        .await
+        .expect("POST reaches the server");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/octet-stream");
+    let number = |name: &str| -> usize {
+        let value = response.headers().get(name).unwrap_or_else(|| panic!("no {name}"));
+        value.to_str().ok().and_then(|value| value.parse().ok()).unwrap_or_else(|| panic!("{name}: {value:?}"))
+    };
+    let (length, json_length) = (number("content-length"), number("inference-header-content-length"));
+    let body = response.bytes().await.expect("the body");
+    assert_eq!(body.len(), length, "the body is as long as its Content-Length");
+    let answer = serde_json::from_slice(&body[..json_length]).expect("the JSON first");
+    (answer, body[json_length..].to_vec())
 }

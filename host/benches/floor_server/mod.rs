@@ -140,7 +140,7 @@ async fn infer(
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
     let mut bytes = encoded.json;
-    bytes.extend_from_slice(&encoded.binary);
+    encoded.binary.iter().for_each(|part| bytes.extend_from_slice(part));
     ([("content-type", "application/json")], bytes).into_response()
 }
 

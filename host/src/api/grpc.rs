@@ -428,7 +428,7 @@ pub fn encode_response(outcome: InferOutcome) -> ModelInferResponse {
         .outputs
         .into_iter()
         .map(|output| {
-            raw_output_contents.push(raw::encode(&output.payload));
+            raw_output_contents.push(raw::encode(output.payload));
             model_infer_response::InferOutputTensor {
                 name: output.name,
                 datatype: output.datatype.name().to_string(),

@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use super::auth::{authenticate, declared_length};
 use super::error::{ApiError, ErrorKind};
-use super::json::{HttpInferRequest, encode_response, parse_infer_request};
+use super::json::{EncodedResponse, HttpInferRequest, encode_response, parse_infer_request};
 use super::{metadata, triton};
 use crate::infer;
 use crate::infer::Caller;
@@ -504,19 +504,21 @@ async fn serve_infer(
         Caller { header: &header, routed },
     )
     .await?;
-    let encoded = encode_response(outcome, &encoding)?;
-    if encoded.binary.is_empty() {
-        return Ok(([(header::CONTENT_TYPE, "application/json")], encoded.json).into_response());
+    let EncodedResponse { json, binary } = encode_response(outcome, &encoding)?;
+    if binary.is_empty() {
+        return Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response());
     }
-    let json_length = encoded.json.len();
-    let mut body = encoded.json;
-    body.extend_from_slice(&encoded.binary);
+    let (json_length, length) = (json.len(), json.len() + binary.iter().map(Vec::len).sum::<usize>());
+    // The JSON, then each output's own bytes as they are: hyper writes them out together,
+    // where one body of them all was a copy (MB a request for an image model's outputs).
+    let parts = std::iter::once(json).chain(binary).map(|part| Ok::<_, Infallible>(axum::body::Bytes::from(part)));
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, length.to_string()),
             (INFERENCE_HEADER_CONTENT_LENGTH, json_length.to_string()),
         ],
-        body,
+        Body::from_stream(futures::stream::iter(parts)),
     )
         .into_response())
 }

@@ -576,11 +576,12 @@ fn finite<T: Copy>(value: T, is_finite: fn(T) -> bool) -> Option<T> {
     is_finite(value).then_some(value)
 }
 
-/// An encoded response: the JSON header and the binary output data that follows it.
+/// An encoded response: its JSON, and the binary data of the outputs asked for so, each
+/// output's own bytes (moved, not copied: a detector's are MB an image), sent after the JSON.
 #[derive(Debug)]
 pub struct EncodedResponse {
     pub json: Vec<u8>,
-    pub binary: Vec<u8>,
+    pub binary: Vec<Vec<u8>>,
 }
 
 /// Encode a successful inference: JSON, with the outputs the client asked for as binary
@@ -592,9 +593,9 @@ pub fn encode_response(outcome: InferOutcome, encoding: &OutputEncoding) -> Resu
         .into_iter()
         .map(|tensor| {
             if encoding.binary(&tensor.name) {
-                let bytes = crate::oip::raw::encode(&tensor.payload);
+                let bytes = crate::oip::raw::encode(tensor.payload);
                 let parameters = serde_json::Map::from_iter([(BINARY_DATA_SIZE.to_string(), Value::from(bytes.len()))]);
-                binary.extend_from_slice(&bytes);
+                binary.push(bytes);
                 OutputJson {
                     name: tensor.name,
                     datatype: tensor.datatype.name(),
@@ -860,6 +861,35 @@ mod tests {
         extra.push(0);
         let leftover = parse_infer_request(&extra, Some(json.len()), LIMITS).expect_err("leftover");
         assert!(leftover.message.contains("no input claims them"), "{}", leftover.message);
+    }
+
+    #[test]
+    fn outputs_asked_for_as_binary_data_are_their_own_bytes_in_order() {
+        let tensor = |name: &str, datatype, payload| {
+            ValidTensor::new(name.into(), datatype, vec![2], payload, LIMITS).expect("valid")
+        };
+        let outputs = vec![
+            tensor("a", Datatype::Fixed(ElementType::I32), Payload::Fixed(vec![1, 0, 0, 0, 2, 0, 0, 0])),
+            tensor("b", Datatype::Bytes, Payload::Bytes(vec![b"hi".to_vec(), Vec::new()])),
+            tensor("c", Datatype::Fixed(ElementType::U8), Payload::Fixed(vec![3, 4])),
+        ];
+        let outcome = InferOutcome {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: None,
+            outputs,
+            parameters: Vec::new(),
+            cost_us: None,
+        };
+        let encoding = OutputEncoding { all_binary: true, per_output: vec![("c".to_string(), false)] };
+        let EncodedResponse { json, binary } = encode_response(outcome, &encoding).expect("encodes");
+        let json: Value = serde_json::from_slice(&json).expect("JSON");
+        let parameters: Vec<&Value> =
+            json["outputs"].as_array().expect("outputs").iter().map(|o| &o["parameters"]).collect();
+        let sizes = [serde_json::json!({ "binary_data_size": 8 }), serde_json::json!({ "binary_data_size": 10 })];
+        assert_eq!(parameters[..2], [&sizes[0], &sizes[1]]);
+        assert_eq!(json["outputs"][2]["data"], serde_json::json!([3, 4]), "c stays in the JSON");
+        assert_eq!(binary, [vec![1, 0, 0, 0, 2, 0, 0, 0], vec![2, 0, 0, 0, b'h', b'i', 0, 0, 0, 0]], "in order");
     }
 
     #[test]

@@ -35,15 +35,15 @@ pub fn decode(header: &InputHeader, bytes: &[u8]) -> Result<Payload, InvalidRequ
     }
 }
 
-/// Encode a payload as raw bytes.
-pub fn encode(payload: &Payload) -> Vec<u8> {
+/// Encode a payload as raw bytes: a fixed-size tensor's are its own, moved.
+pub fn encode(payload: Payload) -> Vec<u8> {
     match payload {
-        Payload::Fixed(bytes) => bytes.clone(),
+        Payload::Fixed(bytes) => bytes,
         Payload::Bytes(items) => {
-            let mut out = Vec::with_capacity(items.iter().map(|i| i.len() + 4).sum());
+            let mut out = Vec::with_capacity(items.iter().map(|item| item.len() + 4).sum());
             for item in items {
                 out.extend_from_slice(&(item.len() as u32).to_le_bytes());
-                out.extend_from_slice(item);
+                out.extend_from_slice(&item);
             }
             out
         }
@@ -65,7 +65,7 @@ mod tests {
     #[test]
     fn bytes_elements_round_trip_with_length_prefixes() {
         let payload = Payload::Bytes(vec![b"ab".to_vec(), Vec::new(), b"xyz".to_vec()]);
-        let raw = encode(&payload);
+        let raw = encode(payload.clone());
         assert_eq!(&raw[..6], &[2, 0, 0, 0, b'a', b'b']);
         assert_eq!(decode(&header("BYTES", 3), &raw), Ok(payload));
     }
@@ -87,7 +87,7 @@ mod tests {
             #[test]
             fn binary_tensors_round_trip(elements in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..20), 0..20), raw in proptest::collection::vec(any::<u8>(), 0..200)) {
                 let payload = Payload::Bytes(elements.clone());
-                let decoded = decode(&header("BYTES", elements.len() as u64), &encode(&payload));
+                let decoded = decode(&header("BYTES", elements.len() as u64), &encode(payload.clone()));
                 prop_assert_eq!(decoded, Ok(payload));
                 for datatype in ["BYTES", "FP32", "BOOL"] {
                     let _ = decode(&header(datatype, raw.len() as u64 / 2), &raw);

@@ -72,7 +72,7 @@ impl PreparedRequest {
                     ..Default::default()
                 };
                 for input in parsed.request.inputs {
-                    request.raw_input_contents.push(crate::oip::raw::encode(&input.payload));
+                    request.raw_input_contents.push(crate::oip::raw::encode(input.payload));
                     request.inputs.push(InferInputTensor {
                         name: input.name,
                         datatype: input.datatype.name().to_string(),
