@@ -6,7 +6,8 @@
 //!
 //! Layers, on the digits example (64 values in, the model's outputs back):
 //! - OIP JSON decode and encode (HTTP), and the binary tensor extension;
-//! - gRPC decode (protobuf bytes → validated request) and encode (→ protobuf bytes);
+//! - gRPC decode (protobuf bytes → validated request) and encode (→ protobuf bytes); and both
+//!   encodes of a detector's outputs for one image (2.8 MB);
 //! - the queue hop: submit → batch → reply, with a graph that computes nothing, one request
 //!   at a time, 64 at once, and 256 callers of one-row jobs batched up to 128 (the queue's
 //!   own cost a job, which bounds a model's one-row requests a second); and an instance's
