@@ -6,8 +6,9 @@
 //!
 //! Layers, on the digits example (64 values in, the model's outputs back):
 //! - OIP JSON decode and encode (HTTP), and the binary tensor extension;
-//! - gRPC decode (protobuf bytes → validated request) and encode (→ protobuf bytes); and both
-//!   encodes of a detector's outputs for one image (2.8 MB);
+//! - gRPC decode (protobuf bytes → validated request) and encode (→ protobuf bytes); the
+//!   decode of a batch of images (19 MB), and both encodes of a detector's outputs for one
+//!   image (2.8 MB);
 //! - the queue hop: submit → batch → reply, with a graph that computes nothing, one request
 //!   at a time, 64 at once, and 256 callers of one-row jobs batched up to 128 (the queue's
 //!   own cost a job, which bounds a model's one-row requests a second); and an instance's
@@ -356,6 +357,14 @@ fn wire_layers(outputs: &NamedTensors) -> anyhow::Result<()> {
         drop(grpc::parse_infer_request(decoded, LIMITS).expect("valid"));
     })
     .row("gRPC decode (protobuf, raw contents)");
+    let mut images = infer_request("images", "X", "FP32", vec![7; 32 * 602_112]);
+    images.inputs[0].shape = vec![32, 3, 224, 224];
+    let images = images.encode_to_vec();
+    measure(500, 1, || {
+        let decoded = ModelInferRequest::decode(images.as_slice()).expect("decodes");
+        drop(grpc::parse_infer_request(decoded, LIMITS).expect("valid"));
+    })
+    .row("gRPC decode (a batch of 32 images, 3 × 224 × 224 FP32: 19 MB)");
     measure(200_000, 1, || drop(grpc::encode_response(outcome(outputs)).encode_to_vec())).row("gRPC encode");
 
     // A detector's outputs for one image (84 × 8400 FP32, 2.8 MB): what answering them costs

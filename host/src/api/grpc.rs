@@ -367,7 +367,7 @@ pub fn parse_infer_request(message: ModelInferRequest, limits: TensorLimits) -> 
     for input in message.inputs {
         let header = inputs.header(input.name, &input.datatype, &input.shape)?;
         let payload = match raw_contents.next() {
-            Some(bytes) => raw::decode(&header, &bytes)?,
+            Some(bytes) => raw::decode(&header, std::borrow::Cow::Owned(bytes))?,
             None => typed_contents(header.datatype(), input.contents.unwrap_or_default(), header.name())?,
         };
         inputs.push(header, payload)?;
@@ -478,6 +478,23 @@ mod tests {
         assert_eq!(payload, Payload::Fixed(vec![1, 0, 255, 255]));
         let error = typed_contents(Datatype::Fixed(ElementType::U8), contents(vec![256]), "x").expect_err("too big");
         assert!(error.message.contains("out of range"), "{}", error.message);
+    }
+
+    #[test]
+    fn raw_contents_become_the_tensors_bytes_without_a_copy() {
+        let raw: Vec<u8> = (0..64u8).collect();
+        let address = raw.as_ptr();
+        let input = model_infer_request::InferInputTensor {
+            name: "x".into(),
+            datatype: "FP32".into(),
+            shape: vec![4, 4],
+            ..Default::default()
+        };
+        let message = ModelInferRequest { inputs: vec![input], raw_input_contents: vec![raw], ..Default::default() };
+        let parsed = parse_infer_request(message, TensorLimits { max_elements: 1000 }).expect("valid");
+        let Payload::Fixed(bytes) = &parsed.inputs[0].payload else { panic!("fixed-size") };
+        assert_eq!(bytes.len(), 64);
+        assert_eq!(bytes.as_ptr(), address, "the message's own bytes (a batch of images is tens of MB)");
     }
 
     mod properties {

@@ -370,7 +370,7 @@ fn input_payload(
             }
             let (bytes, rest) = binary.split_at(size);
             *binary = rest;
-            Ok(crate::oip::raw::decode(header, bytes)?)
+            Ok(crate::oip::raw::decode(header, std::borrow::Cow::Borrowed(bytes))?)
         }
         (None, Data::Read(payload)) => Ok(payload),
         (None, Data::Text(text)) => {
