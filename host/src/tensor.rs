@@ -238,16 +238,12 @@ impl Tensor {
         values
     }
 
-    /// A tensor of `values`, elements of type `ty`, copied out as little-endian bytes at once.
-    pub fn from_elements<T: IntoBytes + Immutable>(
-        ty: ElementType,
-        dims: Vec<usize>,
-        values: &[T],
-    ) -> Result<Self, TensorError> {
-        debug_assert_eq!(size_of::<T>(), ty.size(), "elements of {ty} given as {}", std::any::type_name::<T>());
-        let mut data = values.as_bytes().to_vec();
+    /// A tensor of elements of type `ty` that lie as `bytes` in this machine's order (an
+    /// engine's memory), copied out as little-endian bytes at once.
+    pub fn from_native_bytes(ty: ElementType, dims: Vec<usize>, bytes: &[u8]) -> Result<Self, TensorError> {
+        let mut data = bytes.to_vec();
         if cfg!(target_endian = "big") {
-            data.chunks_exact_mut(size_of::<T>()).for_each(<[u8]>::reverse);
+            data.chunks_exact_mut(ty.size()).for_each(<[u8]>::reverse);
         }
         Self::new(ty, dims, data)
     }
@@ -330,14 +326,6 @@ impl<'a> TensorView<'a> {
     pub fn new(ty: ElementType, dims: &'a [usize], data: &'a [u8]) -> Result<Self, TensorError> {
         check_length(ty, dims, data.len())?;
         Ok(Self { ty, dims, data })
-    }
-
-    pub fn ty(&self) -> ElementType {
-        self.ty
-    }
-
-    pub fn dims(&self) -> &'a [usize] {
-        self.dims
     }
 
     pub fn data(&self) -> &'a [u8] {
@@ -429,7 +417,7 @@ mod tests {
         assert!(matches!(read, Cow::Borrowed(_)), "a tensor's own allocation is aligned for its elements");
         assert_eq!(&*read, &floats);
         assert_eq!(tensor.copied_elements::<f32>(), floats);
-        assert_eq!(Tensor::from_elements(ElementType::F32, vec![2, 3], &read), Ok(tensor.clone()));
+        assert_eq!(Tensor::from_native_bytes(ElementType::F32, vec![2, 3], read.as_bytes()), Ok(tensor.clone()));
 
         let halves: Vec<half::f16> = [0.5f32, -1.0, 65504.0].map(half::f16::from_f32).to_vec();
         let data = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
@@ -444,7 +432,7 @@ mod tests {
         let empty = Tensor::new(ElementType::F32, vec![0, 3], Vec::new()).expect("valid");
         assert!(empty.elements::<f32>().is_empty());
         assert_eq!(
-            Tensor::from_elements(ElementType::F32, vec![2, 2], &[1.0f32]),
+            Tensor::from_native_bytes(ElementType::F32, vec![2, 2], [1.0f32].as_bytes()),
             Err(TensorError::LengthMismatch { shape: vec![2, 2], ty: ElementType::F32, expected: 16, actual: 4 })
         );
     }

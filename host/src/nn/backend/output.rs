@@ -33,15 +33,11 @@ impl Output {
         memory: impl EngineMemory + 'static,
     ) -> Result<Self, TensorError> {
         let bytes = memory.bytes();
-        TensorView::new(ty, &dims, bytes)?;
+        // Held bytes are read as a tensor's, little-endian: on another machine, copied.
         if bytes.len() < HELD_FROM || cfg!(target_endian = "big") {
-            let mut data = bytes.to_vec();
-            if cfg!(target_endian = "big") {
-                // Tensor bytes are little-endian.
-                data.chunks_exact_mut(ty.size()).for_each(<[u8]>::reverse);
-            }
-            return Tensor::new(ty, dims, data).map(Self::from);
+            return Tensor::from_native_bytes(ty, dims, bytes).map(Self::from);
         }
+        TensorView::new(ty, &dims, bytes)?;
         Ok(Self(Held::Engine { ty, dims, memory: Box::new(memory) }))
     }
 
@@ -75,15 +71,6 @@ impl Output {
 impl From<Tensor> for Output {
     fn from(tensor: Tensor) -> Self {
         Self(Held::Tensor(tensor))
-    }
-}
-
-impl std::fmt::Debug for Output {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Held::Tensor(tensor) => f.debug_tuple("Output").field(tensor).finish(),
-            Held::Engine { ty, dims, .. } => f.debug_struct("Output").field("ty", ty).field("dims", dims).finish(),
-        }
     }
 }
 
