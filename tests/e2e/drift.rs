@@ -236,3 +236,58 @@ async fn an_uploaded_baseline_is_the_reference_from_the_first_request() {
         "{theirs}"
     );
 }
+
+/// FP32 inputs may be NaN: random bits as floats, which is what perf_analyzer sends by
+/// default. NaN in both the reference and the window once stopped the KS statistic's scan
+/// from advancing, and whatever computed a report (the gauge export each second, or this
+/// endpoint) spun on a runtime thread for good: every tenant's requests then waited.
+#[tokio::test]
+async fn inputs_of_nan_drift_like_any_other_value_and_every_tenant_is_still_answered() {
+    const OTHER: &str = "test-key-beta";
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += "[models.digits-mlp.drift]\nreference_rows = 4\nwindow_rows = 4\n\n";
+    tenants.write("acme.toml", &acme);
+    let mut beta = tenant_header("beta", OTHER, "");
+    beta += &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("beta.toml", &beta);
+    let server = Server::start(tenants.path(), &[]);
+
+    // The reference: two rows of numbers and two of NaN; then a window of NaN alone.
+    let rows =
+        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| [*v; 64]).flat_map(f32::to_le_bytes).collect() };
+    let header = json!({ "inputs": [{ "name": "X", "shape": [4, 64], "datatype": "FP32", "parameters": { "binary_data_size": 4 * 64 * 4 } }] });
+    for (index, values) in [[0.25, 0.75, f32::NAN, f32::NAN], [f32::NAN; 4]].iter().enumerate() {
+        let (status, body) = server.infer_binary("digits-mlp", KEY, &header, &rows(values)).await;
+        assert_eq!(status, 200, "{body}");
+        // One sample at a time: the reference is the first call's rows.
+        if index == 0 {
+            tokio::time::timeout(Duration::from_secs(20), drift_after(&server, 4)).await.expect("a report");
+        }
+    }
+
+    let report = tokio::time::timeout(Duration::from_secs(20), drift_after(&server, 8))
+        .await
+        .expect("the report is computed, not stuck");
+    assert_eq!((report["status"].as_str(), report["level"].as_str()), (Some("ready"), Some("significant")), "{report}");
+    let ks = feature(&report, "X[0]")["ks"].as_f64().expect("a KS statistic, not NaN");
+    assert!((ks - 0.5).abs() < 1e-9, "half the reference was numbers below every NaN: {report}");
+    assert!(psi(&report, "X[0]") > 0.25, "{report}");
+
+    // Past a few gauge exports, the other tenant (and this one) is answered at once.
+    let digit = heldout_digits().swap_remove(0).0;
+    for _ in 0..6 {
+        let answered = tokio::time::timeout(
+            Duration::from_secs(2),
+            server.infer("digits-mlp", OTHER, &rows_request(std::slice::from_ref(&digit))),
+        )
+        .await
+        .expect("the other tenant is answered");
+        assert_eq!(answered.0, 200, "{}", answered.1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let scrape = tokio::time::timeout(Duration::from_secs(5), Scrape::of(&server)).await.expect("metrics answer");
+    let exported = scrape.sum(names::DRIFT_KS, &[("tenant", "acme"), ("model", "digits-mlp"), ("feature", "X[0]")]);
+    assert!((exported - 0.5).abs() < 1e-9, "KS of X[0] in /metrics: {exported}");
+}

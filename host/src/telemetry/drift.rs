@@ -345,6 +345,13 @@ impl DriftState {
     }
 }
 
+/// The order the statistics use: numbers as they compare (the two zeros alike), and every NaN
+/// one value above them all. A tenant's tensors may hold NaN; with `<=` two NaNs never compare,
+/// and a scan that waits for one to pass another never ends.
+fn ascending(a: &f64, b: &f64) -> std::cmp::Ordering {
+    a.partial_cmp(b).unwrap_or_else(|| a.is_nan().cmp(&b.is_nan()))
+}
+
 fn psi_of(reference: &[f64], current: &[f64]) -> f64 {
     reference
         .iter()
@@ -364,15 +371,15 @@ fn proportions(counts: &[usize], total: usize) -> Vec<f64> {
 /// up to and including its edge, so a constant reference still tells its value from others).
 pub fn continuous_psi(reference: &[f64], current: &[f64]) -> f64 {
     let mut sorted = reference.to_vec();
-    sorted.sort_by(f64::total_cmp);
+    sorted.sort_by(ascending);
     let mut edges: Vec<f64> = (1..PSI_BINS)
         .filter_map(|i| sorted.get((sorted.len() * i / PSI_BINS).min(sorted.len().saturating_sub(1))).copied())
         .collect();
-    edges.dedup();
+    edges.dedup_by(|a, b| ascending(a, b).is_eq());
     let histogram = |values: &[f64]| {
         let mut counts = vec![0usize; edges.len() + 1];
         for value in values {
-            counts[edges.partition_point(|edge| edge < value)] += 1;
+            counts[edges.partition_point(|edge| ascending(edge, value).is_lt())] += 1;
         }
         proportions(&counts, values.len())
     };
@@ -393,15 +400,16 @@ pub fn categorical_psi(reference: &[f64], current: &[f64]) -> f64 {
 /// The largest gap between the two samples' empirical distribution functions.
 pub fn ks_statistic(reference: &[f64], current: &[f64]) -> f64 {
     let (mut a, mut b) = (reference.to_vec(), current.to_vec());
-    a.sort_by(f64::total_cmp);
-    b.sort_by(f64::total_cmp);
+    a.sort_by(ascending);
+    b.sort_by(ascending);
     let (mut i, mut j, mut gap) = (0, 0, 0.0f64);
     while i < a.len() && j < b.len() {
-        let value = a[i].min(b[j]);
-        while i < a.len() && a[i] <= value {
+        // One of the two, so each pass moves past at least one value.
+        let value = if ascending(&a[i], &b[j]).is_le() { a[i] } else { b[j] };
+        while i < a.len() && ascending(&a[i], &value).is_le() {
             i += 1;
         }
-        while j < b.len() && b[j] <= value {
+        while j < b.len() && ascending(&b[j], &value).is_le() {
             j += 1;
         }
         gap = gap.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
@@ -751,6 +759,26 @@ mod tests {
         assert!(categorical_psi(&classes, &classes) < 1e-12);
         let skewed: Vec<f64> = classes.iter().map(|&c| if c == 3.0 { 0.0 } else { c }).collect();
         assert!(categorical_psi(&classes, &skewed) > 0.25);
+    }
+
+    /// A tenant's inputs may hold NaN (random bits as FP32 do: perf_analyzer's default data).
+    /// A NaN in both windows once stopped the KS scan from advancing, and the gauge export
+    /// that computes reports spun on a runtime thread for good: the server stopped answering.
+    #[test]
+    fn values_that_do_not_compare_still_give_bounded_statistics() {
+        let nan = f64::NAN;
+        let reference = [1.0, nan, 2.0, f64::INFINITY, -nan, -0.0];
+        let current = [nan, -nan, 3.0, f64::NEG_INFINITY, 0.0];
+        let ks = ks_statistic(&reference, &current);
+        assert!((0.0..=1.0).contains(&ks), "KS {ks}");
+        assert_eq!(ks_statistic(&[nan, -nan, nan], &[-nan, nan]), 0.0, "every NaN is the same value");
+        assert_eq!(ks_statistic(&[0.0, 1.0], &[-0.0, 1.0]), 0.0, "so are the two zeros");
+        assert!(continuous_psi(&[nan, -nan, 1.0, 1.0], &[-nan, nan, 1.0, 1.0]) < 1e-12);
+        let numbers: Vec<f64> = (0..100).map(f64::from).collect();
+        let half_nan: Vec<f64> = numbers.iter().map(|&v| if v < 50.0 { v } else { nan }).collect();
+        assert!((ks_statistic(&numbers, &half_nan) - 0.5).abs() < 1e-9, "NaN is above every number");
+        let psi = continuous_psi(&numbers, &half_nan);
+        assert!(psi.is_finite() && psi > 0.25, "a window turned half NaN drifts: PSI {psi}");
     }
 
     #[test]
