@@ -394,7 +394,15 @@ async fn model_drift(
             path.model
         )));
     };
-    let report = model.drift.get(tenant.spec().id.as_str()).map(|monitor| monitor.report());
+    let report = match model.drift.get(tenant.spec().id.as_str()) {
+        // A new reference's report sorts every window: not on the runtime's threads.
+        Some(monitor) => Some(
+            tokio::task::spawn_blocking(move || monitor.report())
+                .await
+                .map_err(|e| ApiError::new(ErrorKind::Internal, format!("drift report: {e}")))?,
+        ),
+        None => None,
+    };
     let mut body = serde_json::to_value(report.as_deref().unwrap_or(&DriftReport::empty()))
         .map_err(|e| ApiError::new(ErrorKind::Internal, format!("drift report: {e}")))?;
     body["model"] = serde_json::json!(name);

@@ -420,6 +420,17 @@ impl Drift {
             && self.psi_moderate <= self.psi_significant
     }
 
+    /// The drift level of a PSI.
+    pub fn level(&self, psi: f64) -> &'static str {
+        if psi >= self.psi_significant {
+            "significant"
+        } else if psi >= self.psi_moderate {
+            "moderate"
+        } else {
+            "none"
+        }
+    }
+
     /// Whether one call is sampled.
     pub fn sample(&self) -> bool {
         self.sample_rate >= 1.0 || (self.sample_rate > 0.0 && fastrand::f64() < self.sample_rate)

@@ -300,49 +300,64 @@ impl DriftState {
         self.features.values().map(|s| s.reference.len() + s.window.len()).sum()
     }
 
-    pub fn report(&self) -> DriftReport {
+    /// Whether a report has statistics: the reference is complete and the window has rows.
+    fn ready(&self) -> bool {
         let first = self.features.values().next();
-        let reference_rows = first.map_or(0, |s| s.reference.len());
-        let window_rows = first.map_or(0, |s| s.window.len());
-        let ready = (self.baseline || reference_rows >= self.settings.reference_rows) && window_rows > 0;
-        let features: Vec<FeatureDrift> = if ready {
-            self.features
-                .iter()
-                .map(|(name, series)| {
-                    let (psi, ks) = match series.kind {
-                        Kind::Continuous => (
-                            continuous_psi(&series.reference, &series.window),
-                            Some(ks_statistic(&series.reference, &series.window)),
-                        ),
-                        Kind::Categorical => (categorical_psi(&series.reference, &series.window), None),
-                    };
-                    FeatureDrift { feature: name.clone(), kind: series.kind, psi, ks, level: self.level(psi) }
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let worst = features.iter().map(|f| f.psi).fold(0.0, f64::max);
-        DriftReport {
-            status: if ready { "ready" } else { "collecting_reference" },
-            reference: if self.baseline { "baseline" } else { "first_rows" },
-            reference_rows,
-            window_rows,
-            rows_observed: self.rows_observed,
-            level: self.level(worst),
-            features,
-        }
+        let (reference_rows, window_rows) = first.map_or((0, 0), |s| (s.reference.len(), s.window.len()));
+        (self.baseline || reference_rows >= self.settings.reference_rows) && window_rows > 0
     }
 
-    fn level(&self, psi: f64) -> &'static str {
-        if psi >= self.settings.psi_significant {
-            "significant"
-        } else if psi >= self.settings.psi_moderate {
-            "moderate"
-        } else {
-            "none"
-        }
+    /// The report without its features' statistics, and the features to compute them for.
+    fn report_outline(&self) -> (DriftReport, Vec<String>) {
+        let first = self.features.values().next();
+        let ready = self.ready();
+        let outline = DriftReport {
+            status: if ready { "ready" } else { "collecting_reference" },
+            reference: if self.baseline { "baseline" } else { "first_rows" },
+            reference_rows: first.map_or(0, |s| s.reference.len()),
+            window_rows: first.map_or(0, |s| s.window.len()),
+            rows_observed: self.rows_observed,
+            level: "none",
+            features: Vec::new(),
+        };
+        (outline, if ready { self.features.keys().cloned().collect() } else { Vec::new() })
     }
+
+    /// A copy of one feature's windows, to compute its statistics from.
+    fn feature_values(&self, name: &str) -> Option<(Kind, Vec<f64>, Vec<f64>)> {
+        self.features.get(name).map(|series| (series.kind, series.reference.clone(), series.window.clone()))
+    }
+
+    /// The whole report, computed while `self` is held (see [`DriftMonitor::refresh`] for
+    /// one that lets go between features).
+    #[cfg(test)]
+    pub fn report(&self) -> DriftReport {
+        let (outline, names) = self.report_outline();
+        finish_report(outline, names, &self.settings, |name| self.feature_values(name))
+    }
+}
+
+/// A report's statistics, feature by feature, from copies of their windows.
+fn finish_report(
+    mut report: DriftReport,
+    names: Vec<String>,
+    settings: &DriftSettings,
+    values: impl Fn(&str) -> Option<(Kind, Vec<f64>, Vec<f64>)>,
+) -> DriftReport {
+    for name in names {
+        // A feature a new reference dropped meanwhile is not reported.
+        let Some((kind, reference, window)) = values(&name) else { continue };
+        let (psi, ks) = match kind {
+            Kind::Continuous => {
+                let (reference, window) = (sorted(reference), sorted(window));
+                (continuous_psi_of_sorted(&reference, &window), Some(ks_of_sorted(&reference, &window)))
+            }
+            Kind::Categorical => (categorical_psi(&reference, &window), None),
+        };
+        report.features.push(FeatureDrift { feature: name, kind, psi, ks, level: settings.level(psi) });
+    }
+    report.level = settings.level(report.features.iter().map(|f| f.psi).fold(0.0, f64::max));
+    report
 }
 
 /// The order the statistics use: numbers as they compare (the two zeros alike), and every NaN
@@ -370,10 +385,12 @@ fn proportions(counts: &[usize], total: usize) -> Vec<f64> {
 /// PSI over bins cut at the reference's deciles (ties merge bins; each bin holds the values
 /// up to and including its edge, so a constant reference still tells its value from others).
 pub fn continuous_psi(reference: &[f64], current: &[f64]) -> f64 {
-    let mut sorted = reference.to_vec();
-    sorted.sort_by(ascending);
+    continuous_psi_of_sorted(&sorted(reference.to_vec()), current)
+}
+
+fn continuous_psi_of_sorted(reference: &[f64], current: &[f64]) -> f64 {
     let mut edges: Vec<f64> = (1..PSI_BINS)
-        .filter_map(|i| sorted.get((sorted.len() * i / PSI_BINS).min(sorted.len().saturating_sub(1))).copied())
+        .filter_map(|i| reference.get((reference.len() * i / PSI_BINS).min(reference.len().saturating_sub(1))).copied())
         .collect();
     edges.dedup_by(|a, b| ascending(a, b).is_eq());
     let histogram = |values: &[f64]| {
@@ -399,9 +416,10 @@ pub fn categorical_psi(reference: &[f64], current: &[f64]) -> f64 {
 
 /// The largest gap between the two samples' empirical distribution functions.
 pub fn ks_statistic(reference: &[f64], current: &[f64]) -> f64 {
-    let (mut a, mut b) = (reference.to_vec(), current.to_vec());
-    a.sort_by(ascending);
-    b.sort_by(ascending);
+    ks_of_sorted(&sorted(reference.to_vec()), &sorted(current.to_vec()))
+}
+
+fn ks_of_sorted(a: &[f64], b: &[f64]) -> f64 {
     let (mut i, mut j, mut gap) = (0, 0, 0.0f64);
     while i < a.len() && j < b.len() {
         // One of the two, so each pass moves past at least one value.
@@ -415,6 +433,11 @@ pub fn ks_statistic(reference: &[f64], current: &[f64]) -> f64 {
         gap = gap.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
     }
     gap
+}
+
+fn sorted(mut values: Vec<f64>) -> Vec<f64> {
+    values.sort_unstable_by(ascending);
+    values
 }
 
 /// Every element of a tensor as f64.
@@ -467,9 +490,18 @@ pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Ve
 /// One tenant's drift on one resident model, fed through the drift thread.
 pub struct DriftMonitor {
     state: Arc<Mutex<DriftState>>,
-    /// The last report and the rows it was computed at (reports cost sorting every window).
-    cached: Mutex<Option<(u64, Arc<DriftReport>)>>,
+    /// The last report computed: reports cost sorting every window (up to ~10 ms a feature
+    /// at the largest windows), so they are computed on a blocking thread, at most once a
+    /// gauge export for new rows ([`DriftMonitor::refresh`]), and read as they stand.
+    cached: Mutex<Option<CachedReport>>,
     observed: Arc<AtomicU64>,
+}
+
+struct CachedReport {
+    /// The reference's generation and the samples taken in when it was computed.
+    generation: u64,
+    observed: u64,
+    report: Arc<DriftReport>,
 }
 
 struct Sample {
@@ -579,10 +611,7 @@ impl DriftMonitor {
     /// Make the model's `inputs` and the `outputs` it gave for them the reference (see
     /// [`DriftState::set_baseline`]); the rows taken.
     pub fn set_baseline(&self, inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Result<usize, String> {
-        let rows = self.state.lock().unwrap_or_else(PoisonError::into_inner).set_baseline(features(inputs, outputs))?;
-        // The cached report was computed against the old reference.
-        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        Ok(rows)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).set_baseline(features(inputs, outputs))
     }
 
     /// The complete reference and its generation (see [`DriftState::stored_reference`]).
@@ -597,9 +626,7 @@ impl DriftMonitor {
 
     /// Use `reference` (from the store) from now on; returns its generation here.
     pub fn adopt(&self, reference: StoredReference) -> u64 {
-        let generation = self.state.lock().unwrap_or_else(PoisonError::into_inner).adopt(reference);
-        *self.cached.lock().unwrap_or_else(PoisonError::into_inner) = None;
-        generation
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).adopt(reference)
     }
 
     /// The settings it was made with.
@@ -612,17 +639,48 @@ impl DriftMonitor {
         self.observed.load(Ordering::Relaxed)
     }
 
+    /// The last report computed, as it stands (`None` before the first): never sorts, so any
+    /// thread may ask.
+    pub fn latest(&self) -> Option<Arc<DriftReport>> {
+        self.cached().as_ref().map(|cached| cached.report.clone())
+    }
+
+    /// The last report, unless the reference changed since (a baseline, one from the store,
+    /// or the first rows completed it): then a new one. May sort: on a blocking thread.
     pub fn report(&self) -> Arc<DriftReport> {
+        let generation = self.generation();
+        let current =
+            self.cached().as_ref().filter(|cached| cached.generation == generation).map(|cached| cached.report.clone());
+        current.unwrap_or_else(|| self.refresh())
+    }
+
+    /// The report brought up to date with the rows taken in since the last. Sorts every
+    /// window: on a blocking thread. The state's lock is let go between features, so the
+    /// drift thread and the request path never wait for a whole report.
+    pub fn refresh(&self) -> Arc<DriftReport> {
         let observed = self.observed();
-        let mut cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((at, report)) = cached.as_ref()
-            && *at == observed
-        {
-            return report.clone();
+        let (generation, outline, names, settings) = {
+            let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let (outline, names) = state.report_outline();
+            (state.generation, outline, names, state.settings.clone())
+        };
+        let current = self
+            .cached()
+            .as_ref()
+            .filter(|cached| (cached.generation, cached.observed) == (generation, observed))
+            .map(|cached| cached.report.clone());
+        if let Some(report) = current {
+            return report;
         }
-        let report = Arc::new(self.state.lock().unwrap_or_else(PoisonError::into_inner).report());
-        *cached = Some((observed, report.clone()));
+        let report = Arc::new(finish_report(outline, names, &settings, |name| {
+            self.state.lock().unwrap_or_else(PoisonError::into_inner).feature_values(name)
+        }));
+        *self.cached() = Some(CachedReport { generation, observed, report: report.clone() });
         report
+    }
+
+    fn cached(&self) -> std::sync::MutexGuard<'_, Option<CachedReport>> {
+        self.cached.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -837,6 +895,47 @@ mod tests {
         let report = state.report();
         assert_eq!((report.status, report.reference_rows, report.window_rows), ("ready", 1000, 2000));
         assert_eq!(report.level, "none", "{report:?}");
+    }
+
+    /// A report sorts every window, so it is computed where a blocking thread asks: the gauge
+    /// export's refresh for new rows, or a reader after the reference changed. What the
+    /// status page (on a runtime thread) reads never computes one.
+    #[test]
+    fn reports_are_computed_on_refresh_or_a_new_reference_and_read_as_they_stand() {
+        let monitor = DriftMonitor::new(settings(2, 2));
+        let feed = |values: &[f32]| {
+            let input = Tensor::new(
+                ElementType::F32,
+                vec![values.len(), 1],
+                values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            );
+            let sample = Sample {
+                state: monitor.state.clone(),
+                observed: monitor.observed.clone(),
+                inputs: vec![("x".to_string(), input.expect("valid"))],
+                outputs: Vec::new(),
+            };
+            take_in(vec![sample]);
+        };
+        assert!(monitor.latest().is_none(), "nothing is computed before it is asked for");
+        feed(&[1.0, 2.0]);
+        let first = monitor.report();
+        assert_eq!((first.status, first.reference_rows, first.rows_observed), ("collecting_reference", 2, 2));
+        feed(&[50.0, 60.0]);
+        let read = monitor.report();
+        assert!(Arc::ptr_eq(&read, &first), "new rows alone wait for the refresh: {read:?}");
+        assert!(Arc::ptr_eq(&monitor.latest().expect("a report"), &first));
+        let refreshed = monitor.refresh();
+        assert_eq!((refreshed.status, refreshed.window_rows, refreshed.rows_observed), ("ready", 2, 4));
+        assert!(Arc::ptr_eq(&monitor.refresh(), &refreshed), "no new rows: the same report");
+        // A baseline changes the reference: the next read computes against it.
+        let baseline = [("x[0]".to_string(), Kind::Continuous, vec![50.0, 60.0])];
+        monitor.state.lock().expect("state").set_baseline(baseline.to_vec()).expect("a baseline of two rows");
+        let against_baseline = monitor.report();
+        assert_eq!((against_baseline.reference, against_baseline.reference_rows), ("baseline", 2));
+        assert_eq!(against_baseline.level, "none", "the window equals the baseline: {against_baseline:?}");
+        let features: Vec<&str> = refreshed.features.iter().map(|f| f.feature.as_str()).collect();
+        assert_eq!((features, refreshed.level), (vec!["x[0]"], "significant"), "{refreshed:?}");
     }
 
     #[test]

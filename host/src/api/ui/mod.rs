@@ -199,7 +199,7 @@ fn models_table(tenant: &TenantState, id: &str) -> Markup {
             @for (name, version, model_state) in states {
                 @if let Some((_, copy)) = tenant.models.own_version(name.as_str(), version) {
                     @let (state, reason) = state_and_reason(model_state);
-                    @let drift = copy.drift.get(id).map(|monitor| monitor.report());
+                    @let drift = copy.drift.get(id).and_then(|monitor| monitor.latest());
                     tr data-model=(name.as_str()) data-version=(version.to_string()) {
                         td { (name.as_str()) }
                         td { (version.to_string()) }
