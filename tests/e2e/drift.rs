@@ -291,3 +291,49 @@ async fn inputs_of_nan_drift_like_any_other_value_and_every_tenant_is_still_answ
     let exported = scrape.sum(names::DRIFT_KS, &[("tenant", "acme"), ("model", "digits-mlp"), ("feature", "X[0]")]);
     assert!((exported - 0.5).abs() < 1e-9, "KS of X[0] in /metrics: {exported}");
 }
+
+/// Identical weights are one resident copy for every tenant that serves them, made on the
+/// settings of whichever spec loaded it first. Each tenant's drift is on its own settings and
+/// sampling budget all the same: a neighbour serving the same weights (declared, or uploaded
+/// later) can neither turn another's sampling off nor size its windows.
+#[tokio::test]
+async fn tenants_serving_the_same_weights_each_keep_their_own_drift_settings() {
+    const OFF: &str = "test-key-beta";
+    const UPLOADER: &str = "test-key-gamma";
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += "[models.digits-mlp.drift]\nmax_samples_per_second = 100000\nreference_rows = 10\nwindow_rows = 5\n\n";
+    tenants.write("acme.toml", &acme);
+    let mut beta = tenant_header("beta", OFF, "");
+    beta += &model_entry("digits-mlp", &digits_model(), None);
+    beta += "[models.digits-mlp.drift]\nsample_rate = 0.0\n\n";
+    tenants.write("beta.toml", &beta);
+    tenants.write("gamma.toml", &tenant_header("gamma", UPLOADER, ""));
+    let server = Server::start(tenants.path(), &[]);
+    let weights = std::fs::read(digits_model()).expect("weights");
+    let (status, body) = server.send(reqwest::Method::PUT, "/control/v1/models/digits-mlp", UPLOADER, weights).await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+
+    let rows: Vec<Vec<u8>> = heldout_digits().into_iter().take(20).map(|(pixels, _)| pixels).collect();
+    for key in [OFF, UPLOADER, KEY] {
+        let (status, body) = server.infer("digits-mlp", key, &rows_request(&rows)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let acme = tenants_drift_after(&server, KEY, 20).await;
+    assert_eq!(
+        (acme["reference_rows"].as_u64(), acme["window_rows"].as_u64(), acme["status"].as_str()),
+        (Some(10), Some(5), Some("ready")),
+        "acme's own windows: {acme}"
+    );
+    // An upload's drift is on the defaults (1,000 reference rows), whoever loaded the weights.
+    let uploaded = tenants_drift_after(&server, UPLOADER, 20).await;
+    assert_eq!(
+        (uploaded["reference_rows"].as_u64(), uploaded["status"].as_str()),
+        (Some(20), Some("collecting_reference")),
+        "{uploaded}"
+    );
+    // Beta turned its own sampling off: its rows, sent first, were never sampled.
+    let (status, off) = server.get("/v2/models/digits-mlp/drift", Some(OFF)).await;
+    assert_eq!((status, off["rows_observed"].as_u64()), (200, Some(0)), "{off}");
+}

@@ -521,7 +521,7 @@ impl Cluster {
                 Some(written) => Some(written),
                 None if unseen_remote => {
                     let Some(bytes) = self.store.get(&key).await? else { continue };
-                    match StoredReference::decode(&bytes, monitor.max_reference_rows()) {
+                    match StoredReference::decode(&bytes, monitor.settings().reference_rows) {
                         Ok(reference) => {
                             let generation = monitor.adopt(reference);
                             Some(DriftSeen { monitor: identity, tag: stored_tag.cloned().flatten(), generation })

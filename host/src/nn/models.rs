@@ -28,7 +28,7 @@ use crate::registry::ids::{ModelName, ModelVersion};
 use crate::registry::manifest::{BreakerSettings, Drift, Padding};
 use crate::registry::placement::{DeviceId, Placement};
 use crate::registry::{ModelOrigin, ModelSpec};
-use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, SampleBudget, check_baseline_rows, tensor_bytes};
+use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, check_baseline_rows, tensor_bytes};
 use crate::telemetry::metrics::metrics;
 use crate::telemetry::stats::ModelStats;
 use crate::tensor::Tensor;
@@ -41,12 +41,11 @@ pub struct ModelCopy {
     pub settings: QueueSettings,
     pub queue: ModelQueue,
     pub stats: Arc<ModelStats>,
-    /// What feeds the drift statistics (off unless set with [`ModelCopy::with_drift`]).
+    /// What feeds the drift statistics of a tenant without settings of its own for this copy
+    /// (off unless set with [`ModelCopy::with_drift`]): a shared model's callers.
     drift_settings: Drift,
-    /// Drift per calling tenant.
+    /// Drift per calling tenant, on its own settings and sampling budget.
     pub drift: DriftMonitors,
-    /// Caps the samples taken a second, over every tenant.
-    drift_budget: SampleBudget,
     /// Each calling tenant's circuit on this model.
     breakers: Breakers,
     /// Tenant names bound to this copy that have not unloaded it; at 0 it leaves memory.
@@ -124,7 +123,6 @@ impl ModelCopy {
             stats,
             drift_settings: Drift { sample_rate: 0.0, ..Drift::default() },
             drift: DriftMonitors::default(),
-            drift_budget: SampleBudget::default(),
             breakers: Breakers::default(),
             wanted: AtomicUsize::new(0),
             footprint,
@@ -187,11 +185,10 @@ impl ModelCopy {
     ) -> Result<NamedTensors, ComputeError> {
         let started = Instant::now();
         // A sampled call keeps a copy of its inputs for the drift thread (the queue takes them).
-        let drift = (metrics().is_enabled()
-            && tensor_bytes(&inputs) <= MAX_SAMPLE_BYTES
-            && self.drift_settings.sample()
-            && self.drift_budget.take(started, self.drift_settings.max_samples_per_second))
-        .then(|| (self.drift.of(&share.tenant, &self.drift_settings), inputs.clone()));
+        let drift = (metrics().is_enabled() && tensor_bytes(&inputs) <= MAX_SAMPLE_BYTES)
+            .then(|| self.drift.sampled(&share.tenant, &self.drift_settings, started))
+            .flatten()
+            .map(|monitor| (monitor, inputs.clone()));
         let result = self.run(inputs, deadline, share, started).await;
         if let (Some((monitor, inputs)), Ok(outputs)) = (drift, &result) {
             monitor.offer(inputs, outputs.clone());
@@ -209,7 +206,8 @@ impl ModelCopy {
         share: Share,
     ) -> Result<usize, ComputeError> {
         let rows = inputs.first().map_or(0, |(_, t)| t.rows());
-        check_baseline_rows(rows, &self.drift_settings).map_err(ComputeError::InvalidInput)?;
+        check_baseline_rows(rows, &self.drift.settings(&share.tenant, &self.drift_settings))
+            .map_err(ComputeError::InvalidInput)?;
         let monitor = self.drift.of(&share.tenant, &self.drift_settings);
         let outputs = self.run(inputs.clone(), deadline, share, Instant::now()).await?;
         monitor.set_baseline(&inputs, &outputs).map_err(ComputeError::InvalidInput)

@@ -630,8 +630,8 @@ impl DriftMonitor {
     }
 
     /// The settings it was made with.
-    pub fn max_reference_rows(&self) -> usize {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).settings.reference_rows
+    pub fn settings(&self) -> DriftSettings {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).settings.clone()
     }
 
     /// Samples the drift thread has taken in so far.
@@ -725,24 +725,73 @@ impl SampleBudget {
     }
 }
 
-/// The drift monitors of one resident model, one per tenant that calls it.
+/// The drift monitors of one resident model, one per tenant that calls it, each on that
+/// tenant's own settings. Identical weights are one resident copy for every tenant that
+/// serves them: the copy's settings are those of whichever spec loaded it first, so a tenant's
+/// own (its manifest's, or an upload's defaults) are kept here, and its sampling budget too.
 #[derive(Default)]
 pub struct DriftMonitors {
-    by_tenant: Mutex<HashMap<Arc<str>, Arc<DriftMonitor>>>,
+    by_tenant: Mutex<HashMap<Arc<str>, TenantDrift>>,
+}
+
+struct TenantDrift {
+    /// The tenant's settings for this model; `None`: the copy's (a shared model's callers).
+    settings: Option<DriftSettings>,
+    budget: SampleBudget,
+    monitor: Option<Arc<DriftMonitor>>,
+}
+
+impl TenantDrift {
+    fn new(settings: Option<DriftSettings>) -> Self {
+        Self { settings, budget: SampleBudget::default(), monitor: None }
+    }
+
+    fn monitor(&mut self, model: &DriftSettings) -> Arc<DriftMonitor> {
+        let settings = self.settings.as_ref().unwrap_or(model);
+        self.monitor.get_or_insert_with(|| Arc::new(DriftMonitor::new(settings.clone()))).clone()
+    }
 }
 
 impl DriftMonitors {
-    pub fn of(&self, tenant: &Arc<str>, settings: &DriftSettings) -> Arc<DriftMonitor> {
-        self.by_tenant
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(tenant.clone())
-            .or_insert_with(|| Arc::new(DriftMonitor::new(settings.clone())))
-            .clone()
+    /// The tenant's own settings for this model from now on. A monitor kept on other
+    /// settings starts over (its windows were another size, or its thresholds other).
+    pub fn configure(&self, tenant: &Arc<str>, settings: &DriftSettings) {
+        let mut by_tenant = self.lock();
+        let drift = by_tenant.entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None));
+        if drift.monitor.as_ref().is_some_and(|monitor| monitor.settings() != *settings) {
+            drift.monitor = None;
+        }
+        drift.settings = Some(settings.clone());
+    }
+
+    /// The tenant's monitor if this call (at `now`) is sampled, by the tenant's settings and
+    /// within its own budget of samples a second; `model` where it has none of its own.
+    pub fn sampled(&self, tenant: &Arc<str>, model: &DriftSettings, now: Instant) -> Option<Arc<DriftMonitor>> {
+        let mut by_tenant = self.lock();
+        if !by_tenant.contains_key(tenant) {
+            by_tenant.insert(tenant.clone(), TenantDrift::new(None));
+        }
+        let drift = by_tenant.get_mut(tenant)?;
+        let settings = drift.settings.as_ref().unwrap_or(model);
+        (settings.sample() && drift.budget.take(now, settings.max_samples_per_second)).then(|| drift.monitor(model))
+    }
+
+    /// The tenant's settings for this model (`model` where it has none of its own).
+    pub fn settings(&self, tenant: &str, model: &DriftSettings) -> DriftSettings {
+        self.lock().get(tenant).and_then(|drift| drift.settings.clone()).unwrap_or_else(|| model.clone())
+    }
+
+    /// The tenant's monitor, made if it has none yet.
+    pub fn of(&self, tenant: &Arc<str>, model: &DriftSettings) -> Arc<DriftMonitor> {
+        self.lock().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None)).monitor(model)
     }
 
     pub fn get(&self, tenant: &str) -> Option<Arc<DriftMonitor>> {
-        self.by_tenant.lock().unwrap_or_else(PoisonError::into_inner).get(tenant).cloned()
+        self.lock().get(tenant).and_then(|drift| drift.monitor.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, TenantDrift>> {
+        self.by_tenant.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -936,6 +985,30 @@ mod tests {
         assert_eq!(against_baseline.level, "none", "the window equals the baseline: {against_baseline:?}");
         let features: Vec<&str> = refreshed.features.iter().map(|f| f.feature.as_str()).collect();
         assert_eq!((features, refreshed.level), (vec!["x[0]"], "significant"), "{refreshed:?}");
+    }
+
+    /// One resident copy serves every tenant with the same weights; each samples on its own
+    /// settings and budget, whichever settings the copy was made with.
+    #[test]
+    fn each_tenant_samples_on_its_own_settings_and_budget() {
+        let monitors = DriftMonitors::default();
+        let model = DriftSettings { max_samples_per_second: 1, ..DriftSettings::default() };
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let now = Instant::now();
+        monitors.configure(&a, &settings(10, 5));
+        assert!(monitors.sampled(&b, &model, now).is_some(), "b is on the copy's settings: one a second");
+        assert!(monitors.sampled(&b, &model, now).is_none());
+        assert!((0..50).all(|_| monitors.sampled(&a, &model, now).is_some()), "a's budget is its own");
+        assert_eq!(monitors.get("a").expect("a's monitor").settings(), settings(10, 5));
+        assert_eq!(monitors.settings("b", &model), model);
+        let kept = monitors.get("a").expect("a's monitor");
+        monitors.configure(&a, &settings(10, 5));
+        assert!(Arc::ptr_eq(&kept, &monitors.get("a").expect("a's monitor")), "the same settings keep it");
+        monitors.configure(&a, &settings(20, 5));
+        assert!(monitors.get("a").is_none(), "a monitor on other settings starts over");
+        assert_eq!(monitors.of(&a, &model).settings().reference_rows, 20);
+        monitors.configure(&b, &DriftSettings { sample_rate: 0.0, ..model.clone() });
+        assert!(monitors.sampled(&b, &model, now + Duration::from_secs(5)).is_none(), "b turned its own off");
     }
 
     #[test]
