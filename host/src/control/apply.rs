@@ -458,8 +458,8 @@ async fn load_model(
         e => ControlError::Invalid(format!("not a usable model: {e}")),
     })?;
     tenant.models.settle(&model).await.map_err(cap_full)?;
-    // Identical weights may already be resident for another tenant, on its drift settings.
-    model.drift.configure(&Arc::from(tenant.spec().id.as_str()), &spec.drift);
+    // Identical weights may already be resident for another tenant, on its settings.
+    model.configure_tenant(tenant.spec().id.as_str(), &spec);
     Ok(model)
 }
 

@@ -93,9 +93,11 @@ impl Breaker {
     }
 }
 
-/// A model's breakers, one per calling tenant (made on its first call).
+/// A model's breakers, one per calling tenant (made on its first call, or when the tenant's
+/// own settings are given).
 #[derive(Debug, Default)]
 pub struct Breakers {
+    /// For a tenant without settings of its own for this model (a shared model's callers).
     settings: BreakerSettings,
     by_tenant: RwLock<HashMap<Arc<str>, Arc<Breaker>>>,
 }
@@ -103,6 +105,16 @@ pub struct Breakers {
 impl Breakers {
     pub fn new(settings: BreakerSettings) -> Self {
         Self { settings, by_tenant: RwLock::default() }
+    }
+
+    /// The tenant's own settings from now on: identical weights are one resident copy for
+    /// every tenant that serves them, made on the settings of whichever spec loaded it first.
+    /// A circuit on other settings starts again, closed.
+    pub fn configure(&self, tenant: &Arc<str>, settings: &BreakerSettings) {
+        let mut by_tenant = self.by_tenant.write().unwrap_or_else(PoisonError::into_inner);
+        if by_tenant.get(tenant).is_none_or(|breaker| breaker.settings != *settings) {
+            by_tenant.insert(tenant.clone(), Arc::new(Breaker::new(settings.clone())));
+        }
     }
 
     pub fn of(&self, tenant: &Arc<str>) -> Arc<Breaker> {
@@ -178,5 +190,27 @@ mod tests {
             off.record(Outcome::Failure, now);
         }
         assert_eq!(off.admit(now), Ok(()));
+    }
+
+    #[test]
+    fn a_tenant_with_settings_of_its_own_keeps_them_on_a_copy_made_on_anothers() {
+        let breakers = Breakers::new(BreakerSettings { failures: 1, cooldown_ms: 60_000 });
+        let (own, now) = (Arc::<str>::from("own"), Instant::now());
+        breakers.configure(&own, &BreakerSettings { failures: 3, cooldown_ms: 100 });
+        breakers.of(&own).record(Outcome::Failure, now);
+        assert_eq!(breakers.of(&own).admit(now), Ok(()), "its own three failures, not the copy's one");
+        breakers.configure(&own, &BreakerSettings { failures: 3, cooldown_ms: 100 });
+        breakers.of(&own).record(Outcome::Failure, now);
+        breakers.of(&own).record(Outcome::Failure, now);
+        assert_eq!(breakers.of(&own).admit(now), Err(Duration::from_millis(100)), "the same settings keep the circuit");
+        breakers.configure(&own, &BreakerSettings { failures: 0, cooldown_ms: 100 });
+        assert_eq!(breakers.of(&own).admit(now), Ok(()), "new settings: the circuit starts again");
+        let other: Arc<str> = "other".into();
+        breakers.of(&other).record(Outcome::Failure, now);
+        assert_eq!(
+            breakers.of(&other).admit(now),
+            Err(Duration::from_secs(60)),
+            "a caller without settings: the copy's"
+        );
     }
 }

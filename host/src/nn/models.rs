@@ -175,6 +175,16 @@ impl ModelCopy {
         self
     }
 
+    /// Take a tenant's own settings for this copy from its spec (its manifest's, or an
+    /// upload's defaults): identical weights are one copy for every tenant that serves them,
+    /// made on the settings of whichever spec loaded it first, and each tenant's drift and
+    /// circuit breaker are its own.
+    pub fn configure_tenant(&self, tenant: &str, spec: &ModelSpec) {
+        let tenant = Arc::from(tenant);
+        self.drift.configure(&tenant, &spec.drift);
+        self.breakers.configure(&tenant, &spec.breaker);
+    }
+
     /// Check inputs, queue them and wait for outputs; the outcome is counted, and the call
     /// may be sampled for drift.
     pub async fn compute(

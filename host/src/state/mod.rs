@@ -350,7 +350,7 @@ impl ServingState {
                 models.room_to_load(estimate).await.with_context(context)?;
                 let model = resident.load(spec, &backends, &model_defaults).await.with_context(context)?;
                 models.settle(&model).await.with_context(context)?;
-                model.drift.configure(&Arc::from(tenant.id.as_str()), &spec.drift);
+                model.configure_tenant(tenant.id.as_str(), spec);
                 tracing::info!(tenant = %tenant.id, model = %spec.name, version = %spec.version, backend = %model.backend, "model serves");
                 models.add(spec.name.clone(), spec.version, model);
             }
