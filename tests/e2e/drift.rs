@@ -45,6 +45,17 @@ async fn tenants_drift_after(server: &Server, key: &str, rows: usize) -> Value {
     }
 }
 
+/// A tenant's manifest serving the digits MLP, with `drift` (TOML lines, none: the defaults)
+/// as its drift settings.
+fn digits_tenant(id: &str, key: &str, drift: &str) -> String {
+    let mut manifest = tenant_header(id, key, "");
+    manifest += &model_entry("digits-mlp", &digits_model(), None);
+    if !drift.is_empty() {
+        manifest += &format!("[models.digits-mlp.drift]\n{drift}\n\n");
+    }
+    manifest
+}
+
 fn feature<'a>(report: &'a Value, name: &str) -> &'a Value {
     let features = report["features"].as_array().expect("features");
     features.iter().find(|f| f["feature"] == name).unwrap_or_else(|| panic!("no feature {name} in {report}"))
@@ -245,13 +256,8 @@ async fn an_uploaded_baseline_is_the_reference_from_the_first_request() {
 async fn inputs_of_nan_drift_like_any_other_value_and_every_tenant_is_still_answered() {
     const OTHER: &str = "test-key-beta";
     let tenants = Tenants::new();
-    let mut acme = tenant_header("acme", KEY, "");
-    acme += &model_entry("digits-mlp", &digits_model(), None);
-    acme += "[models.digits-mlp.drift]\nreference_rows = 4\nwindow_rows = 4\n\n";
-    tenants.write("acme.toml", &acme);
-    let mut beta = tenant_header("beta", OTHER, "");
-    beta += &model_entry("digits-mlp", &digits_model(), None);
-    tenants.write("beta.toml", &beta);
+    tenants.write("acme.toml", &digits_tenant("acme", KEY, "reference_rows = 4\nwindow_rows = 4"));
+    tenants.write("beta.toml", &digits_tenant("beta", OTHER, ""));
     let server = Server::start(tenants.path(), &[]);
 
     // The reference: two rows of numbers and two of NaN; then a window of NaN alone.
@@ -301,14 +307,9 @@ async fn tenants_serving_the_same_weights_each_keep_their_own_drift_settings() {
     const OFF: &str = "test-key-beta";
     const UPLOADER: &str = "test-key-gamma";
     let tenants = Tenants::new();
-    let mut acme = tenant_header("acme", KEY, "");
-    acme += &model_entry("digits-mlp", &digits_model(), None);
-    acme += "[models.digits-mlp.drift]\nmax_samples_per_second = 100000\nreference_rows = 10\nwindow_rows = 5\n\n";
+    let acme = digits_tenant("acme", KEY, "max_samples_per_second = 100000\nreference_rows = 10\nwindow_rows = 5");
     tenants.write("acme.toml", &acme);
-    let mut beta = tenant_header("beta", OFF, "");
-    beta += &model_entry("digits-mlp", &digits_model(), None);
-    beta += "[models.digits-mlp.drift]\nsample_rate = 0.0\n\n";
-    tenants.write("beta.toml", &beta);
+    tenants.write("beta.toml", &digits_tenant("beta", OFF, "sample_rate = 0.0"));
     tenants.write("gamma.toml", &tenant_header("gamma", UPLOADER, ""));
     let server = Server::start(tenants.path(), &[]);
     let weights = std::fs::read(digits_model()).expect("weights");

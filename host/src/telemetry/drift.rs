@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -731,24 +731,35 @@ impl SampleBudget {
 /// own (its manifest's, or an upload's defaults) are kept here, and its sampling budget too.
 #[derive(Default)]
 pub struct DriftMonitors {
-    by_tenant: Mutex<HashMap<Arc<str>, TenantDrift>>,
+    /// Read on every compute call (the budget is lock-free, a monitor is made once); written
+    /// only when a tenant is first seen or given its settings.
+    by_tenant: RwLock<HashMap<Arc<str>, TenantDrift>>,
 }
 
 struct TenantDrift {
     /// The tenant's settings for this model; `None`: the copy's (a shared model's callers).
     settings: Option<DriftSettings>,
     budget: SampleBudget,
-    monitor: Option<Arc<DriftMonitor>>,
+    monitor: OnceLock<Arc<DriftMonitor>>,
 }
 
 impl TenantDrift {
     fn new(settings: Option<DriftSettings>) -> Self {
-        Self { settings, budget: SampleBudget::default(), monitor: None }
+        Self { settings, budget: SampleBudget::default(), monitor: OnceLock::new() }
     }
 
-    fn monitor(&mut self, model: &DriftSettings) -> Arc<DriftMonitor> {
-        let settings = self.settings.as_ref().unwrap_or(model);
-        self.monitor.get_or_insert_with(|| Arc::new(DriftMonitor::new(settings.clone()))).clone()
+    /// Its own settings, else the copy's (`model`).
+    fn settings<'a>(&'a self, model: &'a DriftSettings) -> &'a DriftSettings {
+        self.settings.as_ref().unwrap_or(model)
+    }
+
+    fn monitor(&self, model: &DriftSettings) -> Arc<DriftMonitor> {
+        self.monitor.get_or_init(|| Arc::new(DriftMonitor::new(self.settings(model).clone()))).clone()
+    }
+
+    fn sampled(&self, model: &DriftSettings, now: Instant) -> Option<Arc<DriftMonitor>> {
+        let settings = self.settings(model);
+        (settings.sample() && self.budget.take(now, settings.max_samples_per_second)).then(|| self.monitor(model))
     }
 }
 
@@ -756,10 +767,10 @@ impl DriftMonitors {
     /// The tenant's own settings for this model from now on. A monitor kept on other
     /// settings starts over (its windows were another size, or its thresholds other).
     pub fn configure(&self, tenant: &Arc<str>, settings: &DriftSettings) {
-        let mut by_tenant = self.lock();
+        let mut by_tenant = self.write();
         let drift = by_tenant.entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None));
-        if drift.monitor.as_ref().is_some_and(|monitor| monitor.settings() != *settings) {
-            drift.monitor = None;
+        if drift.monitor.get().is_some_and(|monitor| monitor.settings() != *settings) {
+            drift.monitor = OnceLock::new();
         }
         drift.settings = Some(settings.clone());
     }
@@ -767,31 +778,32 @@ impl DriftMonitors {
     /// The tenant's monitor if this call (at `now`) is sampled, by the tenant's settings and
     /// within its own budget of samples a second; `model` where it has none of its own.
     pub fn sampled(&self, tenant: &Arc<str>, model: &DriftSettings, now: Instant) -> Option<Arc<DriftMonitor>> {
-        let mut by_tenant = self.lock();
-        if !by_tenant.contains_key(tenant) {
-            by_tenant.insert(tenant.clone(), TenantDrift::new(None));
+        if let Some(drift) = self.read().get(tenant) {
+            return drift.sampled(model, now);
         }
-        let drift = by_tenant.get_mut(tenant)?;
-        let settings = drift.settings.as_ref().unwrap_or(model);
-        (settings.sample() && drift.budget.take(now, settings.max_samples_per_second)).then(|| drift.monitor(model))
+        self.write().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None)).sampled(model, now)
     }
 
     /// The tenant's settings for this model (`model` where it has none of its own).
     pub fn settings(&self, tenant: &str, model: &DriftSettings) -> DriftSettings {
-        self.lock().get(tenant).and_then(|drift| drift.settings.clone()).unwrap_or_else(|| model.clone())
+        self.read().get(tenant).map_or(model, |drift| drift.settings(model)).clone()
     }
 
     /// The tenant's monitor, made if it has none yet.
     pub fn of(&self, tenant: &Arc<str>, model: &DriftSettings) -> Arc<DriftMonitor> {
-        self.lock().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None)).monitor(model)
+        self.write().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None)).monitor(model)
     }
 
     pub fn get(&self, tenant: &str) -> Option<Arc<DriftMonitor>> {
-        self.lock().get(tenant).and_then(|drift| drift.monitor.clone())
+        self.read().get(tenant).and_then(|drift| drift.monitor.get().cloned())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, TenantDrift>> {
-        self.by_tenant.lock().unwrap_or_else(PoisonError::into_inner)
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Arc<str>, TenantDrift>> {
+        self.by_tenant.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Arc<str>, TenantDrift>> {
+        self.by_tenant.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
