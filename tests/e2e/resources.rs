@@ -196,3 +196,113 @@ async fn a_model_call_takes_its_input_tensors_from_the_guests_charge() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(output(&body, "probabilities")["shape"], json!([32, 10]), "{body}");
 }
+
+/// A big answer the hostile guest makes: more than the sockets of both ends buffer.
+const UNREAD_MIB: &str = "24";
+const UNREAD_QUOTAS: &str = "guest_memory_mib = 160\nmax_concurrent_requests = 3\nmax_response_bytes = 67108864";
+
+/// An HTTP request for a big answer on a connection of its own, and the answer's status line
+/// and headers, read without the body: what a client that reads no further leaves behind.
+async fn big_answer_left_unread(server: &Server) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::to_vec(&json!({
+        "inputs": [],
+        "parameters": { "mode": "big-output", "mib": UNREAD_MIB, "binary_data_output": true },
+    }))
+    .expect("json");
+    let mut connection = tokio::net::TcpStream::connect(server.http_address()).await.expect("connects");
+    let head = format!(
+        "POST /v2/models/hostile/infer HTTP/1.1\r\nhost: sluice\r\nauthorization: Bearer {EVIL}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    connection.write_all(&[head.into_bytes(), body].concat()).await.expect("sent");
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 512];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = tokio::time::timeout(Duration::from_secs(20), connection.read(&mut chunk))
+            .await
+            .expect("an answer within 20 s")
+            .expect("read");
+        assert!(read > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&chunk[..read]);
+    }
+    let end = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("found");
+    (connection, String::from_utf8_lossy(&answer[..end]).to_string())
+}
+
+#[tokio::test]
+async fn answers_a_client_leaves_unread_hold_its_own_tenants_quota_and_nothing_more() {
+    let tenants = tenants(UNREAD_QUOTAS);
+    let server = Server::start(tenants.path(), &[]);
+    let rss = server.rss_bytes();
+    let mut unread = Vec::new();
+    for _ in 0..3 {
+        let (connection, head) = big_answer_left_unread(&server).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        unread.push(connection);
+    }
+    // The three answers are still on their way: the tenant's three places are theirs. Were
+    // they given back once the answers were queued, each further connection would make the
+    // server hold another 24 MiB, without bound.
+    for _ in 0..3 {
+        let (_, head) = big_answer_left_unread(&server).await;
+        assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    }
+    let held = server.rss_bytes().saturating_sub(rss);
+    assert!(held < 160 << 20, "the server holds {} MiB for three unread answers", held >> 20);
+    victim_served(&server).await;
+    // A client that goes away gives its place back.
+    drop(unread.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, head) = big_answer_left_unread(&server).await;
+        if head.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the place of a closed connection was not given back: {head}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn grpc_answers_a_client_leaves_unread_hold_its_own_tenants_quota() {
+    use sluice::api::grpc::proto::{InferParameter, infer_parameter};
+    let tenants = tenants(UNREAD_QUOTAS);
+    let server = Server::start(tenants.path(), &[]);
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.expect("connects");
+    // Small windows, and bodies never read: the answers wait in the server.
+    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(1 << 20)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .expect("an HTTP/2 connection");
+    tokio::spawn(connection);
+    let mut request = hostile_grpc_request("big-output");
+    let mib =
+        InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(UNREAD_MIB.into())) };
+    request.parameters.insert("mib".into(), mib);
+    let message = prost::Message::encode_to_vec(&request);
+    let framed = bytes::Bytes::from([&[0u8][..], &(message.len() as u32).to_be_bytes(), &message].concat());
+    let mut call = async || {
+        let request = http::Request::post("http://sluice/inference.GRPCInferenceService/ModelInfer")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {EVIL}"))
+            .body(http_body_util::Full::new(framed.clone()))
+            .expect("a request");
+        let answer = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request));
+        answer.await.expect("headers within 20 s").expect("an answer")
+    };
+    let mut unread = Vec::new();
+    for _ in 0..3 {
+        let answer = call().await;
+        assert_eq!(answer.headers().get("grpc-status"), None, "answering: {:?}", answer.headers());
+        unread.push(answer);
+    }
+    let refused = call().await;
+    let status = refused.headers().get("grpc-status").map(|s| s.to_str().expect("ascii").to_string());
+    assert_eq!(status.as_deref(), Some("8"), "RESOURCE_EXHAUSTED: {:?}", refused.headers());
+    victim_served(&server).await;
+}

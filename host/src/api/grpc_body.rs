@@ -6,7 +6,8 @@
 //!   only empty messages, bounded to [`KEYLESS_MESSAGE_BYTES`]);
 //! - an inference call is admitted first (the tenant's `max_concurrent_requests`), so one
 //!   tenant's slow or stalled bodies count against its own quota only, and the admission
-//!   travels to the method in the request's extensions; a tenant's calls of the other methods
+//!   travels to the method in the request's extensions, and its answer's bytes hold it until
+//!   written out (see `held`); a tenant's calls of the other methods
 //!   whose messages are still on their way are at most [`OTHER_CALLS_READING`] (past it
 //!   RESOURCE_EXHAUSTED), so no tenant can make the server hold their messages without bound
 //!   (1,024 calls a connection would otherwise hold up to 64 MiB, on every connection);
@@ -32,7 +33,8 @@ use tonic::Status;
 use tonic::body::Body;
 
 use super::error::{ApiError, ErrorKind};
-use crate::infer::{self, Admitted};
+use super::held::held;
+use crate::infer::{self, Admitted, InFlight};
 use crate::state::ServingState;
 use crate::telemetry::metrics::Protocol;
 
@@ -83,19 +85,19 @@ impl BodyLimits {
         Self { state, max_message_bytes, timeout, reading: Arc::default() }
     }
 
-    /// What a call may send, decided on its headers: its message's size limit and, for a
-    /// tenant's call of a method other than inference, its place while the message comes; or
-    /// why it is refused. An admitted inference call carries its admission to the method in
-    /// the request's extensions.
-    fn admit(&self, request: &mut http::Request<Body>) -> Result<(usize, Option<OwnedSemaphorePermit>), ApiError> {
+    /// What a call may send, decided on its headers (see [`Allowed`]), or why it is refused.
+    /// An admitted inference call carries its admission to the method in the request's
+    /// extensions.
+    fn admit(&self, request: &mut http::Request<Body>) -> Result<Allowed, ApiError> {
         let path = request.uri().path();
+        let allowed = |limit, reading, in_flight| Allowed { limit, reading, in_flight };
         if KEYLESS.contains(&path) {
-            return Ok((KEYLESS_MESSAGE_BYTES.min(self.max_message_bytes), None));
+            return Ok(allowed(KEYLESS_MESSAGE_BYTES.min(self.max_message_bytes), None, None));
         }
         let small = SMALL_MESSAGE_BYTES.min(self.max_message_bytes);
         if !path.starts_with(SERVICE) {
             // No such method: tonic answers UNIMPLEMENTED.
-            return Ok((small, None));
+            return Ok(allowed(small, None, None));
         }
         let inference = path == MODEL_INFER;
         let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
@@ -103,13 +105,14 @@ impl BodyLimits {
         let tenant = super::auth::tenant_for_key(&self.state, authorization)?;
         let spec = tenant.spec();
         if !inference {
-            return Ok((small, Some(self.reading_slot(spec.id.as_str())?)));
+            return Ok(allowed(small, Some(self.reading_slot(spec.id.as_str())?), None));
         }
         let admitted = infer::admit(&tenant)
             .inspect_err(|refused| infer::count_refused(spec.id.as_str(), Protocol::Grpc, refused))?;
+        let in_flight = admitted.in_flight();
         request.extensions_mut().insert(Admission(Arc::new(Mutex::new(Some(admitted)))));
         let quota = usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX);
-        Ok((self.max_message_bytes.min(quota), None))
+        Ok(allowed(self.max_message_bytes.min(quota), None, Some(in_flight)))
     }
 
     /// A place for `tenant`'s call of a method other than inference while its message comes,
@@ -135,6 +138,17 @@ impl BodyLimits {
             )
         })
     }
+}
+
+/// What a call may send, decided on its headers.
+struct Allowed {
+    /// Its messages' size limit.
+    limit: usize,
+    /// For a tenant's call of a method other than inference, its place while its message comes.
+    reading: Option<OwnedSemaphorePermit>,
+    /// For an inference call, its place in the tenant's quota, which its answer holds until
+    /// written out.
+    in_flight: Option<InFlight>,
 }
 
 impl<S> tower::Layer<S> for BodyLimits {
@@ -170,12 +184,19 @@ where
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         let timeout = self.limits.timeout;
         match self.limits.admit(&mut request) {
-            Ok((limit, reading)) => {
+            Ok(Allowed { limit, reading, in_flight }) => {
                 let request = request.map(|body| Body::new(LimitedBody::new(body, limit, timeout, reading)));
                 // The service was made ready by `poll_ready`; the clone takes its place for next time.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
-                Box::pin(inner.call(request))
+                let answered = inner.call(request);
+                match in_flight {
+                    Some(in_flight) => Box::pin(async move {
+                        let response = answered.await?;
+                        Ok(response.map(|body| Body::new(held(body, in_flight))))
+                    }),
+                    None => Box::pin(answered),
+                }
             }
             Err(refused) => refuse(request, refused, timeout),
         }

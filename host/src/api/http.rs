@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use super::auth::{authenticate, declared_length};
 use super::error::{ApiError, ErrorKind};
+use super::held::held;
 use super::json::{EncodedResponse, HttpInferRequest, encode_response, parse_infer_request};
 use super::{metadata, triton};
 use crate::infer;
@@ -501,6 +502,7 @@ async fn serve_infer(
     routed: &infer::Routed,
 ) -> Result<Response, ApiError> {
     let (entry, HttpInferRequest { request, encoding }) = enter_and_read(state, tenant, quotas, headers, body).await?;
+    let in_flight = entry.in_flight();
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
     let outcome = infer::infer(
         state,
@@ -513,14 +515,21 @@ async fn serve_infer(
     )
     .await?;
     let EncodedResponse { json, binary } = encode_response(outcome, &encoding)?;
-    if binary.is_empty() {
-        return Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response());
-    }
+    let response = if binary.is_empty() {
+        ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+    } else {
+        binary_response(json, binary)
+    };
+    Ok(response.map(|body| Body::new(held(body, in_flight))))
+}
+
+/// An answer with outputs as binary data: its JSON, then each output's own bytes.
+fn binary_response(json: Vec<u8>, binary: Vec<Vec<u8>>) -> Response {
     let (json_length, length) = (json.len(), json.len() + binary.iter().map(Vec::len).sum::<usize>());
     // The JSON, then each output's own bytes as they are: hyper writes them out together,
     // where one body of them all was a copy (MB a request for an image model's outputs).
     let parts = std::iter::once(json).chain(binary).map(|part| Ok::<_, Infallible>(axum::body::Bytes::from(part)));
-    Ok((
+    (
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
             (header::CONTENT_LENGTH, length.to_string()),
@@ -528,7 +537,7 @@ async fn serve_infer(
         ],
         Body::from_stream(futures::stream::iter(parts)),
     )
-        .into_response())
+        .into_response()
 }
 
 /// An HTTP app route's parameters (the path below the prefix is read raw, not decoded).
@@ -575,6 +584,7 @@ async fn serve_app_http(
     routed: &infer::Routed,
 ) -> Result<Response, ApiError> {
     let (entry, body) = enter_with_body(state, tenant, quotas, &parts.headers, body).await?;
+    let in_flight = entry.in_flight();
     let below = app_path_below(parts.uri.path()).unwrap_or_default();
     let mut uri = if below.is_empty() { "/".to_string() } else { below.to_string() };
     if let Some(query) = parts.uri.query() {
@@ -593,7 +603,7 @@ async fn serve_app_http(
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
     let response =
         infer::serve_http_app(state, tenant, entry, app, request, Caller { header: &header, routed }).await?;
-    Ok(response.map(Body::from))
+    Ok(response.map(|body| Body::new(held(http_body_util::Full::new(body), in_flight))))
 }
 
 #[cfg(test)]

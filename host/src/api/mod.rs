@@ -4,8 +4,8 @@
 //! configuration and statistics extensions ([`triton`]), the tenant control API
 //! ([`control`]: models, app versions and traffic), the platform admin API ([`admin`]:
 //! tenants, keys, quotas), the metrics port ([`metrics`]), request ids ([`request_id`]), who
-//! is calling (`auth`), the status page ([`ui`]) and the rendering of the error table
-//! ([`error`]). The pipeline itself is [`crate::infer`]'s. May import every layer below it;
+//! is calling (`auth`), the status page ([`ui`]), the rendering of the error table
+//! ([`error`]) and answers that hold their request's place until written (`held`). The pipeline itself is [`crate::infer`]'s. May import every layer below it;
 //! only `serve` imports it.
 
 pub mod admin;
@@ -14,6 +14,7 @@ pub mod control;
 pub mod error;
 pub mod grpc;
 pub mod grpc_body;
+mod held;
 pub mod http;
 pub mod json;
 pub mod metadata;

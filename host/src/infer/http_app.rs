@@ -28,7 +28,7 @@ pub async fn serve_http_app(
     request: http::Request<Bytes>,
     caller: Caller<'_>,
 ) -> Result<http::Response<Bytes>, ApiError> {
-    let Entry { _in_flight, turn, budget } = entry;
+    let Entry { in_flight: _in_flight, turn, budget } = entry;
     let holding = turn.holding();
     let not_found = || ApiError::not_found(format!("no HTTP app '{name}' in this tenant"));
     let app = tenant.app(name).ok_or_else(not_found)?;

@@ -69,7 +69,29 @@ const PRIORITY_PARAMETER: &str = "priority";
 /// request holds while its body arrives, so a tenant's slow or stalled bodies count against
 /// its own quota and keep nothing shared waiting.
 pub struct Admitted {
-    in_flight: OwnedSemaphorePermit,
+    in_flight: InFlight,
+}
+
+impl Admitted {
+    /// The request's place in its tenant's quota, for its answer to hold until written out.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.clone()
+    }
+}
+
+/// A request's place among its tenant's `max_concurrent_requests`, free once every holder
+/// is gone: the request itself, and then its answer's bytes until the connection has written
+/// them (see `api::held`). So answers a client does not read count against its own tenant's
+/// quota, and no client can make the server hold answers without bound.
+#[derive(Clone)]
+pub struct InFlight {
+    _slot: Arc<OwnedSemaphorePermit>,
+}
+
+impl InFlight {
+    pub fn new(slot: OwnedSemaphorePermit) -> Self {
+        Self { _slot: Arc::new(slot) }
+    }
 }
 
 /// Admit a request of `tenant` under its rate and concurrency quotas (429 past either, with
@@ -88,7 +110,7 @@ pub fn admit(tenant: &TenantState) -> Result<Admitted, ApiError> {
         )
         .with_retry_after(wait)
     })?;
-    Ok(Admitted { in_flight: policy.admission.admit(&spec.id)? })
+    Ok(Admitted { in_flight: InFlight::new(policy.admission.admit(&spec.id)?) })
 }
 
 /// A request's time: from when it arrived, the tenant's `guest_deadline_ms` shortened by
@@ -127,7 +149,7 @@ impl Budget {
 /// A request let in: within its tenant's concurrency quota and holding a CPU turn. The turn
 /// is taken once the body has arrived, and the request's deadline counts from then.
 pub struct Entry {
-    _in_flight: OwnedSemaphorePermit,
+    in_flight: InFlight,
     turn: Turn,
     /// From arrival, the tenant's deadline shortened by the client's own timeout.
     budget: Budget,
@@ -145,7 +167,14 @@ pub async fn enter(
     let quotas = &spec.quotas;
     let budget = Budget::new(Instant::now(), quotas.guest_deadline_ms, client_timeout);
     let turn = state.turns.enter(spec.id.as_str().into(), quotas.compute_weight, budget.deadline()).await?;
-    Ok(Entry { _in_flight: admitted.in_flight, turn, budget })
+    Ok(Entry { in_flight: admitted.in_flight, turn, budget })
+}
+
+impl Entry {
+    /// The request's place in its tenant's quota, for its answer to hold until written out.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.clone()
+    }
 }
 
 /// Make `request`'s rows the tenant's drift reference for model `name` (see
@@ -157,7 +186,7 @@ pub async fn set_drift_baseline(
     name: &str,
     request: ValidInferRequest,
 ) -> Result<usize, ApiError> {
-    let Entry { _in_flight, mut turn, budget } = entry;
+    let Entry { in_flight: _in_flight, mut turn, budget } = entry;
     let Target::Model { model, .. } = resolve(tenant, name, None)? else {
         return Err(ApiError::invalid(format!(
             "'{name}' is an app; drift is tracked per model: set the baseline of the models it calls"
@@ -222,7 +251,7 @@ pub async fn infer(
     request: ValidInferRequest,
     caller: Caller<'_>,
 ) -> Result<InferOutcome, ApiError> {
-    let Entry { _in_flight, turn, budget } = entry;
+    let Entry { in_flight: _in_flight, turn, budget } = entry;
     let holding = turn.holding();
     let target = resolve(tenant, name, version)?;
     let slo = match &target {
