@@ -8,6 +8,7 @@ Usage: python tritonclient_check.py --http HOST:PORT --grpc HOST:PORT --key KEY 
 
 import argparse
 import json
+import queue
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -136,7 +137,31 @@ def main():
             "digits", [grpc_image], headers={"authorization": f"Bearer {args.key}"}, compression_algorithm=algorithm
         )
         check(list(result.as_numpy("label")) == list(labels), f"grpc: {algorithm} compression")
+    stream(grpc, {"authorization": f"Bearer {args.key}"}, images, labels)
     print(f"http error: {http_error}\ngrpc error: {grpc_error}\ntritonclient checks passed")
+
+
+def stream(client, headers, images, labels):
+    """Triton's streaming extension: requests and answers on one stream, matched by id."""
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers)
+    for index, image in enumerate(images):
+        one = grpcclient.InferInput("image", [1, 64], "UINT8")
+        one.set_data_from_numpy(image.reshape(1, 64))
+        client.async_stream_infer("digits", [one], request_id=f"digit-{index}")
+    missing = grpcclient.InferInput("image", [1, 64], "UINT8")
+    missing.set_data_from_numpy(images[:1])
+    client.async_stream_infer("no-such-model", [missing], request_id="missing")
+    got, errors = {}, []
+    for _ in range(len(images) + 1):
+        result, error = answers.get(timeout=30)
+        if error is not None:
+            errors.append(str(error))
+        else:
+            got[result.get_response().id] = int(result.as_numpy("label")[0])
+    client.stop_stream()
+    check(got == {f"digit-{i}": int(label) for i, label in enumerate(labels)}, f"grpc stream: labels {got}")
+    check(len(errors) == 1 and "model 'no-such-model' not found" in errors[0], f"grpc stream: errors {errors}")
 
 
 if __name__ == "__main__":

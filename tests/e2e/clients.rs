@@ -33,8 +33,9 @@ async fn tritonclient_http_and_grpc() {
 }
 
 /// NVIDIA's perf_analyzer 2.40 (C++, Triton's own client libraries), fetched by
-/// `scripts/fetch_perf_analyzer.py`: a model and an app over HTTP and gRPC, each measured
-/// briefly, with the server's side of the figures (Triton's statistics) reported.
+/// `scripts/fetch_perf_analyzer.py`: a model and an app over HTTP and gRPC, and a model over a
+/// gRPC stream, each measured briefly, with the server's side of the figures (Triton's
+/// statistics) reported.
 #[tokio::test]
 async fn perf_analyzer_measures_a_model_and_an_app_over_http_and_grpc_with_the_servers_side() {
     let root = repo_root();
@@ -59,21 +60,27 @@ async fn perf_analyzer_measures_a_model_and_an_app_over_http_and_grpc_with_the_s
     let server = Server::start(tenants.path(), &[]);
     let http = server.base.trim_start_matches("http://").to_string();
 
-    for (model, protocol, url) in [
-        ("digits-mlp", "grpc", &server.grpc),
-        ("digits-mlp", "http", &http),
-        ("digits", "grpc", &server.grpc),
-        ("digits", "http", &http),
+    for (model, protocol, url, streaming) in [
+        ("digits-mlp", "grpc", &server.grpc, false),
+        ("digits-mlp", "http", &http, false),
+        ("digits", "grpc", &server.grpc, false),
+        ("digits", "http", &http, false),
+        // Triton's streaming extension: requests and answers on one stream.
+        ("digits-mlp", "grpc", &server.grpc, true),
     ] {
         let output = Command::new(&perf_analyzer)
             .args(["-m", model, "-i", protocol, "-u", url, "-H", "authorization: Bearer pa-key"])
+            .args(streaming.then_some("--streaming"))
             // The app's image is [-1, 64]: one row per request. Stability is not under test.
             .args(["--shape", "image:1,64", "--concurrency-range", "2", "--measurement-interval", "500"])
             .args(["--stability-percentage", "100", "--max-trials", "20"])
             .output()
             .expect("running perf_analyzer");
         let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-        let context = format!("perf_analyzer on {model} over {protocol}:\n{text}\nserver log:\n{}", server.log());
+        let context = format!(
+            "perf_analyzer on {model} over {protocol} (streaming: {streaming}):\n{text}\nserver log:\n{}",
+            server.log()
+        );
         assert!(output.status.success(), "{context}");
         let figure = |label: &str| -> f64 {
             let line = text

@@ -148,3 +148,34 @@ async fn sigterm_under_load_answers_or_refuses_every_request_and_cuts_none_off()
     }
     assert!(answered_in_grace > 0, "requests sent during the grace period are answered");
 }
+
+#[tokio::test]
+async fn a_stream_answers_what_it_has_and_ends_when_the_listeners_close() {
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("drain", KEY, "");
+    manifest += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("drain.toml", &manifest);
+    let mut server = Server::start(tenants.path(), &["--drain-grace-s", "0", "--drain-timeout-s", "20"]);
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("connects");
+    let (sender, requests) = futures::channel::mpsc::unbounded();
+    let mut slow = hostile_grpc_request("sleep");
+    let ms = InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("800".into())) };
+    slow.parameters.insert("ms".into(), ms);
+    slow.id = "slow".into();
+    sender.unbounded_send(slow).expect("queued");
+    let mut answers = grpc.model_stream_infer(authed(requests, KEY)).await.expect("a stream").into_inner();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    server.send_sigterm();
+    // The request it has is answered; then the stream ends, its request side still open.
+    let answer = answers.message().await.expect("answered").expect("an answer");
+    assert_eq!((answer.error_message.as_str(), answer.infer_response.map(|r| r.id)), ("", Some("slow".into())));
+    let end = answers.message().await.expect_err("the stream ends");
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    drop(sender);
+    let exited = tokio::task::spawn_blocking(move || (server.wait_exit(Duration::from_secs(30)), server.log()));
+    let (status, log) = exited.await.expect("joined");
+    assert!(status.is_some_and(|s| s.success()), "exits 0 after the drain:\n{log}");
+    assert!(!log.contains("after the drain timeout"), "the stream did not hold the drain open:\n{log}");
+    assert!(started.elapsed() < Duration::from_secs(10), "drained in {:?}", started.elapsed());
+}

@@ -200,3 +200,99 @@ async fn responses_are_compressed_only_when_the_server_is_told_to() {
         assert_eq!(raw_i64(&response.raw_output_contents[output_index(&response, "label")]), vec![label]);
     }
 }
+
+/// `digits-mlp` on one held-out digit, with a request id.
+fn stream_request(id: &str, pixels: &[u8]) -> ModelInferRequest {
+    let mut request = digits_grpc_request(pixels.iter().map(|&p| f32::from(p) / 255.0).collect());
+    request.id = id.into();
+    request
+}
+
+#[tokio::test]
+async fn a_stream_answers_each_request_by_its_id_and_a_failed_one_on_the_stream() {
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = client(&server).await;
+    let digits = heldout_digits();
+    let mut requests: Vec<ModelInferRequest> =
+        digits[..24].iter().enumerate().map(|(i, (pixels, _))| stream_request(&format!("r{i}"), pixels)).collect();
+    let mut unknown = infer("nope", Vec::new(), Vec::new());
+    unknown.id = "unknown".into();
+    requests.insert(5, unknown.clone());
+    let mut trap = hostile_grpc_request("trap");
+    trap.id = "trap".into();
+    requests.insert(12, trap);
+
+    let answers =
+        grpc.model_stream_infer(authed(futures::stream::iter(requests), KEY)).await.expect("a stream").into_inner();
+    let answers: Vec<ModelStreamInferResponse> =
+        futures::TryStreamExt::try_collect(answers).await.expect("the stream ends OK");
+    assert_eq!(answers.len(), 26, "one answer a request");
+    let by_id = |id: &str| {
+        let answer = answers.iter().find(|a| a.infer_response.as_ref().is_some_and(|r| r.id == id));
+        answer.unwrap_or_else(|| panic!("no answer for {id}"))
+    };
+    for (i, (pixels, _)) in digits[..24].iter().enumerate() {
+        let answer = by_id(&format!("r{i}"));
+        assert_eq!(answer.error_message, "", "r{i}");
+        let response = answer.infer_response.as_ref().expect("a response");
+        let call = grpc.model_infer(authed(stream_request("call", pixels), KEY)).await.expect("a call").into_inner();
+        let label =
+            |response: &ModelInferResponse| raw_i64(&response.raw_output_contents[output_index(response, "label")]);
+        assert_eq!(label(response), label(&call), "r{i}: the call's answer");
+    }
+    // A failure is its message on the stream, the same as the call's, and the stream goes on.
+    let unary = grpc.model_infer(authed(unknown, KEY)).await.expect_err("unknown model");
+    let failed = by_id("unknown");
+    assert_eq!(failed.error_message, unary.message());
+    assert_eq!(failed.infer_response.as_ref().map(|r| r.model_name.as_str()), Some("nope"));
+    assert!(by_id("trap").error_message.contains("hostile guest panicked on purpose"), "{:?}", by_id("trap"));
+}
+
+#[tokio::test]
+async fn streams_need_a_key_and_count_against_their_tenants_quota() {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "max_concurrent_requests = 2");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("acme.toml", &acme);
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = client(&server).await;
+    let digits = heldout_digits();
+
+    let status = grpc
+        .model_stream_infer(futures::stream::iter(vec![stream_request("r", &digits[0].0)]))
+        .await
+        .expect_err("no key");
+    assert_eq!(status.code(), Code::Unauthenticated);
+
+    // Two streams held open (their request sides still open) are the tenant's two places.
+    let mut open = Vec::new();
+    for (i, (pixels, _)) in digits.iter().take(2).enumerate() {
+        let (sender, requests) = futures::channel::mpsc::unbounded();
+        sender.unbounded_send(stream_request(&format!("s{i}"), pixels)).expect("queued");
+        let mut answers = grpc.model_stream_infer(authed(requests, KEY)).await.expect("a stream").into_inner();
+        let first = answers.message().await.expect("an answer").expect("not the end");
+        assert_eq!(first.error_message, "");
+        open.push((sender, answers));
+    }
+    let status = grpc
+        .model_stream_infer(authed(futures::stream::iter(vec![stream_request("x", &digits[0].0)]), KEY))
+        .await
+        .expect_err("a third stream");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("max_concurrent_requests"), "{}", status.message());
+    // An open stream goes on answering; one that ends gives its place back.
+    let (sender, mut answers) = open.pop().expect("two");
+    sender.unbounded_send(stream_request("again", &digits[3].0)).expect("queued");
+    let again = answers.message().await.expect("an answer").expect("not the end");
+    assert_eq!(again.infer_response.expect("a response").id, "again");
+    drop(sender);
+    assert!(answers.message().await.expect("ends OK").is_none());
+    let answers = grpc
+        .model_stream_infer(authed(futures::stream::iter(vec![stream_request("y", &digits[0].0)]), KEY))
+        .await
+        .expect("a place again")
+        .into_inner();
+    let answers: Vec<ModelStreamInferResponse> = futures::TryStreamExt::try_collect(answers).await.expect("OK");
+    assert_eq!(answers.len(), 1);
+}

@@ -306,3 +306,40 @@ async fn grpc_answers_a_client_leaves_unread_hold_its_own_tenants_quota() {
     assert_eq!(status.as_deref(), Some("8"), "RESOURCE_EXHAUSTED: {:?}", refused.headers());
     victim_served(&server).await;
 }
+
+#[tokio::test]
+async fn a_stream_whose_answers_are_not_read_reads_no_more_requests() {
+    use sluice::api::grpc::proto::{InferParameter, infer_parameter};
+    let tenants = tenants(UNREAD_QUOTAS);
+    let server = Server::start(tenants.path(), &[]);
+    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.expect("connects");
+    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(1 << 20)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .expect("an HTTP/2 connection");
+    tokio::spawn(connection);
+    let mut request = hostile_grpc_request("big-output");
+    let mib =
+        InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(UNREAD_MIB.into())) };
+    request.parameters.insert("mib".into(), mib);
+    let message = prost::Message::encode_to_vec(&request);
+    let framed = [&[0u8][..], &(message.len() as u32).to_be_bytes(), &message].concat();
+    // Forty requests for 24 MiB answers on one stream, none of them read.
+    let forty = bytes::Bytes::from(framed.repeat(40));
+    let call = http::Request::post("http://sluice/inference.GRPCInferenceService/ModelStreamInfer")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {EVIL}"))
+        .body(http_body_util::Full::new(forty))
+        .expect("a request");
+    let answer = tokio::time::timeout(Duration::from_secs(20), sender.send_request(call));
+    let _unread = answer.await.expect("headers within 20 s").expect("an answer");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The stream read a request only while it had room for its answer: not forty.
+    let served = server.metric("sluice_requests_total{app=\"hostile\",protocol=\"grpc\"").await;
+    // Its three places (max_concurrent_requests), and the answers tonic has handed on.
+    assert!((3.0..=6.0).contains(&served), "{served} requests ran for an unread stream");
+    victim_served(&server).await;
+}

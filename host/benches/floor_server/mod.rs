@@ -238,6 +238,15 @@ impl GrpcInferenceService for Floor {
     ) -> Answer<RepositoryModelUnloadResponse> {
         unimplemented()
     }
+
+    type ModelStreamInferStream = futures::stream::Empty<Result<ModelStreamInferResponse, Status>>;
+
+    async fn model_stream_infer(
+        &self,
+        _: Request<tonic::Streaming<ModelInferRequest>>,
+    ) -> Answer<Self::ModelStreamInferStream> {
+        unimplemented()
+    }
 }
 
 /// The floor's HTTP routes.

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use super::{grpc_body, metadata, request_id, triton};
+use super::{grpc_body, grpc_stream, metadata, request_id, triton};
 use crate::infer;
 use crate::oip::raw;
 use crate::oip::types::{
@@ -253,6 +253,60 @@ impl GrpcInferenceService for GrpcApi {
         }
         response
     }
+
+    type ModelStreamInferStream = grpc_stream::Answers<ModelStreamInferResponse>;
+
+    async fn model_stream_infer(
+        &self,
+        request: Request<tonic::Streaming<ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let tenant = self.tenant(&request)?;
+        let (metadata, _, requests) = request.into_parts();
+        let (state, metadata) = (self.state.clone(), Arc::new(metadata));
+        let closing = state.readiness.closing();
+        let most_running = {
+            let tenant = tenant.clone();
+            move || tenant.spec().quotas.max_concurrent_requests as usize
+        };
+        let answer = move |request| stream_answer(state.clone(), tenant.clone(), metadata.clone(), request);
+        Ok(Response::new(grpc_stream::answers(requests, most_running, closing, answer)))
+    }
+}
+
+/// One request of a stream, answered as a call would be, with its place in the tenant's quota
+/// (see `grpc_stream`): a failure is its message on the stream.
+async fn stream_answer(
+    state: Arc<ServingState>,
+    tenant: Arc<TenantState>,
+    metadata: Arc<tonic::metadata::MetadataMap>,
+    request: ModelInferRequest,
+) -> (ModelStreamInferResponse, Option<infer::InFlight>) {
+    let (name, version, id) = (request.model_name.clone(), request.model_version.clone(), request.id.clone());
+    let span = request_id::span(&request_id::choose(Some(&id)), "grpc", &name);
+    let spec = tenant.spec();
+    let routed = infer::Routed::default();
+    let mut in_flight = None;
+    let serve = async {
+        let admitted = infer::admit(&tenant)?;
+        in_flight = Some(admitted.in_flight());
+        infer_message(&state, &tenant, Some(admitted), None, &metadata, request, &routed).await
+    };
+    let answered = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, Box::pin(serve)).instrument(span).await;
+    let answer = match answered {
+        Ok(outcome) => {
+            ModelStreamInferResponse { error_message: String::new(), infer_response: Some(encode_response(outcome)) }
+        }
+        Err(error) => ModelStreamInferResponse {
+            error_message: Status::from(error).message().to_string(),
+            infer_response: Some(ModelInferResponse {
+                model_name: name,
+                model_version: version,
+                id,
+                ..Default::default()
+            }),
+        },
+    };
+    (answer, in_flight)
 }
 
 impl GrpcApi {
@@ -260,34 +314,48 @@ impl GrpcApi {
         let tenant = &self.tenant(&request)?;
         let spec = tenant.spec();
         let routed = infer::Routed::default();
+        // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
+        let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
+        // Admitted by the body layer before the message was read (see `grpc_body`).
+        let admitted = request.extensions().get::<grpc_body::Admission>().and_then(|a| a.take());
+        let (metadata, _, message) = request.into_parts();
         // Boxed: this future is large (~19 KB inline), and each move of the call's future
         // (tonic boxes it, the span wraps it) would copy all of it.
-        let serve = Box::pin(async {
-            // Answer DEADLINE_EXCEEDED a little before tonic's own timer cancels the call.
-            let client_timeout = grpc_timeout(&request).map(|t| t.saturating_sub((t / 10).min(DEADLINE_MARGIN)));
-            // Admitted by the body layer before the message was read (see `grpc_body`).
-            let admitted = match request.extensions().get::<grpc_body::Admission>().and_then(|a| a.take()) {
-                Some(admitted) => admitted,
-                None => infer::admit(tenant)?,
-            };
-            let entry = infer::enter(&self.state, tenant, admitted, client_timeout).await?;
-            let (metadata, _, message) = request.into_parts();
-            // A compressed message is checked here, at its decoded size.
-            let limit = usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX);
-            if prost::Message::encoded_len(&message) > limit {
-                return Err(ApiError::body_too_large(limit));
-            }
-            let limits = TensorLimits { max_elements: spec.quotas.max_tensor_elements };
-            let name = message.model_name.clone();
-            let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());
-            let valid = parse_infer_request(message, limits)?;
-            let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let caller = infer::Caller { header: &header, routed: &routed };
-            infer::infer(&self.state, tenant, entry, &name, pinned.as_deref(), valid, caller).await
-        });
+        let serve = Box::pin(infer_message(&self.state, tenant, admitted, client_timeout, &metadata, message, &routed));
         let outcome = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, serve).await?;
         Ok(Response::new(encode_response(outcome)))
     }
+}
+
+/// One inference message of `tenant`, on its admission (the body layer's, for a call) or
+/// admitted here, within the client's timeout: the path of a call and of a stream's requests.
+async fn infer_message(
+    state: &ServingState,
+    tenant: &TenantState,
+    admitted: Option<infer::Admitted>,
+    client_timeout: Option<Duration>,
+    metadata: &tonic::metadata::MetadataMap,
+    message: ModelInferRequest,
+    routed: &infer::Routed,
+) -> Result<InferOutcome, ApiError> {
+    let spec = tenant.spec();
+    let admitted = match admitted {
+        Some(admitted) => admitted,
+        None => infer::admit(tenant)?,
+    };
+    let entry = infer::enter(state, tenant, admitted, client_timeout).await?;
+    // A compressed message is checked here, at its decoded size.
+    let limit = usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX);
+    if prost::Message::encoded_len(&message) > limit {
+        return Err(ApiError::body_too_large(limit));
+    }
+    let limits = TensorLimits { max_elements: spec.quotas.max_tensor_elements };
+    let name = message.model_name.clone();
+    let pinned = (!message.model_version.is_empty()).then(|| message.model_version.clone());
+    let valid = parse_infer_request(message, limits)?;
+    let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let caller = infer::Caller { header: &header, routed };
+    infer::infer(state, tenant, entry, &name, pinned.as_deref(), valid, caller).await
 }
 
 /// At most how much earlier than the client's deadline (a tenth of it) Sluice gives up, so its own

@@ -14,7 +14,8 @@
 //! - each message is refused as soon as its length prefix says it exceeds the tenant's
 //!   `max_request_bytes` (other methods: a small fixed limit), with RESOURCE_EXHAUSTED as
 //!   HTTP answers 413;
-//! - the whole body must arrive within the body timeout;
+//! - the whole body of a call must arrive within the body timeout (a stream's requests come
+//!   as the client has them; see `grpc_stream` for what bounds a stream);
 //! - a refused call's message, where small, is still read after the refusal, so that it
 //!   costs the client's connection nothing (h2's small-DATA-frame budget).
 //!
@@ -40,8 +41,9 @@ use crate::telemetry::metrics::Protocol;
 
 /// The service's methods: each needs a tenant's key but those in [`KEYLESS`].
 const SERVICE: &str = "/inference.GRPCInferenceService/";
-/// The one method whose messages carry tensors.
+/// The methods whose messages carry tensors: a call, and a stream of them.
 const MODEL_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+const MODEL_STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
 /// The methods any client may call: the server's liveness, readiness and metadata.
 const KEYLESS: [&str; 3] = [
     "/inference.GRPCInferenceService/ServerLive",
@@ -78,11 +80,13 @@ pub struct BodyLimits {
     timeout: Duration,
     /// Per tenant, its calls of the other methods whose messages are on their way.
     reading: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
+    /// Per tenant, its open inference streams.
+    streams: Arc<Mutex<HashMap<String, StreamPlaces>>>,
 }
 
 impl BodyLimits {
     pub fn new(state: Arc<ServingState>, max_message_bytes: usize, timeout: Duration) -> Self {
-        Self { state, max_message_bytes, timeout, reading: Arc::default() }
+        Self { state, max_message_bytes, timeout, reading: Arc::default(), streams: Arc::default() }
     }
 
     /// What a call may send, decided on its headers (see [`Allowed`]), or why it is refused.
@@ -90,7 +94,7 @@ impl BodyLimits {
     /// extensions.
     fn admit(&self, request: &mut http::Request<Body>) -> Result<Allowed, ApiError> {
         let path = request.uri().path();
-        let allowed = |limit, reading, in_flight| Allowed { limit, reading, in_flight };
+        let allowed = |limit, reading, in_flight| Allowed { limit, reading, in_flight, stream: false };
         if KEYLESS.contains(&path) {
             return Ok(allowed(KEYLESS_MESSAGE_BYTES.min(self.max_message_bytes), None, None));
         }
@@ -99,19 +103,24 @@ impl BodyLimits {
             // No such method: tonic answers UNIMPLEMENTED.
             return Ok(allowed(small, None, None));
         }
-        let inference = path == MODEL_INFER;
         let authorization = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         // As the method would answer a call without a known key, but before its message is read.
         let tenant = super::auth::tenant_for_key(&self.state, authorization)?;
         let spec = tenant.spec();
-        if !inference {
+        let quota = usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX);
+        if path == MODEL_STREAM_INFER {
+            // Its requests are admitted one by one as they come (see `grpc_stream`).
+            let open = self.stream_slot(spec.id.as_str(), spec.quotas.max_concurrent_requests)?;
+            let limit = self.max_message_bytes.min(quota);
+            return Ok(Allowed { limit, reading: None, in_flight: Some(InFlight::new(open)), stream: true });
+        }
+        if path != MODEL_INFER {
             return Ok(allowed(small, Some(self.reading_slot(spec.id.as_str())?), None));
         }
         let admitted = infer::admit(&tenant)
             .inspect_err(|refused| infer::count_refused(spec.id.as_str(), Protocol::Grpc, refused))?;
         let in_flight = admitted.in_flight();
         request.extensions_mut().insert(Admission(Arc::new(Mutex::new(Some(admitted)))));
-        let quota = usize::try_from(spec.quotas.max_request_bytes).unwrap_or(usize::MAX);
         Ok(allowed(self.max_message_bytes.min(quota), None, Some(in_flight)))
     }
 
@@ -147,8 +156,40 @@ struct Allowed {
     /// For a tenant's call of a method other than inference, its place while its message comes.
     reading: Option<OwnedSemaphorePermit>,
     /// For an inference call, its place in the tenant's quota, which its answer holds until
-    /// written out.
+    /// written out; for a stream, its place among the tenant's streams, likewise.
     in_flight: Option<InFlight>,
+    /// A stream's messages come as the client has them: no deadline for all of them.
+    stream: bool,
+}
+
+/// A tenant's places for open inference streams, and the limit they were made for.
+type StreamPlaces = (u32, Arc<Semaphore>);
+
+impl BodyLimits {
+    /// A place for one of `tenant`'s inference streams, of at most `max` open at once, or the
+    /// refusal. A changed limit makes a new count; streams open under the old one end under it.
+    fn stream_slot(&self, tenant: &str, max: u32) -> Result<OwnedSemaphorePermit, ApiError> {
+        let places = {
+            let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            match streams.get(tenant) {
+                Some((made_for, places)) if *made_for == max => places.clone(),
+                _ => {
+                    let places = Arc::new(Semaphore::new(max as usize));
+                    streams.insert(tenant.to_string(), (max, places.clone()));
+                    places
+                }
+            }
+        };
+        places.try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                ErrorKind::QuotaExceeded,
+                format!(
+                    "tenant '{tenant}' has {max} inference streams open (max_concurrent_requests); \
+                     close one first"
+                ),
+            )
+        })
+    }
 }
 
 impl<S> tower::Layer<S> for BodyLimits {
@@ -184,8 +225,9 @@ where
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         let timeout = self.limits.timeout;
         match self.limits.admit(&mut request) {
-            Ok(Allowed { limit, reading, in_flight }) => {
-                let request = request.map(|body| Body::new(LimitedBody::new(body, limit, timeout, reading)));
+            Ok(Allowed { limit, reading, in_flight, stream }) => {
+                let deadline = (!stream).then_some(timeout);
+                let request = request.map(|body| Body::new(LimitedBody::new(body, limit, deadline, reading)));
                 // The service was made ready by `poll_ready`; the clone takes its place for next time.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -224,7 +266,7 @@ fn refuse<E: Send + 'static>(
 }
 
 /// A request body whose messages are checked against a size limit as their prefixes arrive,
-/// and which must end before its deadline.
+/// and which must end before its deadline, where it has one (a stream's has none).
 struct LimitedBody {
     inner: Body,
     limit: usize,
@@ -232,16 +274,16 @@ struct LimitedBody {
     prefix_read: usize,
     /// Bytes of the current message still to come.
     message_left: usize,
-    timeout: Duration,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// The body timeout, and when it runs out.
+    deadline: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
     /// The tenant's place for a call whose message is on its way, given back at its end.
     reading: Option<OwnedSemaphorePermit>,
 }
 
 impl LimitedBody {
-    fn new(inner: Body, limit: usize, timeout: Duration, reading: Option<OwnedSemaphorePermit>) -> Self {
-        let deadline = Box::pin(tokio::time::sleep(timeout));
-        Self { inner, limit, prefix: [0; PREFIX], prefix_read: 0, message_left: 0, timeout, deadline, reading }
+    fn new(inner: Body, limit: usize, timeout: Option<Duration>, reading: Option<OwnedSemaphorePermit>) -> Self {
+        let deadline = timeout.map(|timeout| (timeout, Box::pin(tokio::time::sleep(timeout))));
+        Self { inner, limit, prefix: [0; PREFIX], prefix_read: 0, message_left: 0, deadline, reading }
     }
 
     /// Follow the message boundaries through `data`; an error for a message over the limit.
@@ -278,8 +320,10 @@ impl HttpBody for LimitedBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Pending => {
-                if self.deadline.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Some(Err(ApiError::body_timeout(self.timeout).into())));
+                if let Some((timeout, deadline)) = &mut self.deadline
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Some(Err(ApiError::body_timeout(*timeout).into())));
                 }
                 Poll::Pending
             }
@@ -319,8 +363,7 @@ mod tests {
             prefix: [0; PREFIX],
             prefix_read: 0,
             message_left: 0,
-            timeout: Duration::from_secs(1),
-            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
+            deadline: Some((Duration::from_secs(1), Box::pin(tokio::time::sleep(Duration::from_secs(1))))),
             reading: None,
         }
     }
@@ -337,7 +380,7 @@ mod tests {
         let places = Arc::new(Semaphore::new(1));
         let place = places.clone().try_acquire_owned().expect("a free place");
         let inner = Body::new(http_body_util::Full::new(Bytes::from(message(3))));
-        let mut limited = LimitedBody::new(inner, 10, Duration::from_secs(1), Some(place));
+        let mut limited = LimitedBody::new(inner, 10, Some(Duration::from_secs(1)), Some(place));
         while let Some(frame) = http_body_util::BodyExt::frame(&mut limited).await {
             frame.expect("within the limit");
         }

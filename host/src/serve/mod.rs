@@ -38,6 +38,9 @@ const GAUGE_EXPORT_TICK: Duration = Duration::from_secs(1);
 /// DATA frame each, under 256 bytes) within h2's per-connection budget for small frames
 /// (512 KiB), past which h2 closes the connection with every call on it.
 const GRPC_CALLS_PER_CONNECTION: u32 = 1024;
+/// How often a gRPC connection is pinged, and how long its client has to answer.
+const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings of `sluice serve`.
 #[derive(Debug, Clone)]
@@ -193,6 +196,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
             timeout_s = config.drain.timeout.as_secs_f64(),
             "closing the listeners; requests in flight finish"
         );
+        readiness.close();
         let _ = stop.send(());
     });
     let ((), grpc_result) = tokio::join!(http_server, grpc_server);
@@ -210,6 +214,10 @@ pub fn grpc_server(
     let body_limits = BodyLimits::new(state.clone(), config.grpc_max_message_bytes, config.body_timeouts.request);
     tonic::transport::Server::builder()
         .max_concurrent_streams(GRPC_CALLS_PER_CONNECTION)
+        // A peer that no longer answers pings is gone: its connection, and the streams that
+        // hold its tenant's places, end.
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
         .layer(body_limits)
         .add_service(crate::api::grpc::service(state, config.grpc_max_message_bytes, config.grpc_response_compression))
 }

@@ -183,6 +183,8 @@ impl Default for BodyTimeouts {
 pub struct Readiness {
     draining: AtomicBool,
     unsynced: AtomicBool,
+    /// Turns true when the listeners close: open streams then end once answered.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Readiness {
@@ -196,6 +198,16 @@ impl Readiness {
 
     pub fn start_drain(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// The listeners close: streams take no more requests.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Whether the listeners have closed, and a way to wait until they do.
+    pub fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.closing.subscribe()
     }
 }
 
