@@ -4,7 +4,9 @@
 # `digits` app, over gRPC and HTTP, at concurrency 1, 8 and 64 (synchronous clients). What the
 # issue asks of gRPC: throughput never falls as concurrency rises, p99 <= 5 ms at 8.
 # Client and server share the machine's CPUs, as they do when both run on one host.
-# SLUICE=BINARY measures another build of the server (a before/after pair).
+# SLUICE=BINARY measures another build of the server (a before/after pair). PROTOCOLS picks the
+# protocols (default "grpc http"; "grpc-stream" is gRPC with perf_analyzer's --streaming, one
+# stream carrying each client's requests).
 # Usage: scripts/bench_perf_analyzer.sh [seconds per window] [rounds]   (needs `cargo build --release`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +24,13 @@ echo "| model | protocol | concurrency | infer/s | p50 | p99 | server: queue / c
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 for _ in $(seq "$rounds"); do
   for model in digits-mlp digits; do
-    for protocol in grpc http; do
-      port=18720; [ "$protocol" = grpc ] && port=18721
+    for protocol in ${PROTOCOLS:-grpc http}; do
+      port=18720 wire=$protocol streaming=()
+      [ "$protocol" != http ] && port=18721 wire=grpc
+      [ "$protocol" = grpc-stream ] && streaming=(--streaming)
       for concurrency in 1 8 64; do
-        timeout 120 "$perf_analyzer" -m "$model" -i "$protocol" -u "127.0.0.1:$port" -H 'authorization: Bearer acme-demo-key' \
+        timeout 120 "$perf_analyzer" -m "$model" -i "$wire" "${streaming[@]}" -u "127.0.0.1:$port" \
+          -H 'authorization: Bearer acme-demo-key' \
           --shape image:1,64 --concurrency-range "$concurrency" --measurement-interval $((seconds * 1000)) \
           >"$work/out" 2>&1 || { echo "perf_analyzer failed:" >&2; cat "$work/out" >&2; exit 1; }
         awk -v m="$model" -v p="$protocol" -v c="$concurrency" '

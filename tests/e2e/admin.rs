@@ -146,3 +146,29 @@ async fn allowing_raw_model_loads_takes_effect_at_once_both_ways_and_after_a_res
     let (code, body) = server.infer("hostile", ACME, &load_bytes).await;
     assert!(code == 500 && refused(&body), "revoked at once: {body}");
 }
+
+#[tokio::test]
+async fn a_revoked_key_stops_the_requests_of_a_stream_it_opened() {
+    use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &["--admin-token", ADMIN]);
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("connects");
+    let (pixels, _) = &heldout_digits()[0];
+    let request = || digits_grpc_request(pixels.iter().map(|&p| f32::from(p) / 255.0).collect());
+    let (sender, requests) = futures::channel::mpsc::unbounded();
+    sender.unbounded_send(request()).expect("queued");
+    let mut answers = grpc.model_stream_infer(authed(requests, ACME)).await.expect("a stream").into_inner();
+    let first = answers.message().await.expect("an answer").expect("not the end");
+    assert_eq!(first.error_message, "", "served while the key is valid");
+
+    let (_, listed) = admin(&server, Method::GET, "/admin/v1/tenants", Value::Null).await;
+    let acme = listed.as_array().expect("tenants").iter().find(|t| t["id"] == "acme").expect("acme").clone();
+    let key_id = acme["keys"][0].as_str().expect("a key id").to_string();
+    let (code, body) =
+        admin(&server, Method::DELETE, &format!("/admin/v1/tenants/acme/keys/{key_id}"), Value::Null).await;
+    assert_eq!(code, 200, "{body}");
+    // The stream was opened with the key; each request on it is checked as a call would be.
+    sender.unbounded_send(request()).expect("queued");
+    let after = answers.message().await.expect("an answer").expect("not the end");
+    assert!(after.error_message.contains("key"), "a revoked key's stream is refused: {after:?}");
+}

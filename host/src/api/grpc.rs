@@ -264,25 +264,37 @@ impl GrpcInferenceService for GrpcApi {
         let (metadata, _, requests) = request.into_parts();
         let (state, metadata) = (self.state.clone(), Arc::new(metadata));
         let closing = state.readiness.closing();
-        let most_running = {
-            let tenant = tenant.clone();
-            move || tenant.spec().quotas.max_concurrent_requests as usize
-        };
-        let answer = move |request| stream_answer(state.clone(), tenant.clone(), metadata.clone(), request);
+        let most_running = move || tenant.spec().quotas.max_concurrent_requests as usize;
+        let answer = move |request| stream_answer(state.clone(), metadata.clone(), request);
         Ok(Response::new(grpc_stream::answers(requests, most_running, closing, answer)))
     }
 }
 
-/// One request of a stream, answered as a call would be, with its place in the tenant's quota
-/// (see `grpc_stream`): a failure is its message on the stream.
+/// One request of a stream, answered as a call would be (its key checked again), with its
+/// place in the tenant's quota (see `grpc_stream`): a failure is its message on the stream.
 async fn stream_answer(
     state: Arc<ServingState>,
-    tenant: Arc<TenantState>,
     metadata: Arc<tonic::metadata::MetadataMap>,
     request: ModelInferRequest,
 ) -> (ModelStreamInferResponse, Option<infer::InFlight>) {
     let (name, version, id) = (request.model_name.clone(), request.model_version.clone(), request.id.clone());
-    let span = request_id::span(&request_id::choose(Some(&id)), "grpc", &name);
+    let failed = |error: ApiError| ModelStreamInferResponse {
+        error_message: Status::from(error).message().to_string(),
+        infer_response: Some(ModelInferResponse {
+            model_name: name,
+            model_version: version,
+            id: id.clone(),
+            ..Default::default()
+        }),
+    };
+    // The key is checked for each request, as for each call: one revoked while the stream is
+    // open serves no more.
+    let authorization = metadata.get("authorization").and_then(|v| v.to_str().ok());
+    let tenant = match super::auth::tenant_for_key(&state, authorization) {
+        Ok(tenant) => tenant,
+        Err(refused) => return (failed(refused), None),
+    };
+    let span = request_id::span(&request_id::choose(Some(&id)), "grpc", &request.model_name);
     let spec = tenant.spec();
     let routed = infer::Routed::default();
     let mut in_flight = None;
@@ -296,15 +308,7 @@ async fn stream_answer(
         Ok(outcome) => {
             ModelStreamInferResponse { error_message: String::new(), infer_response: Some(encode_response(outcome)) }
         }
-        Err(error) => ModelStreamInferResponse {
-            error_message: Status::from(error).message().to_string(),
-            infer_response: Some(ModelInferResponse {
-                model_name: name,
-                model_version: version,
-                id,
-                ..Default::default()
-            }),
-        },
+        Err(error) => failed(error),
     };
     (answer, in_flight)
 }

@@ -147,25 +147,7 @@ impl BodyLimits {
             )
         })
     }
-}
 
-/// What a call may send, decided on its headers.
-struct Allowed {
-    /// Its messages' size limit.
-    limit: usize,
-    /// For a tenant's call of a method other than inference, its place while its message comes.
-    reading: Option<OwnedSemaphorePermit>,
-    /// For an inference call, its place in the tenant's quota, which its answer holds until
-    /// written out; for a stream, its place among the tenant's streams, likewise.
-    in_flight: Option<InFlight>,
-    /// A stream's messages come as the client has them: no deadline for all of them.
-    stream: bool,
-}
-
-/// A tenant's places for open inference streams, and the limit they were made for.
-type StreamPlaces = (u32, Arc<Semaphore>);
-
-impl BodyLimits {
     /// A place for one of `tenant`'s inference streams, of at most `max` open at once, or the
     /// refusal. A changed limit makes a new count; streams open under the old one end under it.
     fn stream_slot(&self, tenant: &str, max: u32) -> Result<OwnedSemaphorePermit, ApiError> {
@@ -190,6 +172,22 @@ impl BodyLimits {
             )
         })
     }
+}
+
+/// A tenant's places for open inference streams, and the limit they were made for.
+type StreamPlaces = (u32, Arc<Semaphore>);
+
+/// What a call may send, decided on its headers.
+struct Allowed {
+    /// Its messages' size limit.
+    limit: usize,
+    /// For a tenant's call of a method other than inference, its place while its message comes.
+    reading: Option<OwnedSemaphorePermit>,
+    /// For an inference call, its place in the tenant's quota, which its answer holds until
+    /// written out; for a stream, its place among the tenant's streams, likewise.
+    in_flight: Option<InFlight>,
+    /// A stream's messages come as the client has them: no deadline for all of them.
+    stream: bool,
 }
 
 impl<S> tower::Layer<S> for BodyLimits {
