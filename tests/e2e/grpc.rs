@@ -250,9 +250,9 @@ async fn a_stream_answers_each_request_by_its_id_and_a_failed_one_on_the_stream(
 }
 
 #[tokio::test]
-async fn streams_need_a_key_and_count_against_their_tenants_quota() {
+async fn streams_need_a_key_and_keep_their_tenants_quotas() {
     let tenants = Tenants::new();
-    let mut acme = tenant_header("acme", KEY, "max_concurrent_requests = 2");
+    let mut acme = tenant_header("acme", KEY, "max_concurrent_requests = 2\nmax_request_bytes = 100000");
     acme += &model_entry("digits-mlp", &digits_model(), None);
     tenants.write("acme.toml", &acme);
     let server = Server::start(tenants.path(), &[]);
@@ -295,4 +295,17 @@ async fn streams_need_a_key_and_count_against_their_tenants_quota() {
         .into_inner();
     let answers: Vec<ModelStreamInferResponse> = futures::TryStreamExt::try_collect(answers).await.expect("OK");
     assert_eq!(answers.len(), 1);
+
+    // A message over max_request_bytes ends the stream with the call's code.
+    let (sender, requests) = futures::channel::mpsc::unbounded();
+    sender.unbounded_send(stream_request("before", &digits[0].0)).expect("queued");
+    let mut answers = grpc.model_stream_infer(authed(requests, KEY)).await.expect("a stream").into_inner();
+    let before = answers.message().await.expect("an answer").expect("not the end");
+    assert_eq!(before.infer_response.expect("a response").id, "before");
+    let mut huge = stream_request("huge", &digits[0].0);
+    huge.raw_input_contents = vec![vec![0; 200_000]];
+    sender.unbounded_send(huge).expect("queued");
+    let status = answers.message().await.expect_err("ends");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("max_request_bytes"), "{}", status.message());
 }
