@@ -265,26 +265,39 @@ async fn answers_a_client_leaves_unread_hold_its_own_tenants_quota_and_nothing_m
     }
 }
 
-#[tokio::test]
-async fn grpc_answers_a_client_leaves_unread_hold_its_own_tenants_quota() {
-    use sluice::api::grpc::proto::{InferParameter, infer_parameter};
-    let tenants = tenants(UNREAD_QUOTAS);
-    let server = Server::start(tenants.path(), &[]);
+/// A raw HTTP/2 connection to the gRPC port with small windows, whose answers the test never
+/// reads: they wait in the server.
+async fn unread_grpc_connection(
+    server: &Server,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
     let tcp = tokio::net::TcpStream::connect(&server.grpc).await.expect("connects");
-    // Small windows, and bodies never read: the answers wait in the server.
-    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+    let (sender, connection) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .initial_stream_window_size(65_535)
         .initial_connection_window_size(1 << 20)
         .handshake(hyper_util::rt::TokioIo::new(tcp))
         .await
         .expect("an HTTP/2 connection");
     tokio::spawn(connection);
+    sender
+}
+
+/// A gRPC message (with its prefix) asking the hostile guest for a big answer.
+fn big_answer_message() -> Vec<u8> {
+    use sluice::api::grpc::proto::{InferParameter, infer_parameter};
     let mut request = hostile_grpc_request("big-output");
     let mib =
         InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(UNREAD_MIB.into())) };
     request.parameters.insert("mib".into(), mib);
     let message = prost::Message::encode_to_vec(&request);
-    let framed = bytes::Bytes::from([&[0u8][..], &(message.len() as u32).to_be_bytes(), &message].concat());
+    [&[0u8][..], &(message.len() as u32).to_be_bytes(), &message].concat()
+}
+
+#[tokio::test]
+async fn grpc_answers_a_client_leaves_unread_hold_its_own_tenants_quota() {
+    let tenants = tenants(UNREAD_QUOTAS);
+    let server = Server::start(tenants.path(), &[]);
+    let mut sender = unread_grpc_connection(&server).await;
+    let framed = bytes::Bytes::from(big_answer_message());
     let mut call = async || {
         let request = http::Request::post("http://sluice/inference.GRPCInferenceService/ModelInfer")
             .header("content-type", "application/grpc")
@@ -309,23 +322,10 @@ async fn grpc_answers_a_client_leaves_unread_hold_its_own_tenants_quota() {
 
 #[tokio::test]
 async fn a_stream_whose_answers_are_not_read_reads_no_more_requests() {
-    use sluice::api::grpc::proto::{InferParameter, infer_parameter};
     let tenants = tenants(UNREAD_QUOTAS);
     let server = Server::start(tenants.path(), &[]);
-    let tcp = tokio::net::TcpStream::connect(&server.grpc).await.expect("connects");
-    let (mut sender, connection) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(1 << 20)
-        .handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .expect("an HTTP/2 connection");
-    tokio::spawn(connection);
-    let mut request = hostile_grpc_request("big-output");
-    let mib =
-        InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam(UNREAD_MIB.into())) };
-    request.parameters.insert("mib".into(), mib);
-    let message = prost::Message::encode_to_vec(&request);
-    let framed = [&[0u8][..], &(message.len() as u32).to_be_bytes(), &message].concat();
+    let mut sender = unread_grpc_connection(&server).await;
+    let framed = big_answer_message();
     // Forty requests for 24 MiB answers on one stream, none of them read.
     let forty = bytes::Bytes::from(framed.repeat(40));
     let call = http::Request::post("http://sluice/inference.GRPCInferenceService/ModelStreamInfer")
