@@ -642,3 +642,30 @@ async fn a_tenants_calls_with_held_back_messages_hold_a_bounded_share_of_memory(
     let status = RawGrpcCall::start(&mut sender, VICTIM).finish(&digit_call(), usize::MAX).await;
     assert_eq!(status, Ok(Some("0".into())), "another tenant is served");
 }
+
+#[tokio::test]
+async fn a_request_head_over_64_kib_is_refused_and_what_heads_hold_is_bounded() {
+    let tenants = tenants("");
+    let server = Server::start(tenants.path(), &[]);
+    let padding: String = (0..80).map(|i| format!("x-pad-{i}: {}\r\n", "a".repeat(1000))).collect();
+    let mut over = TcpStream::connect(server.http_address()).expect("connects");
+    over.write_all(format!("GET /v2/health/live HTTP/1.1\r\nHost: sluice\r\n{padding}\r\n").as_bytes()).ok();
+    let (answer, closed) = read_until_closed(&mut over, Duration::from_secs(5));
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(closed.is_some(), "closed after the refusal");
+    // Heads begun and never finished (no key needed) hold at most 64 KiB a connection.
+    let rss = server.rss_bytes();
+    let head = format!("POST /v2/models/digits/infer HTTP/1.1\r\nHost: sluice\r\n{}", &padding[..60 << 10]);
+    let held: Vec<TcpStream> = (0..200)
+        .map(|_| {
+            let mut stream = TcpStream::connect(server.http_address()).expect("connects");
+            stream.write_all(head.as_bytes()).expect("writes");
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = server.rss_bytes().saturating_sub(rss);
+    assert!(grown < 40 << 20, "200 unfinished heads hold {} MiB", grown >> 20);
+    drop(held);
+    assert_eq!(victim_http(&server).await.0, 200);
+}

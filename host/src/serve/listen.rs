@@ -216,7 +216,11 @@ pub async fn serve_http(
 ) {
     let (stopping, stopped) = tokio::sync::watch::channel(false);
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(limits.settings.header_timeout).keep_alive(true);
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.settings.header_timeout)
+        .keep_alive(true)
+        .max_header_size(MAX_REQUEST_HEAD_BYTES);
     let first_request_window = limits.settings.header_timeout.min(FIRST_REQUEST_WINDOW);
     let serve = |connection: Connection| {
         let service = TowerToHyperService::new(router.clone());
@@ -243,6 +247,12 @@ pub async fn serve_http(
         tracing::warn!("HTTP requests still open after the drain timeout; closing them");
     }
 }
+
+/// Largest HTTP/1 request line and headers (past it, 431 and the connection closed). hyper's
+/// default, its read buffer's limit (~400 KiB), let any client with no key make the server hold
+/// that much a connection for the header timeout: ~1.6 GiB from one address at its connection
+/// limit.
+const MAX_REQUEST_HEAD_BYTES: usize = 64 << 10;
 
 /// How long a connection accepted before the stop, that has sent nothing yet, gets to send
 /// its request: its client may have written it just as the listener closed.
