@@ -138,10 +138,18 @@ async fn spans_reach_an_otlp_collector_joined_to_the_clients_trace() {
     let mut request = authed(hostile_grpc_request("trap"), KEY);
     request.metadata_mut().insert("x-request-id", "otlp-grpc-trap".parse().expect("ascii"));
     assert_eq!(grpc.model_infer(request).await.expect_err("trap").code(), tonic::Code::Internal);
+    // The same on a stream: its request's id names the span.
+    let mut trap = hostile_grpc_request("trap");
+    trap.id = "otlp-stream-trap".into();
+    let answers = grpc.model_stream_infer(authed(futures::stream::iter([trap]), KEY)).await.expect("a stream");
+    let answers: Vec<_> = futures::TryStreamExt::try_collect(answers.into_inner()).await.expect("the stream ends OK");
+    assert!(answers[0].error_message.contains("panicked"), "{answers:?}");
 
     let spans = collector
-        .wait_for("request, guest, queue and compute spans of all three requests", |spans| {
-            ["otlp-http", "otlp-bad-parent", "otlp-grpc-trap"].iter().all(|id| request_span(spans, id).is_some())
+        .wait_for("request, guest, queue and compute spans of all four requests", |spans| {
+            ["otlp-http", "otlp-bad-parent", "otlp-grpc-trap", "otlp-stream-trap"]
+                .iter()
+                .all(|id| request_span(spans, id).is_some())
                 && spans.iter().filter(|r| r.span.name == "compute").count() >= 2
         })
         .await;
@@ -190,6 +198,9 @@ async fn spans_reach_an_otlp_collector_joined_to_the_clients_trace() {
     assert_eq!(attribute(trap, "status").as_deref(), Some((tonic::Code::Internal as i32).to_string().as_str()));
     assert_eq!(trap.status.as_ref().map(|s| s.code), Some(StatusCode::Error as i32), "{trap:#?}");
     assert!(trap.parent_span_id.is_empty());
+    let streamed = &request_span(&spans, "otlp-stream-trap").expect("the stream's request span").span;
+    assert_eq!(attribute(streamed, "status").as_deref(), Some((tonic::Code::Internal as i32).to_string().as_str()));
+    assert_eq!(streamed.status.as_ref().map(|s| s.code), Some(StatusCode::Error as i32), "{streamed:#?}");
 }
 
 // Two threads: the collector must answer while this one waits for the server to exit.

@@ -303,7 +303,10 @@ async fn stream_answer(
         in_flight = Some(admitted.in_flight());
         infer_message(&state, &tenant, Some(admitted), None, &metadata, request, &routed).await
     };
-    let answered = infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, Box::pin(serve)).instrument(span).await;
+    let answered =
+        infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, Box::pin(serve)).instrument(span.clone()).await;
+    let code = answered.as_ref().err().map_or(tonic::Code::Ok, |error| error.kind.grpc_code());
+    request_id::record_status(&span, code as u16, is_server_failure(code));
     let answer = match answered {
         Ok(outcome) => {
             ModelStreamInferResponse { error_message: String::new(), infer_response: Some(encode_response(outcome)) }
