@@ -43,15 +43,9 @@ where
     type Error = B::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        let in_flight = &self.in_flight;
-        polled.map(|frame| {
-            frame.map(|frame| {
-                frame.map(|frame| {
-                    frame.map_data(|bytes| Bytes::from_owner(HeldBytes { bytes, _in_flight: in_flight.clone() }))
-                })
-            })
-        })
+        let polled = std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        let hold = |bytes| Bytes::from_owner(HeldBytes { bytes, _in_flight: self.in_flight.clone() });
+        Poll::Ready(polled.map(|frame| frame.map(|frame| frame.map_data(hold))))
     }
 
     fn is_end_stream(&self) -> bool {
