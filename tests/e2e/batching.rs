@@ -275,3 +275,53 @@ async fn an_urgent_request_goes_before_its_tenants_waiting_ones() {
     assert_eq!(status, 400, "{body}");
     assert!(error_message(&body).contains("priority"), "{body}");
 }
+
+#[tokio::test]
+async fn a_tenant_keeps_its_own_batching_settings_on_weights_another_serves_otherwise() {
+    // Acme's queue waits 400 ms for company; globex serves the same weights on the defaults.
+    // Acme's manifest loads first, so a shared copy would be made on acme's settings.
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", ACME, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += "[models.digits-mlp.batching]\nmax_batch_size = 64\nmax_queue_delay_us = 400000\nmax_queue_size = 2\n\n";
+    tenants.write("acme.toml", &acme);
+    let globex = tenant_header("globex", GLOBEX, "") + &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("globex.toml", &globex);
+    let server = Server::start(tenants.path(), &[]);
+    let scrape = Scrape::of(&server).await;
+    assert_eq!(scrape.sum(names::RESIDENT_MODELS, &[]), 2.0, "a copy for each tenant's settings");
+
+    // Each tenant's config is its own.
+    for (key, batch, delay) in [(GLOBEX, 32, 0), (ACME, 64, 400_000)] {
+        let (code, config) = server.get("/v2/models/digits-mlp/config", Some(key)).await;
+        assert_eq!(code, 200, "{config}");
+        let found = (&config["max_batch_size"], &config["dynamic_batching"]["max_queue_delay_microseconds"]);
+        assert_eq!(found, (&json!(batch), &json!(delay)), "{key}: {config}");
+    }
+
+    // Acme's lone call waits its 400 ms for company; globex's does not wait at all.
+    let digits = heldout_digits();
+    let timed = |key: &'static str| {
+        let (server, body) = (&server, rows(&digits[..1]));
+        async move {
+            let started = std::time::Instant::now();
+            let (code, answer) = server.infer("digits-mlp", key, &body).await;
+            assert_eq!(code, 200, "{key}: {answer}");
+            started.elapsed()
+        }
+    };
+    assert!(timed(ACME).await >= std::time::Duration::from_millis(350), "acme's delay applies to acme");
+    let mut globex_fastest = std::time::Duration::MAX;
+    for _ in 0..3 {
+        globex_fastest = globex_fastest.min(timed(GLOBEX).await);
+    }
+    assert!(globex_fastest < std::time::Duration::from_millis(200), "globex waited {globex_fastest:?} for company");
+
+    // Acme's queue of two is full with acme's calls; globex's calls are not in it.
+    let one = rows(&digits[..1]);
+    let acme_calls = futures::future::join_all((0..4).map(|_| server.infer("digits-mlp", ACME, &one)));
+    let globex_calls = futures::future::join_all((0..4).map(|_| server.infer("digits-mlp", GLOBEX, &one)));
+    let (acme_answers, globex_answers) = tokio::join!(acme_calls, globex_calls);
+    assert!(acme_answers.iter().any(|(code, _)| *code == 503), "acme's queue holds two: {acme_answers:?}");
+    assert!(globex_answers.iter().all(|(code, _)| *code == 200), "{globex_answers:?}");
+}

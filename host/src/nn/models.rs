@@ -4,7 +4,7 @@
 //! idle, and loads again on the next call. Tenants reach copies only through their own
 //! namespace ([`TenantModels`]), where each may unload and load its own names.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ use super::scheduler::{
     Share,
 };
 use crate::registry::ids::{ModelName, ModelVersion};
-use crate::registry::manifest::{BreakerSettings, Drift, Padding};
+use crate::registry::manifest::{Autoscale, Batching, BreakerSettings, Drift, Padding};
 use crate::registry::placement::{DeviceId, Placement};
 use crate::registry::{ModelOrigin, ModelSpec};
 use crate::telemetry::drift::{DriftMonitors, MAX_SAMPLE_BYTES, check_baseline_rows, tensor_bytes};
@@ -176,9 +176,8 @@ impl ModelCopy {
     }
 
     /// Take a tenant's own settings for this copy from its spec (its manifest's, or an
-    /// upload's defaults): identical weights are one copy for every tenant that serves them,
-    /// made on the settings of whichever spec loaded it first, and each tenant's drift and
-    /// circuit breaker are its own.
+    /// upload's defaults): identical weights on the same queue settings are one copy for every
+    /// tenant that serves them, and each tenant's drift and circuit breaker are its own.
     pub fn configure_tenant(&self, tenant: &str, spec: &ModelSpec) {
         let tenant = Arc::from(tenant);
         self.drift.configure(&tenant, &spec.drift);
@@ -291,13 +290,53 @@ impl Drop for ModelCopy {
 /// The model versions an app version's `load-by-name` calls get, by model name.
 pub type ModelPins = Arc<BTreeMap<ModelName, ModelVersion>>;
 
-/// Every resident model, keyed by weights digest, backend and placements (identical weights
-/// placed alike share one copy and one queue). The store does not keep a model alive: a
+/// Every resident model, by what it was made on ([`CopyKey`]: identical weights placed and
+/// configured alike share one copy and one queue). The store does not keep a model alive: a
 /// model nothing serves any more (its names deleted, its upload refused) is unloaded when the
 /// last request using it ends, and loading the same weights again makes a fresh copy.
 #[derive(Default)]
 pub struct ModelStore {
-    resident: HashMap<(String, BackendKind, Vec<Placement>), Weak<ModelCopy>>,
+    resident: Vec<(CopyKey, Weak<ModelCopy>)>,
+}
+
+/// What a copy is made on. Identical weights share a copy only where every setting of its
+/// queue and residence matches too: a copy serves all its callers on one set of settings, so
+/// sharing on the first spec's would give one tenant another's batching delay, queue size,
+/// padding or autoscaling, silently.
+#[derive(Clone, PartialEq)]
+struct CopyKey {
+    sha256: String,
+    backend: BackendKind,
+    placements: Vec<Placement>,
+    /// An operator's model that reads external data beside it: that data is weights too.
+    file: Option<std::path::PathBuf>,
+    batching: Batching,
+    autoscale: Option<Autoscale>,
+    idle_unload: Option<Duration>,
+    pinned: bool,
+    warmup: Vec<usize>,
+}
+
+impl CopyKey {
+    fn of(spec: &ModelSpec, backend: BackendKind, placements: &[Placement], file: Option<&std::path::Path>) -> Self {
+        Self {
+            sha256: spec.sha256.clone(),
+            backend,
+            placements: placements.to_vec(),
+            file: file.map(std::path::Path::to_path_buf),
+            batching: spec.batching.clone(),
+            autoscale: spec.autoscale.clone(),
+            idle_unload: spec.idle_unload,
+            pinned: spec.pinned,
+            warmup: spec.warmup.clone(),
+        }
+    }
+
+    /// The same weights on the same backend and devices, whatever the settings.
+    fn same_weights(&self, other: &Self) -> bool {
+        (&self.sha256, self.backend, &self.placements, &self.file)
+            == (&other.sha256, other.backend, &other.placements, &other.file)
+    }
 }
 
 /// What applies to a model whose spec does not say, and where models are resident.
@@ -352,9 +391,13 @@ impl ModelStore {
             if let Some(fallback) = &placed.fallback {
                 tracing::warn!(model = %spec.name, backend = %backend.kind(), reason = %fallback, "model placed on the cpu instead");
             }
-            let key = (spec.sha256.clone(), backend.kind(), placed.placements.clone());
-            if let Some(model) = self.resident.get(&key).and_then(Weak::upgrade) {
+            let key = CopyKey::of(spec, backend.kind(), &placed.placements, model_file.as_deref());
+            if let Some(model) = self.resident(&key) {
                 return Ok(model);
+            }
+            if self.resident.iter().any(|(other, copy)| other.same_weights(&key) && copy.strong_count() > 0) {
+                tracing::info!(model = %spec.name, backend = %backend.kind(), sha256 = %spec.sha256,
+                    "identical weights are resident on other settings: this model gets a copy of its own");
             }
             let started = Instant::now();
             let (bytes, file, loader) = (spec.bytes.clone(), model_file.clone(), backend.clone());
@@ -486,11 +529,16 @@ impl ModelStore {
                 "model resident"
             );
             metrics().model_loaded(&backend.kind().to_string(), LoadReason::Start.label(), started.elapsed());
-            self.resident.retain(|_, model| model.strong_count() > 0);
-            self.resident.insert(key, Arc::downgrade(&model));
+            self.resident.retain(|(_, model)| model.strong_count() > 0);
+            self.resident.push((key, Arc::downgrade(&model)));
             return Ok(model);
         }
         Err(ModelLoadError::Failed { model: spec.name.to_string(), reasons: reasons.join("; ") })
+    }
+
+    /// The resident copy made on `key`, if any.
+    fn resident(&self, key: &CopyKey) -> Option<Arc<ModelCopy>> {
+        self.resident.iter().find(|(made_on, _)| made_on == key).and_then(|(_, copy)| copy.upgrade())
     }
 }
 
@@ -1260,7 +1308,7 @@ mod tests {
             // A real (small) model: the store checks weights before any engine sees them.
             bytes: Arc::from(PRIMER),
             backend: None,
-            batching: crate::registry::manifest::Batching::default(),
+            batching: Batching::default(),
             drift: Drift::default(),
             breaker: BreakerSettings::default(),
             origin: ModelOrigin::Manifest,
@@ -1300,6 +1348,38 @@ mod tests {
         assert_eq!(gpu.used(), 2 * PER_GRAPH, "the device is back within its budget");
         assert!(!first.holds_memory(), "the least recently used model left to make room");
         assert!(second.holds_memory() && third.holds_memory());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn identical_weights_share_a_copy_only_on_the_same_settings() {
+        let gpu = Device::new(DeviceId::Cuda(0), 1 << 30, Box::new(SimulatedMeter(Arc::new(AtomicU64::new(0)))));
+        let defaults = ModelDefaults {
+            backend: None,
+            idle_unload: None,
+            devices: Arc::new(Devices::cpu_only(1 << 30).with_gpu(gpu)),
+            optimized_dir: None,
+        };
+        let engine = SimulatedGpuEngine { memory: Arc::new(AtomicU64::new(0)), started: Default::default() };
+        let backends = Backends { available: vec![Arc::new(engine)], unavailable: Vec::new() };
+        let mut store = ModelStore::default();
+        let waits = |us| {
+            let mut spec = gpu_spec("m");
+            spec.batching.max_queue_delay_us = us;
+            spec
+        };
+        let first = store.load(&waits(0), &backends, &defaults).await.expect("loads");
+        let again = store.load(&waits(0), &backends, &defaults).await.expect("loads");
+        let waiting = store.load(&waits(400_000), &backends, &defaults).await.expect("loads");
+        assert!(Arc::ptr_eq(&first, &again), "the same weights on the same settings: one copy");
+        assert!(!Arc::ptr_eq(&first, &waiting), "other batching settings: a copy of their own");
+        assert_eq!(
+            (first.settings.max_delay, waiting.settings.max_delay),
+            (Duration::ZERO, Duration::from_millis(400))
+        );
+        let mut pinned = waits(0);
+        pinned.pinned = true;
+        let pinned = store.load(&pinned, &backends, &defaults).await.expect("loads");
+        assert!(!Arc::ptr_eq(&first, &pinned), "pinned and evictable: two copies");
     }
 
     #[test]

@@ -438,7 +438,7 @@ impl Drift {
 }
 
 /// Batching settings of a model's queue.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Batching {
     /// Most rows in one batch.

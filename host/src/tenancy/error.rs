@@ -49,7 +49,7 @@ impl TenancyError {
 
 fn wait_too_long(over_share: Option<&str>, predicted: Duration, budget: Duration) -> String {
     let wait = format!(
-        "a new request would take about {} ms to start and finish at this load, past its remaining {} ms",
+        "a new request would take about {} ms to start and finish at this load, more than half of its remaining {} ms",
         predicted.as_millis(),
         budget.as_millis()
     );
