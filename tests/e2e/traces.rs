@@ -138,10 +138,12 @@ async fn spans_reach_an_otlp_collector_joined_to_the_clients_trace() {
     let mut request = authed(hostile_grpc_request("trap"), KEY);
     request.metadata_mut().insert("x-request-id", "otlp-grpc-trap".parse().expect("ascii"));
     assert_eq!(grpc.model_infer(request).await.expect_err("trap").code(), tonic::Code::Internal);
-    // The same on a stream: its request's id names the span.
+    // The same on a stream opened inside the client's trace: its request's id names the span.
     let mut trap = hostile_grpc_request("trap");
     trap.id = "otlp-stream-trap".into();
-    let answers = grpc.model_stream_infer(authed(futures::stream::iter([trap]), KEY)).await.expect("a stream");
+    let mut stream = authed(futures::stream::iter([trap]), KEY);
+    stream.metadata_mut().insert("traceparent", traceparent.parse().expect("ascii"));
+    let answers = grpc.model_stream_infer(stream).await.expect("a stream");
     let answers: Vec<_> = futures::TryStreamExt::try_collect(answers.into_inner()).await.expect("the stream ends OK");
     assert!(answers[0].error_message.contains("panicked"), "{answers:?}");
 
@@ -201,6 +203,8 @@ async fn spans_reach_an_otlp_collector_joined_to_the_clients_trace() {
     let streamed = &request_span(&spans, "otlp-stream-trap").expect("the stream's request span").span;
     assert_eq!(attribute(streamed, "status").as_deref(), Some((tonic::Code::Internal as i32).to_string().as_str()));
     assert_eq!(streamed.status.as_ref().map(|s| s.code), Some(StatusCode::Error as i32), "{streamed:#?}");
+    assert_eq!(hex(&streamed.trace_id), CLIENT_TRACE, "the stream's requests join the client's trace");
+    assert_eq!(hex(&streamed.parent_span_id), CLIENT_SPAN);
 }
 
 // Two threads: the collector must answer while this one waits for the server to exit.

@@ -295,6 +295,9 @@ async fn stream_answer(
         Err(refused) => return (failed(refused), None),
     };
     let span = request_id::span(&request_id::choose(Some(&id)), "grpc", &request.model_name);
+    // Each request of the stream joins the trace the client opened the stream in.
+    let header = |key: &str| metadata.get(key).and_then(|v| v.to_str().ok());
+    traces::continue_client_trace(&span, header(traces::TRACEPARENT), header(traces::TRACESTATE));
     let spec = tenant.spec();
     let routed = infer::Routed::default();
     let mut in_flight = None;
