@@ -392,7 +392,7 @@ impl ModelStore {
                 tracing::warn!(model = %spec.name, backend = %backend.kind(), reason = %fallback, "model placed on the cpu instead");
             }
             let key = CopyKey::of(spec, backend.kind(), &placed.placements, model_file.as_deref());
-            if let Some(model) = self.resident(&key) {
+            if let Some(model) = self.copy_made_on(&key) {
                 return Ok(model);
             }
             if self.resident.iter().any(|(other, copy)| other.same_weights(&key) && copy.strong_count() > 0) {
@@ -537,7 +537,7 @@ impl ModelStore {
     }
 
     /// The resident copy made on `key`, if any.
-    fn resident(&self, key: &CopyKey) -> Option<Arc<ModelCopy>> {
+    fn copy_made_on(&self, key: &CopyKey) -> Option<Arc<ModelCopy>> {
         self.resident.iter().find(|(made_on, _)| made_on == key).and_then(|(_, copy)| copy.upgrade())
     }
 }

@@ -315,11 +315,13 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         });
     }
     if let Some(padding) = &model.batching.padding
-        && (padding.axis == 0 || padding.inputs.is_empty())
+        && (padding.axis == 0 || padding.inputs.is_empty() || !padding.value.is_finite())
     {
         return Err(RegistryError::Invalid {
             path: manifest.to_path_buf(),
-            message: format!("model '{name}': a padding rule needs axis 1 or more (0 is the batch) and its inputs"),
+            message: format!(
+                "model '{name}': a padding rule needs axis 1 or more (0 is the batch), its inputs and a finite value"
+            ),
         });
     }
     let max_batch = model.batching.max_batch_size;
