@@ -125,27 +125,27 @@ async fn sequences_of_different_lengths_share_a_batch_and_get_their_unbatched_an
     }
 }
 
-#[test]
-fn a_padding_rule_naming_a_fixed_dimension_refuses_to_start() {
+/// The log of a server that refused to start on the digits model with `padding` (the body of
+/// its `[models.digits-mlp.batching.padding]` table).
+fn refused_start_with(padding: &str) -> String {
     let tenants = Tenants::new();
     let mut manifest = tenant_header("acme", KEY, "");
     manifest += &model_entry("digits-mlp", &digits_model(), None);
-    manifest += "[models.digits-mlp.batching.padding]\naxis = 1\ninputs = [\"X\"]\n\n";
+    manifest += &format!("[models.digits-mlp.batching.padding]\n{padding}\n");
     tenants.write("acme.toml", &manifest);
     let data = tempfile::tempdir().expect("tmp");
-    let log = Server::start_in(tenants.path(), data.path(), &[]).err().expect("the server must refuse to start");
+    Server::start_in(tenants.path(), data.path(), &[]).err().expect("the server must refuse to start")
+}
+
+#[test]
+fn a_padding_rule_naming_a_fixed_dimension_refuses_to_start() {
+    let log = refused_start_with("axis = 1\ninputs = [\"X\"]\n");
     assert!(log.contains("padding axis 1 of input 'X' is not a dynamic dimension"), "{log}");
 }
 
 #[test]
 fn a_padding_value_that_is_not_a_number_refuses_to_start() {
-    let tenants = Tenants::new();
-    let mut manifest = tenant_header("acme", KEY, "");
-    manifest += &model_entry("digits-mlp", &digits_model(), None);
-    manifest += "[models.digits-mlp.batching.padding]\naxis = 1\nvalue = nan\ninputs = [\"X\"]\n\n";
-    tenants.write("acme.toml", &manifest);
-    let data = tempfile::tempdir().expect("tmp");
-    let log = Server::start_in(tenants.path(), data.path(), &[]).err().expect("the server must refuse to start");
+    let log = refused_start_with("axis = 1\nvalue = nan\ninputs = [\"X\"]\n");
     assert!(
         log.contains("a padding rule needs axis 1 or more (0 is the batch), its inputs and a finite value"),
         "{log}"
