@@ -237,12 +237,9 @@ impl GrpcInferenceService for GrpcApi {
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let id = request_id::choose(request.metadata().get(request_id::KEY).and_then(|v| v.to_str().ok()));
-        let span = request_id::span(&id, "grpc", &request.get_ref().model_name);
-        let metadata = |key: &str| request.metadata().get(key).and_then(|v| v.to_str().ok());
-        traces::continue_client_trace(&span, metadata(traces::TRACEPARENT), metadata(traces::TRACESTATE));
+        let span = request_span(&id, &request.get_ref().model_name, request.metadata());
         let mut response = self.serve_infer(request).instrument(span.clone()).await;
-        let code = response.as_ref().err().map_or(tonic::Code::Ok, Status::code);
-        request_id::record_status(&span, code as u16, is_server_failure(code));
+        record_code(&span, response.as_ref().err().map_or(tonic::Code::Ok, Status::code));
         let id = tonic::metadata::MetadataValue::try_from(id.as_str()).ok();
         let metadata = match &mut response {
             Ok(response) => response.metadata_mut(),
@@ -294,10 +291,8 @@ async fn stream_answer(
         Ok(tenant) => tenant,
         Err(refused) => return (failed(refused), None),
     };
-    let span = request_id::span(&request_id::choose(Some(&id)), "grpc", &request.model_name);
     // Each request of the stream joins the trace the client opened the stream in.
-    let header = |key: &str| metadata.get(key).and_then(|v| v.to_str().ok());
-    traces::continue_client_trace(&span, header(traces::TRACEPARENT), header(traces::TRACESTATE));
+    let span = request_span(&request_id::choose(Some(&id)), &request.model_name, &metadata);
     let spec = tenant.spec();
     let routed = infer::Routed::default();
     let mut in_flight = None;
@@ -308,8 +303,7 @@ async fn stream_answer(
     };
     let answered =
         infer::observed(spec.id.as_str(), Protocol::Grpc, &routed, Box::pin(serve)).instrument(span.clone()).await;
-    let code = answered.as_ref().err().map_or(tonic::Code::Ok, |error| error.kind.grpc_code());
-    request_id::record_status(&span, code as u16, is_server_failure(code));
+    record_code(&span, answered.as_ref().err().map_or(tonic::Code::Ok, |error| error.kind.grpc_code()));
     let answer = match answered {
         Ok(outcome) => {
             ModelStreamInferResponse { error_message: String::new(), infer_response: Some(encode_response(outcome)) }
@@ -374,6 +368,20 @@ const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
 
 /// The codes that are the server's failure rather than the caller's (OpenTelemetry's rule
 /// for gRPC server spans).
+/// The span of an inference request (a call, or one request of a stream), a child of the
+/// client's span when its metadata carries one.
+fn request_span(id: &str, model: &str, metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
+    let span = request_id::span(id, "grpc", model);
+    let header = |key: &str| metadata.get(key).and_then(|v| v.to_str().ok());
+    traces::continue_client_trace(&span, header(traces::TRACEPARENT), header(traces::TRACESTATE));
+    span
+}
+
+/// Record how a request ended on its span (server-side codes mark it as an error).
+fn record_code(span: &tracing::Span, code: tonic::Code) {
+    request_id::record_status(span, code as u16, is_server_failure(code));
+}
+
 fn is_server_failure(code: tonic::Code) -> bool {
     use tonic::Code::*;
     matches!(code, Unknown | DeadlineExceeded | Unimplemented | Internal | Unavailable | DataLoss)
