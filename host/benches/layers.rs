@@ -283,6 +283,8 @@ fn main() -> anyhow::Result<()> {
         threads: 1,
         webgpu_library: None,
         cuda_options: Vec::new(),
+        // As the server runs by default.
+        run_memory: Some(sluice::nn::device::Device::default_run_memory()),
     });
     let onnxruntime =
         backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("{:?}", backends.unavailable))?;

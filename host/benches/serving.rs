@@ -149,6 +149,7 @@ fn backend_throughput() -> anyhow::Result<()> {
         threads: 1,
         webgpu_library: None,
         cuda_options: Vec::new(),
+        run_memory: Some(sluice::nn::device::Device::default_run_memory()),
     });
     println!("### Raw backend throughput (1 intra-op thread, inferences/s)\n");
     for reason in &backends.unavailable {
@@ -181,6 +182,7 @@ fn raw_throughput(name: &str, batches: &[usize]) -> anyhow::Result<()> {
         threads: 1,
         webgpu_library: None,
         cuda_options: Vec::new(),
+        run_memory: Some(sluice::nn::device::Device::default_run_memory()),
     });
     let backend = backends.preferred().ok_or_else(|| anyhow::anyhow!("no backend: {:?}", backends.unavailable))?;
     let graph = backend.load(&std::fs::read(&model.path)?, &Placement::CPU)?;
@@ -237,6 +239,7 @@ async fn end_to_end() -> anyhow::Result<()> {
         threads: 1,
         webgpu_library: None,
         cuda_options: Vec::new(),
+        run_memory: Some(sluice::nn::device::Device::default_run_memory()),
     });
     let graph = backends
         .get(BackendKind::Onnxruntime)

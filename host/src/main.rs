@@ -151,6 +151,11 @@ struct ServeArgs {
     /// and `webgpu`, nine tenths of each GPU's.
     #[arg(long, env = "SLUICE_MODEL_MEMORY", value_parser = parse_model_memory)]
     model_memory: Option<ModelMemory>,
+    /// Memory ONNX Runtime's model runs on the CPU may hold at once, all models together
+    /// (SIZE as for `--model-memory`): a run that would need more fails with an error where it
+    /// would take the host's memory. Default: a quarter of the host's memory; 0: unbounded.
+    #[arg(long, env = "SLUICE_RUN_MEMORY", value_parser = parse_run_memory)]
+    run_memory: Option<u64>,
     /// ONNX Runtime's WebGPU plugin execution provider (`libonnxruntime_providers_webgpu.so`
     /// from the `onnxruntime-ep-webgpu` package): models with `kind = "webgpu"` instances run
     /// on the adapter it finds.
@@ -281,6 +286,11 @@ fn main() -> anyhow::Result<()> {
                 }),
                 idle_unload: (args.idle_unload_s > 0).then(|| Duration::from_secs(args.idle_unload_s)),
                 model_memory: args.model_memory.map(|budgets| budgets.0).unwrap_or_default(),
+                run_memory: match args.run_memory {
+                    Some(0) => None,
+                    Some(bytes) => Some(bytes),
+                    None => Some(sluice::nn::device::Device::default_run_memory()),
+                },
                 webgpu_library: args.webgpu_ep_lib,
                 cuda_options: args.cuda_options,
                 backend_threads: args.backend_threads,
@@ -426,15 +436,7 @@ fn parse_model_memory(value: &str) -> Result<ModelMemory, String> {
         let (device, size) = pair.trim().split_once('=').ok_or("give it as DEVICE=SIZE, e.g. cpu=8GiB,cuda:0=20GiB")?;
         let device = DeviceId::parse(device.trim())
             .ok_or_else(|| format!("'{device}' is not a device: cpu, cuda:N or webgpu"))?;
-        let units = [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("", 1)];
-        let (number, unit) = units
-            .iter()
-            .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
-            .ok_or("no size")?;
-        let number: u64 =
-            number.trim().parse().map_err(|_| format!("'{size}' is not a size like 8GiB, 512MiB or bytes"))?;
-        let bytes = number
-            .checked_mul(unit)
+        let bytes = Some(parse_size(size)?)
             .filter(|&bytes| bytes > 0)
             .ok_or_else(|| format!("'{size}' is not a usable size"))?;
         if budgets.insert(device, bytes).is_some() {
@@ -442,6 +444,23 @@ fn parse_model_memory(value: &str) -> Result<ModelMemory, String> {
         }
     }
     Ok(ModelMemory(budgets))
+}
+
+/// SIZE for `--run-memory`: 0 turns the bound off.
+fn parse_run_memory(value: &str) -> Result<u64, String> {
+    parse_size(value.trim())
+}
+
+/// SIZE in bytes or with KiB, MiB, GiB or TiB.
+fn parse_size(size: &str) -> Result<u64, String> {
+    let units = [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("", 1)];
+    let (number, unit) = units
+        .iter()
+        .find_map(|(suffix, unit)| size.strip_suffix(suffix).map(|number| (number, *unit)))
+        .ok_or("no size")?;
+    let number: u64 =
+        number.trim().parse().map_err(|_| format!("'{size}' is not a size like 8GiB, 512MiB or bytes"))?;
+    number.checked_mul(unit).ok_or_else(|| format!("'{size}' is not a usable size"))
 }
 
 /// `local` for a lone server; with a shared store, the host name (a Kubernetes pod's name)

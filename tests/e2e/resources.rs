@@ -116,6 +116,30 @@ async fn a_model_that_allocates_per_call_returns_its_memory_and_its_answer_is_bo
 }
 
 #[tokio::test]
+async fn a_run_that_would_take_more_memory_than_runs_may_hold_fails_alone() {
+    let tenants = tenants("max_model_bytes = 1000000");
+    let server = Server::start(tenants.path(), &["--run-memory", "512MiB"]);
+    let (code, body) =
+        server.send(Method::PUT, "/control/v1/models/huge", EVIL, onnx::output_of_requested_size()).await;
+    assert_eq!(code, 201, "{body}");
+    victim_served(&server).await;
+    // 400 million floats: 1.6 GB asked of the engine by a 100-byte model, past the 512 MiB
+    // (unbounded, the engine's output and its copy took 3.2 GB).
+    let huge = json!({ "inputs": [{ "name": "n", "shape": [1], "datatype": "INT64", "data": [400_000_000] }] });
+    let ((code, body), grown) = server.peak_growth(server.infer("huge", EVIL, &huge)).await;
+    assert_eq!(code, 500, "{body}");
+    let message = error_message(&body);
+    assert!(message.contains("asked for 1526 MiB at once during its run"), "{message}");
+    assert!(message.contains("more than all model runs on this server may hold (512 MiB); ask for less"), "{message}");
+    assert!(!message.contains(".cc"), "the engine's source files are not named: {message}");
+    assert!(grown < 100 << 20, "the server's memory grew by {} MiB for one run", grown >> 20);
+    let small = json!({ "inputs": [{ "name": "n", "shape": [1], "datatype": "INT64", "data": [4] }] });
+    let (code, body) = server.infer("huge", EVIL, &small).await;
+    assert_eq!((code, &output(&body, "big")["data"]), (200, &json!([1.0, 1.0, 1.0, 1.0])), "{body}");
+    victim_served(&server).await;
+}
+
+#[tokio::test]
 async fn a_model_that_computes_past_every_deadline_is_stopped() {
     let tenants = tenants("max_model_bytes = 1000000\nguest_deadline_ms = 800");
     let server = Server::start(tenants.path(), &[]);

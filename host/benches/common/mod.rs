@@ -53,6 +53,7 @@ pub fn digits_config(tenants: &Path, data: &Path) -> anyhow::Result<ServeConfig>
         default_backend: None,
         idle_unload: None,
         model_memory: Default::default(),
+        run_memory: Some(sluice::nn::device::Device::default_run_memory()),
         webgpu_library: None,
         cuda_options: Vec::new(),
         backend_threads: 1,

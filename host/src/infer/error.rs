@@ -178,6 +178,8 @@ impl From<ComputeError> for ApiError {
                 return Self::new(ErrorKind::Unavailable, error.to_string()).with_retry_after(LOAD_RETRY);
             }
             ComputeError::NoRoom { .. } => ErrorKind::Unavailable,
+            ComputeError::RunMemory { .. } if error.never_fits() => ErrorKind::GuestResource,
+            ComputeError::RunMemory { .. } => ErrorKind::Overloaded,
             ComputeError::CircuitOpen { retry_ms, .. } => {
                 let wait = std::time::Duration::from_millis(*retry_ms);
                 return Self::new(ErrorKind::Overloaded, error.to_string()).with_retry_after(wait);
@@ -264,5 +266,38 @@ impl From<GuestError> for ApiError {
             GuestError::NoInstanceSlot { .. } => ErrorKind::Overloaded,
         };
         Self::new(kind, error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_refused_memory_is_the_callers_when_it_never_fits_and_a_retry_when_it_would() {
+        let refused =
+            |requested: u64| ApiError::from(ComputeError::RunMemory { model: "m".into(), requested, cap: 512 << 20 });
+        let never = refused(1_600_000_000);
+        assert_eq!(
+            (never.kind.status(), never.kind.grpc_code()),
+            (StatusCode::INTERNAL_SERVER_ERROR, tonic::Code::ResourceExhausted)
+        );
+        assert!(
+            never.message.contains(
+                "asked for 1526 MiB at once during its run, more than all model runs on this server may hold (512 MiB)"
+            ),
+            "{}",
+            never.message
+        );
+        let later = refused(100 << 20);
+        assert_eq!(
+            (later.kind.status(), later.kind.grpc_code()),
+            (StatusCode::SERVICE_UNAVAILABLE, tonic::Code::Unavailable)
+        );
+        assert!(
+            later.message.contains("asked for 100 MiB") && later.message.ends_with("retry later"),
+            "{}",
+            later.message
+        );
     }
 }

@@ -150,6 +150,12 @@ impl Device {
         super::inventory::machine_memory().map_or(8 << 30, |bytes| bytes / 2)
     }
 
+    /// A quarter of the machine's memory (4 GiB where /proc/meminfo cannot be read): with the
+    /// models' half, what runs and models may hold leaves a quarter to the rest of the server.
+    pub fn default_run_memory() -> u64 {
+        super::inventory::machine_memory().map_or(4 << 30, |bytes| bytes / 4)
+    }
+
     pub fn budget(&self) -> u64 {
         self.budget
     }

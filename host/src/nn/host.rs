@@ -516,6 +516,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     | ComputeError::LoadFailed { .. }
                     | ComputeError::NoRoom { .. }
                     | ComputeError::ResidentCap { .. }
+                    | ComputeError::RunMemory { .. }
                     | ComputeError::CircuitOpen { .. } => errors::ErrorCode::RuntimeError,
                 };
                 let message = match err {

@@ -63,6 +63,8 @@ pub struct ServeConfig {
     pub idle_unload: Option<Duration>,
     /// Bytes resident models may hold on each device named; the others get their defaults.
     pub model_memory: BTreeMap<DeviceId, u64>,
+    /// The most memory ONNX Runtime's CPU runs may hold at once; `None`: unbounded.
+    pub run_memory: Option<u64>,
     /// ONNX Runtime's WebGPU plugin execution provider library, if any.
     pub webgpu_library: Option<PathBuf>,
     /// Options of ONNX Runtime's CUDA execution provider, as the admin gave them.
@@ -275,6 +277,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         threads: config.backend_threads,
         webgpu_library: config.webgpu_library.clone(),
         cuda_options: config.cuda_options.clone(),
+        run_memory: config.run_memory,
     });
     for reason in &backends.unavailable {
         tracing::warn!("{reason}");

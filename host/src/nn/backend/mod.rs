@@ -86,6 +86,10 @@ pub enum BackendError {
     InvalidInput(String),
     #[error("{backend} failed to run the model: {reason}")]
     Run { backend: BackendKind, reason: String },
+    /// The run asked for `requested` bytes at once where runs may hold `cap` bytes in all
+    /// (`--run-memory`) and fewer were left.
+    #[error("the run asked for {requested} bytes at once; model runs may hold {cap} bytes in all")]
+    RunMemory { requested: u64, cap: u64 },
 }
 
 /// A loaded, runnable graph.
@@ -200,6 +204,9 @@ pub struct BackendSettings {
     pub webgpu_library: Option<PathBuf>,
     /// ONNX Runtime CUDA execution provider options (`KEY`, `VALUE`), set after Sluice's own.
     pub cuda_options: Vec<(String, String)>,
+    /// The most memory ONNX Runtime's CPU runs may hold at once, all models together; `None`
+    /// leaves them unbounded.
+    pub run_memory: Option<u64>,
 }
 
 /// Backends compiled in and usable on this machine, best first, plus why others are not.

@@ -89,6 +89,32 @@ pub enum ComputeError {
          timeouts; the next call goes through in {retry_ms} ms"
     )]
     CircuitOpen { model: String, failures: u32, retry_ms: u64 },
+    /// The run asked for more memory than model runs may hold (`--run-memory`): alone, or with
+    /// the runs in flight. Not the model's failure: it counts against no circuit.
+    #[error("{}", run_memory_message(model, *requested, *cap))]
+    RunMemory { model: String, requested: u64, cap: u64 },
+}
+
+impl ComputeError {
+    /// A run that asked for more than runs may hold in all: no retry gets it.
+    pub fn never_fits(&self) -> bool {
+        matches!(self, Self::RunMemory { requested, cap, .. } if requested > cap)
+    }
+}
+
+fn run_memory_message(model: &str, requested: u64, cap: u64) -> String {
+    let (requested_mib, cap_mib) = (requested.div_ceil(1 << 20), cap >> 20);
+    if requested > cap {
+        format!(
+            "model '{model}' asked for {requested_mib} MiB at once during its run, more than all model runs on this \
+             server may hold ({cap_mib} MiB); ask for less"
+        )
+    } else {
+        format!(
+            "model '{model}' asked for {requested_mib} MiB at once during its run, and the runs in flight hold most \
+             of the {cap_mib} MiB that model runs on this server may hold; retry later"
+        )
+    }
 }
 
 struct Job {
@@ -1699,6 +1725,9 @@ fn finish(
             match outcome {
                 Ok(outputs) => Ok(outputs),
                 Err(BackendError::InvalidInput(message)) => Err(ComputeError::InvalidInput(message)),
+                Err(BackendError::RunMemory { requested, cap }) => {
+                    Err(ComputeError::RunMemory { model: model.to_string(), requested, cap })
+                }
                 Err(_) if stop.is_stopped() => Err(stopped_error(began)),
                 Err(err) => Err(backend_error(err.to_string())),
             }

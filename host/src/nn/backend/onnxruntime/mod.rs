@@ -26,10 +26,20 @@ use super::{
 use crate::registry::placement::{DeviceId, Placement};
 use crate::tensor::{ElementType, Tensor};
 
+mod arena;
+
+use arena::{CappedArena, ShrinkOnDrop};
+
 const KIND: BackendKind = BackendKind::Onnxruntime;
 
 /// The process-wide ONNX Runtime environment; ort allows one per process.
-static ENVIRONMENT: OnceLock<Result<ort::environment::Environment, String>> = OnceLock::new();
+static ENVIRONMENT: OnceLock<Result<Engine, String>> = OnceLock::new();
+
+/// ONNX Runtime's environment, and the arena CPU runs allocate from where their memory is capped.
+struct Engine {
+    environment: ort::environment::Environment,
+    arena: Option<CappedArena>,
+}
 
 pub struct OnnxRuntime {
     threads: usize,
@@ -61,15 +71,18 @@ impl OnnxRuntime {
         if !library.is_file() {
             return Err(unavailable(format!("ONNX Runtime library {} does not exist", library.display())));
         }
-        let environment = ENVIRONMENT.get_or_init(|| {
-            ort::init_from(&library)
+        let engine = ENVIRONMENT.get_or_init(|| {
+            let environment = ort::init_from(&library)
                 .map_err(|e| format!("cannot load {}: {e}", library.display()))?
                 .with_name("sluice")
                 .build()
-                .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", library.display()))
+                .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", library.display()))?;
+            let arena = settings.run_memory.map(|cap| CappedArena::register(&environment, cap)).transpose()?;
+            // Sessions take their CPU memory from the capped arena.
+            Ok(Engine { environment, arena })
         });
-        let environment = environment.as_ref().map_err(|e| unavailable(e.clone()))?;
-        tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+        let Engine { environment, arena } = engine.as_ref().map_err(|e| unavailable(e.clone()))?;
+        tracing::info!(library = %library.display(), run_memory_mib = arena.as_ref().map(|a| a.cap >> 20), "ONNX Runtime loaded");
         let cuda = match <ort::ep::CUDA as ExecutionProvider>::is_available() {
             Ok(true) => Ok(()),
             Ok(false) => Err("this ONNX Runtime library has no CUDA execution provider (onnxruntime-gpu has)".into()),
@@ -156,7 +169,7 @@ impl OnnxRuntime {
         level: GraphOptimizationLevel,
         placement: &Placement,
     ) -> Result<ort::session::builder::SessionBuilder, BackendError> {
-        let environment = ENVIRONMENT
+        let Engine { environment, arena } = ENVIRONMENT
             .get()
             .and_then(|e| e.as_ref().ok())
             .ok_or_else(|| load_error("ONNX Runtime is not initialised".to_string()))?;
@@ -170,6 +183,10 @@ impl OnnxRuntime {
             .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
             .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
             .and_then(|b| b.with_inter_op_spinning(false).map_err(Into::into))
+            .and_then(|b| match arena {
+                Some(_) => b.with_env_allocators().map_err(Into::into),
+                None => Ok(b),
+            })
             .map_err(|e| load_error(e.to_string()))?;
         let on_device = |e: ort::Error| {
             load_error(format!("the {} execution provider could not be registered: {e}", placement.device))
@@ -245,7 +262,8 @@ fn graph(session: Session, device: DeviceId) -> Result<Box<dyn Graph>, BackendEr
             .collect::<Result<_, _>>()
             .map_err(load_error)?,
     };
-    Ok(Box::new(OrtGraph { session: Mutex::new(session), signature, device }))
+    let arena = ENVIRONMENT.get().and_then(|e| e.as_ref().ok()).and_then(|engine| engine.arena.as_ref());
+    Ok(Box::new(OrtGraph { session: Mutex::new(session), signature, device, arena }))
 }
 
 struct OrtGraph {
@@ -254,6 +272,7 @@ struct OrtGraph {
     session: Mutex<Session>,
     signature: Signature,
     device: DeviceId,
+    arena: Option<&'static CappedArena>,
 }
 
 impl Graph for OrtGraph {
@@ -267,7 +286,11 @@ impl Graph for OrtGraph {
 
     fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
         let run_error = |reason: String| BackendError::Run { backend: KIND, reason };
-        let options = Arc::new(RunOptions::new().map_err(|e| run_error(e.to_string()))?);
+        let mut options = RunOptions::new().map_err(|e| run_error(e.to_string()))?;
+        if self.arena.is_some() {
+            arena::shrink_at_end(&mut options).map_err(|e| run_error(e.to_string()))?;
+        }
+        let options = Arc::new(options);
         let terminate = options.clone();
         stop.on_stop(Box::new(move || {
             let _ = terminate.terminate();
@@ -283,13 +306,17 @@ impl Graph for OrtGraph {
         if stop.is_stopped() {
             return Err(run_error("stopped: every request in the batch had passed its deadline".into()));
         }
-        let mut outputs = outputs.map_err(|e| run_error(e.to_string()))?;
+        let mut outputs = outputs.map_err(|e| {
+            let reason = e.to_string();
+            let capped = self.arena.filter(|_| self.device == DeviceId::Cpu);
+            capped.and_then(|arena| arena.refusal(&reason)).unwrap_or_else(|| run_error(reason))
+        })?;
         self.signature
             .outputs
             .iter()
             .map(|spec| {
                 let value = outputs.remove(&spec.name).ok_or_else(|| format!("missing output '{}'", spec.name))?;
-                Ok((spec.name.clone(), output(value)?))
+                Ok((spec.name.clone(), output(value, self.arena)?))
             })
             .collect::<Result<_, String>>()
             .map_err(run_error)
@@ -364,19 +391,23 @@ fn to_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, String> {
 
 /// An output in ONNX Runtime's memory (on the CPU: the provider of a device copies its outputs
 /// back), read in place.
-fn output(value: DynValue) -> Result<Output, String> {
+fn output(value: DynValue, arena: Option<&'static CappedArena>) -> Result<Output, String> {
     let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
         return Err("model produced a non-tensor output".to_string());
     };
     let element = element_type(*ty).ok_or_else(|| format!("unsupported output type {ty:?}"))?;
-    let dims = shape.iter().map(|&d| usize::try_from(d)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
-    Output::in_engine(element, dims, OrtMemory { value, element }).map_err(|e| e.to_string())
+    let dims: Vec<usize> =
+        shape.iter().map(|&d| usize::try_from(d)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    let shrink = ShrinkOnDrop::after(dims.iter().product::<usize>().saturating_mul(element.size()), arena);
+    Output::in_engine(element, dims, OrtMemory { value, element, _shrink: shrink }).map_err(|e| e.to_string())
 }
 
 /// An output value of ONNX Runtime's with its element type.
 struct OrtMemory {
     value: DynValue,
     element: ElementType,
+    /// Dropped after the value (fields drop in order).
+    _shrink: ShrinkOnDrop,
 }
 
 impl EngineMemory for OrtMemory {
