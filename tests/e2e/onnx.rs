@@ -230,6 +230,44 @@ pub fn output_of_requested_size() -> Vec<u8> {
     })
 }
 
+/// `total` (FP32 scalar): the sum of `n` (INT64 [1]) ones the engine makes, a run that needs
+/// `4 n` bytes at once whatever the size of its answer.
+pub fn sum_of_ones() -> Vec<u8> {
+    model(GraphProto {
+        node: vec![ones_node(), node("ReduceSum", &["ones"], &["total"], vec![int_attribute("keepdims", 0)])],
+        name: "sum-of-ones".into(),
+        initializer: Vec::new(),
+        input: vec![value("n", INT64, &[Some(1)])],
+        output: vec![value("total", FLOAT, &[])],
+    })
+}
+
+/// [`sum_of_ones`] that holds its ones while it computes as [`slow_compute`] does: inputs `n`
+/// and `x`, output `total` (the ones' sum plus the slow sum). The ones are made first and summed
+/// last, so they are held for the whole run.
+pub fn holds_ones_while_computing(size: i64, steps: usize) -> Vec<u8> {
+    let slow =
+        ModelProto::decode(slow_compute(size, steps).as_slice()).expect("the slow model").graph.expect("a graph");
+    let mut nodes = vec![ones_node()];
+    nodes.extend(slow.node);
+    nodes.push(node("ReduceSum", &["ones"], &["held"], vec![int_attribute("keepdims", 0)]));
+    nodes.push(node("Add", &["sum", "held"], &["total"], Vec::new()));
+    model(GraphProto {
+        node: nodes,
+        name: "holds-ones".into(),
+        initializer: slow.initializer,
+        input: [vec![value("n", INT64, &[Some(1)])], slow.input].concat(),
+        output: vec![value("total", FLOAT, &[])],
+    })
+}
+
+/// `ones` (FP32 [n]) from `n` (INT64 [1]).
+fn ones_node() -> NodeProto {
+    let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
+    let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
+    node("ConstantOfShape", &["n"], &["ones"], vec![fill])
+}
+
 /// A model that computes for a long time on any input: `x` (FP32 [1, 1]) is expanded to a
 /// `size`×`size` matrix and multiplied by itself `steps` times; `sum` (FP32 scalar) is the
 /// sum of the last product. The work depends on the input, so nothing is folded at load.

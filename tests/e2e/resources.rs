@@ -140,6 +140,60 @@ async fn a_run_that_would_take_more_memory_than_runs_may_hold_fails_alone() {
 }
 
 #[tokio::test]
+async fn a_run_holding_most_of_the_run_memory_leaves_small_runs_served_and_asks_large_ones_to_retry() {
+    let tenants = tenants("max_model_bytes = 1000000\nguest_deadline_ms = 30000");
+    let server = Server::start(tenants.path(), &["--run-memory", "512MiB"]);
+    let upload = |name: &'static str, key: &'static str, model: Vec<u8>| {
+        let server = &server;
+        async move {
+            let (code, body) = server.send(Method::PUT, &format!("/control/v1/models/{name}"), key, model).await;
+            assert_eq!(code, 201, "{body}");
+        }
+    };
+    upload("hold", EVIL, onnx::holds_ones_while_computing(512, 300)).await;
+    upload("ones", VICTIM, onnx::sum_of_ones()).await;
+    // 200 MB at once: the victim's run fits alone.
+    let ones = json!({ "inputs": [{ "name": "n", "shape": [1], "datatype": "INT64", "data": [50_000_000] }] });
+    let sum_is_about = |body: &serde_json::Value, n: f64| {
+        let total = output(body, "total")["data"][0].as_f64().expect("a sum");
+        assert!((total - n).abs() < n / 100.0, "{total} for {n} ones");
+    };
+    let (code, body) = server.infer("ones", VICTIM, &ones).await;
+    assert_eq!(code, 200, "{body}");
+    sum_is_about(&body, 5e7);
+
+    // The other tenant's run holds 400 MB of the 512 MiB for seconds.
+    let before = server.rss_bytes();
+    let held = json!({ "inputs": [
+        { "name": "n", "shape": [1], "datatype": "INT64", "data": [100_000_000] },
+        { "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] },
+    ] });
+    let holding = server.infer("hold", EVIL, &held);
+    let meanwhile = async {
+        let started = Instant::now();
+        while server.rss_bytes().saturating_sub(before) < 350 << 20 {
+            assert!(started.elapsed() < Duration::from_secs(20), "the other run never held its memory");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        victim_served(&server).await;
+        let refused = server.infer("ones", VICTIM, &ones).await;
+        let still_running = server.rss_bytes().saturating_sub(before) >= 350 << 20;
+        (refused, still_running)
+    };
+    let ((code, body), ((refused, message), still_running)) = tokio::join!(holding, meanwhile);
+    assert_eq!(code, 200, "{body}");
+    sum_is_about(&body, 1e8);
+    assert!(still_running, "the other run ended before the victim's large run was tried");
+    assert_eq!(refused, 503, "{message}");
+    let message = error_message(&message);
+    assert!(message.contains("asked for 191 MiB at once") && message.ends_with("retry later"), "{message}");
+    // Once that run ends, the same request fits again.
+    let (code, body) = server.infer("ones", VICTIM, &ones).await;
+    assert_eq!(code, 200, "{body}");
+    sum_is_about(&body, 5e7);
+}
+
+#[tokio::test]
 async fn a_model_that_computes_past_every_deadline_is_stopped() {
     let tenants = tenants("max_model_bytes = 1000000\nguest_deadline_ms = 800");
     let server = Server::start(tenants.path(), &[]);

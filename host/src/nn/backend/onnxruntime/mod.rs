@@ -78,7 +78,6 @@ impl OnnxRuntime {
                 .build()
                 .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", library.display()))?;
             let arena = settings.run_memory.map(|cap| CappedArena::register(&environment, cap)).transpose()?;
-            // Sessions take their CPU memory from the capped arena.
             Ok(Engine { environment, arena })
         });
         let Engine { environment, arena } = engine.as_ref().map_err(|e| unavailable(e.clone()))?;
@@ -176,8 +175,9 @@ impl OnnxRuntime {
         // Idle pool threads sleep instead of spinning: on a shared host a spinning thread
         // takes the CPU that other tenants' requests need (measured: B's p99 in the noisy
         // neighbour run, BENCHMARKS.md).
-        // Without the CPU arena, what a run allocates goes back when it ends: a model that needs
-        // much memory once does not keep it (the arena would hold its peak for the process).
+        // No arena of the session's own, which would keep its runs' peak for the process: where
+        // run memory is capped, the session takes its CPU memory from the environment's capped
+        // arena (which gives it back after runs); otherwise straight from the system.
         let cpu = ort::ep::CPU::default().with_arena_allocator(false).build();
         let builder = Session::builder(environment)
             .and_then(|b| b.with_optimization_level(level).map_err(Into::into))
