@@ -339,6 +339,12 @@ impl<'a> TensorView<'a> {
 
     /// Split along dimension 0 into tensors of the given row counts.
     pub fn split_rows(&self, rows: &[usize]) -> Option<Vec<Tensor>> {
+        self.split_rows_kept(rows, |_| true).map(|pieces| pieces.into_iter().flatten().collect())
+    }
+
+    /// [`split_rows`](Self::split_rows), copying only the pieces `keep` takes (by index); the
+    /// others are `None`.
+    pub fn split_rows_kept(&self, rows: &[usize], keep: impl Fn(usize) -> bool) -> Option<Vec<Option<Tensor>>> {
         let total: usize = rows.iter().sum();
         if self.dims.first() != Some(&total) {
             return None;
@@ -346,11 +352,12 @@ impl<'a> TensorView<'a> {
         let row_bytes = self.data.len().checked_div(total).unwrap_or(0);
         let mut offset = 0;
         let mut pieces = Vec::with_capacity(rows.len());
-        for &n in rows {
+        for (index, &n) in rows.iter().enumerate() {
             let mut dims = self.dims.to_vec();
             dims[0] = n;
             let end = offset + n * row_bytes;
-            pieces.push(Tensor { ty: self.ty, dims, data: self.data[offset..end].to_vec() });
+            let data = keep(index).then(|| self.data[offset..end].to_vec());
+            pieces.push(data.map(|data| Tensor { ty: self.ty, dims, data }));
             offset = end;
         }
         Some(pieces)

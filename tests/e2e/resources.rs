@@ -105,9 +105,12 @@ async fn a_model_that_allocates_per_call_returns_its_memory_and_its_answer_is_bo
     // 50 million floats: 200 MB made by the engine on each call.
     let huge = json!({ "inputs": [{ "name": "n", "shape": [1], "datatype": "INT64", "data": [50_000_000] }] });
     for _ in 0..3 {
-        let (code, body) = server.infer("huge", EVIL, &huge).await;
+        // Refused before the outputs leave the engine: no copy of them (it was 382 MiB at the
+        // peak with the copy).
+        let ((code, body), peak) = server.peak_growth(server.infer("huge", EVIL, &huge)).await;
         assert_eq!(code, 500, "{}", &body.to_string()[..body.to_string().len().min(300)]);
         assert!(error_message(&body).contains("max_response_bytes"), "{body}");
+        assert!(peak < 280 << 20, "the server's memory grew by {} MiB for a 191 MiB output", peak >> 20);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let grown = server.rss_bytes().saturating_sub(before);

@@ -180,6 +180,7 @@ impl From<ComputeError> for ApiError {
             ComputeError::NoRoom { .. } => ErrorKind::Unavailable,
             ComputeError::RunMemory { .. } if error.never_fits() => ErrorKind::GuestResource,
             ComputeError::RunMemory { .. } => ErrorKind::Overloaded,
+            ComputeError::OutputTooLarge { .. } => ErrorKind::GuestResource,
             ComputeError::CircuitOpen { retry_ms, .. } => {
                 let wait = std::time::Duration::from_millis(*retry_ms);
                 return Self::new(ErrorKind::Overloaded, error.to_string()).with_retry_after(wait);

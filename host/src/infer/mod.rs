@@ -204,9 +204,9 @@ pub async fn set_drift_baseline(
 }
 
 /// Wait for a model call until the request's deadline.
-async fn within_deadline<T>(
+async fn within_deadline<T, E: Into<ApiError>>(
     budget: Budget,
-    call: impl Future<Output = Result<T, ComputeError>>,
+    call: impl Future<Output = Result<T, E>>,
 ) -> Result<T, ApiError> {
     let finished = tokio::time::timeout_at(budget.deadline(), call).await.map_err(|_| {
         ApiError::new(
@@ -214,7 +214,7 @@ async fn within_deadline<T>(
             format!("the request exceeded its deadline of {} ms", budget.length().as_millis()),
         )
     })?;
-    Ok(finished?)
+    finished.map_err(Into::into)
 }
 
 /// What the stages of one request share: who asks, with which limits, until when.
@@ -329,9 +329,14 @@ async fn run_model(
     }
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
+    let max = run.spec.quotas.max_response_bytes;
+    let share = run.share.clone().with_output_limit(usize::try_from(max).unwrap_or(usize::MAX));
     let outputs = within_deadline(run.budget, async {
         run.tenant.models.ensure_resident(model, run.budget.deadline()).await?;
-        model.compute(inputs, run.budget.deadline(), run.share.clone()).await
+        model.compute(inputs, run.budget.deadline(), share).await.map_err(|error| match error {
+            ComputeError::OutputTooLarge { bytes, .. } => response_too_large(name, bytes, max),
+            other => other.into(),
+        })
     })
     .await?;
     turn.resume().await;
@@ -586,15 +591,19 @@ pub const FALLBACK_PARAMETER: &str = "fallback";
 fn check_response_size(name: &str, outputs: &[ValidTensor], max: u64) -> Result<(), ApiError> {
     let bytes: usize = outputs.iter().map(|o| o.payload.byte_size()).sum();
     if bytes as u64 > max {
-        return Err(ApiError::new(
-            ErrorKind::GuestResource,
-            format!(
-                "the answer of '{name}' holds {bytes} bytes of outputs, over the tenant's limit of {max} bytes \
-                 (max_response_bytes); ask for fewer outputs or rows",
-            ),
-        ));
+        return Err(response_too_large(name, bytes, max));
     }
     Ok(())
+}
+
+fn response_too_large(name: &str, bytes: usize, max: u64) -> ApiError {
+    ApiError::new(
+        ErrorKind::GuestResource,
+        format!(
+            "the answer of '{name}' holds {bytes} bytes of outputs, over the tenant's limit of {max} bytes \
+             (max_response_bytes); ask for fewer outputs or rows",
+        ),
+    )
 }
 
 /// A guest's linear memory limit in bytes.

@@ -484,12 +484,25 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         }
         self.ctx.turn.pause();
         let computed = match self.ctx.models.ensure_resident(&model, self.ctx.deadline).await {
-            Ok(()) => model.compute(named, self.ctx.deadline, self.ctx.share.clone()).await,
+            Ok(()) => {
+                // Outputs the guest could not hold are refused before they leave the engine.
+                let room = self.ctx.tensor_bytes_limit.saturating_sub(self.ctx.tensor_bytes_live);
+                let share = self.ctx.share.clone().with_output_limit(room);
+                model.compute(named, self.ctx.deadline, share).await
+            }
             Err(refused) => Err(refused),
         };
         self.ctx.turn.resume().await;
         let outputs = match computed {
             Ok(outputs) => outputs,
+            Err(ComputeError::OutputTooLarge { .. }) => {
+                // As when the guest asks the host to hold more than its memory (`track`).
+                self.ctx.tensor_bytes_refused = true;
+                wasmtime::bail!(
+                    "guest holds more than {} bytes of wasi-nn tensors in the host (its memory limit)",
+                    self.ctx.tensor_bytes_limit
+                );
+            }
             Err(err) => {
                 if matches!(
                     err,
@@ -517,6 +530,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     | ComputeError::NoRoom { .. }
                     | ComputeError::ResidentCap { .. }
                     | ComputeError::RunMemory { .. }
+                    | ComputeError::OutputTooLarge { .. }
                     | ComputeError::CircuitOpen { .. } => errors::ErrorCode::RuntimeError,
                 };
                 let message = match err {

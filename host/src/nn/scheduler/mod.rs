@@ -93,6 +93,10 @@ pub enum ComputeError {
     /// the runs in flight. Not the model's failure: it counts against no circuit.
     #[error("{}", run_memory_message(model, *requested, *cap))]
     RunMemory { model: String, requested: u64, cap: u64 },
+    /// The job's outputs are more bytes than its caller can take ([`Share::max_output_bytes`]);
+    /// found before they were copied out of the engine.
+    #[error("model '{model}' made {bytes} bytes of outputs for this request, more than the {max} its caller can take")]
+    OutputTooLarge { model: String, bytes: usize, max: usize },
 }
 
 impl ComputeError {
@@ -1284,6 +1288,8 @@ struct Prepared {
     inputs: Option<Inputs>,
     replies: Vec<oneshot::Sender<Result<NamedTensors, ComputeError>>>,
     rows: Vec<usize>,
+    /// The most bytes of outputs each job's caller can take.
+    output_limits: Vec<usize>,
     tenants: Vec<Arc<str>>,
     bills: Vec<Bill>,
     waits: Vec<Duration>,
@@ -1316,6 +1322,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     }
     backlog.remove_jobs(per_tenant.iter().map(|(tenant, (jobs, rows, _))| (*tenant, *jobs, *rows)));
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
+    let output_limits: Vec<usize> = batch.iter().map(|j| j.share.max_output_bytes).collect();
     let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
     let bills: Vec<Bill> = batch.iter().map(|j| j.share.bill.clone()).collect();
     let enqueued: Vec<std::time::Instant> = batch.iter().map(|j| j.enqueued).collect();
@@ -1338,6 +1345,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
         inputs,
         replies,
         rows,
+        output_limits,
         tenants,
         bills,
         waits,
@@ -1696,7 +1704,19 @@ fn finish(
     answered_before: Option<std::time::Instant>,
 ) {
     let Execution { model, stats, padding, series, .. } = execution;
-    let Prepared { replies, rows, tenants, bills, waits, enqueued, padded, last_deadline, stack_time, .. } = prepared;
+    let Prepared {
+        replies,
+        rows,
+        output_limits,
+        tenants,
+        bills,
+        waits,
+        enqueued,
+        padded,
+        last_deadline,
+        stack_time,
+        ..
+    } = prepared;
     let device = device.label();
     let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
     // A run stopped at its callers' deadlines is the model's fault only when they gave it
@@ -1738,12 +1758,17 @@ fn finish(
     execution.answered(std::time::Instant::now());
     let unstack_started = std::time::Instant::now();
     let split = result.and_then(|outputs| {
+        // Padded outputs are cut back after the split: their size before says nothing yet.
+        let no_limits = vec![usize::MAX; rows.len()];
+        let limits = if padded.is_some() { &no_limits } else { &output_limits };
         let mut per_job =
-            unstack(outputs, &rows).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))?;
+            unstack(outputs, &rows, limits).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))?;
         if let (Some(rule), Some((lengths, longest))) = (padding.as_deref(), &padded) {
             for (outputs, &length) in per_job.iter_mut().zip(lengths) {
-                rule.cut(outputs, length, *longest)
-                    .ok_or_else(|| backend_error("outputs could not be cut back".into()))?;
+                if let Ok(outputs) = outputs {
+                    rule.cut(outputs, length, *longest)
+                        .ok_or_else(|| backend_error("outputs could not be cut back".into()))?;
+                }
             }
         }
         Ok(per_job)
@@ -1756,8 +1781,10 @@ fn finish(
     execution.last_use.touch(std::time::Instant::now());
     match split {
         Ok(per_job) => {
-            for (reply, outputs) in replies.into_iter().zip(per_job) {
-                let _ = reply.send(Ok(outputs));
+            for ((reply, outputs), max) in replies.into_iter().zip(per_job).zip(output_limits) {
+                let answer =
+                    outputs.map_err(|bytes| ComputeError::OutputTooLarge { model: model.to_string(), bytes, max });
+                let _ = reply.send(answer);
             }
         }
         Err(err) => {
@@ -1787,18 +1814,46 @@ fn stack(mut inputs: Vec<NamedTensors>, buffers: &StackBuffers) -> Option<NamedT
 }
 
 /// Split batched outputs back into each job's rows, each copied once from where the engine
-/// left it.
-fn unstack(outputs: Vec<(String, Output)>, rows: &[usize]) -> Option<Vec<NamedTensors>> {
-    if rows.len() == 1 {
-        return Output::into_tensors(outputs).ok().map(|job| vec![job]);
+/// left it; a job whose rows are more bytes than its limit gets their size, and no copy.
+fn unstack(
+    outputs: Vec<(String, Output)>,
+    rows: &[usize],
+    limits: &[usize],
+) -> Option<Vec<Result<NamedTensors, usize>>> {
+    let total_rows: usize = rows.iter().sum();
+    let mut output_bytes = Vec::with_capacity(outputs.len());
+    for (_, output) in &outputs {
+        output_bytes.push(output.view().ok()?.data().len());
     }
-    let mut per_job: Vec<NamedTensors> = vec![Vec::with_capacity(outputs.len()); rows.len()];
+    // Each job's share of every output, by rows (a lone job's is all of it).
+    let sizes: Vec<usize> = match rows {
+        [_] => vec![output_bytes.iter().sum()],
+        _ => rows
+            .iter()
+            .map(|&n| output_bytes.iter().map(|&bytes| bytes.checked_div(total_rows).unwrap_or(0) * n).sum())
+            .collect(),
+    };
+    let kept: Vec<bool> = sizes.iter().zip(limits).map(|(size, limit)| size <= limit).collect();
+    // A lone job's outputs are its own whatever their first dimension.
+    match (&kept[..], &sizes[..]) {
+        ([true], _) => return Output::into_tensors(outputs).ok().map(|job| vec![Ok(job)]),
+        ([false], &[size]) => return Some(vec![Err(size)]),
+        _ => {}
+    }
+    let mut per_job: Vec<NamedTensors> = vec![Vec::new(); rows.len()];
     for (name, output) in &outputs {
-        for (job, piece) in per_job.iter_mut().zip(output.view().ok()?.split_rows(rows)?) {
-            job.push((name.clone(), piece));
+        let pieces = output.view().ok()?.split_rows_kept(rows, |job| kept[job])?;
+        for (job, piece) in per_job.iter_mut().zip(pieces) {
+            job.extend(piece.map(|piece| (name.clone(), piece)));
         }
     }
-    Some(per_job)
+    Some(
+        per_job
+            .into_iter()
+            .zip(kept.iter().zip(sizes))
+            .map(|(job, (&kept, size))| if kept { Ok(job) } else { Err(size) })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -1871,6 +1926,25 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(5), "stayed {:?}, not {expected:?}", queue.residency());
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    #[test]
+    fn a_job_whose_outputs_pass_its_limit_gets_their_size_and_no_copy() {
+        // Three jobs of 1, 2 and 1 rows; each row of the output is 8 floats (32 bytes).
+        let output = Tensor::new(ElementType::F32, vec![4, 8], (0..128).collect()).expect("a tensor");
+        let expected = output.split_rows(&[1, 2, 1]).expect("split");
+        let split = unstack(Output::all(vec![("Y".into(), output.clone())]), &[1, 2, 1], &[32, 63, usize::MAX])
+            .expect("it splits");
+        assert_eq!(split[0], Ok(vec![("Y".to_string(), expected[0].clone())]));
+        assert_eq!(split[1], Err(64), "two rows are 64 bytes, over 63");
+        assert_eq!(split[2], Ok(vec![("Y".to_string(), expected[2].clone())]));
+        // A lone job is measured whole, whatever its outputs' first dimension.
+        let lone = unstack(Output::all(vec![("Y".into(), output.clone())]), &[4], &[127]).expect("one job");
+        assert_eq!(lone, vec![Err(128)]);
+        let lone = unstack(Output::all(vec![("Y".into(), output.clone())]), &[1], &[127]).expect("one job");
+        assert_eq!(lone, vec![Err(128)]);
+        let lone = unstack(Output::all(vec![("Y".into(), output.clone())]), &[4], &[128]).expect("one job");
+        assert_eq!(lone, vec![Ok(vec![("Y".to_string(), output)])]);
     }
 
     #[tokio::test]
@@ -2242,7 +2316,7 @@ mod tests {
         let unkept = StackBuffers::new(prometheus::IntGauge::new("kept", "kept").expect("a gauge"));
         let batch = stack(parts, &unkept).expect("a batch");
         let stacked = thread_cpu();
-        drop(unstack(Output::all(batch), &[1; 8]));
+        drop(unstack(Output::all(batch), &[1; 8], &[usize::MAX; 8]));
         let copy = (stacked - began).min(thread_cpu() - stacked);
 
         let jobs: Vec<NamedTensors> = (0..24).map(job).collect();

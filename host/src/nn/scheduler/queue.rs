@@ -104,6 +104,9 @@ pub struct Share {
     /// Triton's request priority: 1 is the most urgent; [`DEFAULT_PRIORITY`] when unset.
     pub priority: u64,
     pub bill: Bill,
+    /// The most bytes of outputs the caller can take: a job over it is answered with its size
+    /// before its outputs are copied out of the engine.
+    pub max_output_bytes: usize,
 }
 
 /// The priority of a request that names none (or 0, as Triton reads it): after every named one.
@@ -112,7 +115,12 @@ pub const DEFAULT_PRIORITY: u64 = u64::MAX;
 impl Share {
     /// A share with a fresh bill (one per request), at the default priority.
     pub fn new(tenant: Arc<str>, weight: u32) -> Self {
-        Self { tenant, weight, priority: DEFAULT_PRIORITY, bill: Bill::default() }
+        Self { tenant, weight, priority: DEFAULT_PRIORITY, bill: Bill::default(), max_output_bytes: usize::MAX }
+    }
+
+    /// The same share for a caller that can take at most `bytes` of outputs.
+    pub fn with_output_limit(self, bytes: usize) -> Self {
+        Self { max_output_bytes: bytes, ..self }
     }
 
     /// The same share at `priority` (0: the default).
