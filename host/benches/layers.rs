@@ -283,8 +283,11 @@ fn main() -> anyhow::Result<()> {
         threads: 1,
         webgpu_library: None,
         cuda_options: Vec::new(),
-        // As the server runs by default.
-        run_memory: Some(sluice::nn::device::Device::default_run_memory()),
+        // As the server runs by default; SLUICE_RUN_MEMORY=0 as `--run-memory 0` (no arena).
+        run_memory: match std::env::var("SLUICE_RUN_MEMORY").as_deref() {
+            Ok("0") => None,
+            _ => Some(sluice::nn::device::Device::default_run_memory()),
+        },
     });
     let onnxruntime =
         backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("{:?}", backends.unavailable))?;
