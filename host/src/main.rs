@@ -287,8 +287,7 @@ fn main() -> anyhow::Result<()> {
                 idle_unload: (args.idle_unload_s > 0).then(|| Duration::from_secs(args.idle_unload_s)),
                 model_memory: args.model_memory.map(|budgets| budgets.0).unwrap_or_default(),
                 run_memory: match args.run_memory {
-                    Some(0) => None,
-                    Some(bytes) => Some(bytes),
+                    Some(bytes) => (bytes > 0).then_some(bytes),
                     None => Some(sluice::nn::device::Device::default_run_memory()),
                 },
                 webgpu_library: args.webgpu_ep_lib,

@@ -219,10 +219,8 @@ fn int_attribute(name: &str, value: i64) -> AttributeProto {
 /// A model whose output size the client picks: input `n` (INT64 [1]) and output `big`, FP32
 /// [n] of ones (ConstantOfShape), made anew on every call.
 pub fn output_of_requested_size() -> Vec<u8> {
-    let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
-    let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
     model(GraphProto {
-        node: vec![node("ConstantOfShape", &["n"], &["big"], vec![fill])],
+        node: vec![ones_node("big")],
         name: "huge-output".into(),
         initializer: Vec::new(),
         input: vec![value("n", INT64, &[Some(1)])],
@@ -234,7 +232,7 @@ pub fn output_of_requested_size() -> Vec<u8> {
 /// `4 n` bytes at once whatever the size of its answer.
 pub fn sum_of_ones() -> Vec<u8> {
     model(GraphProto {
-        node: vec![ones_node(), node("ReduceSum", &["ones"], &["total"], vec![int_attribute("keepdims", 0)])],
+        node: vec![ones_node("ones"), node("ReduceSum", &["ones"], &["total"], vec![int_attribute("keepdims", 0)])],
         name: "sum-of-ones".into(),
         initializer: Vec::new(),
         input: vec![value("n", INT64, &[Some(1)])],
@@ -248,7 +246,7 @@ pub fn sum_of_ones() -> Vec<u8> {
 pub fn holds_ones_while_computing(size: i64, steps: usize) -> Vec<u8> {
     let slow =
         ModelProto::decode(slow_compute(size, steps).as_slice()).expect("the slow model").graph.expect("a graph");
-    let mut nodes = vec![ones_node()];
+    let mut nodes = vec![ones_node("ones")];
     nodes.extend(slow.node);
     nodes.push(node("ReduceSum", &["ones"], &["held"], vec![int_attribute("keepdims", 0)]));
     nodes.push(node("Add", &["sum", "held"], &["total"], Vec::new()));
@@ -261,11 +259,11 @@ pub fn holds_ones_while_computing(size: i64, steps: usize) -> Vec<u8> {
     })
 }
 
-/// `ones` (FP32 [n]) from `n` (INT64 [1]).
-fn ones_node() -> NodeProto {
+/// `output` (FP32 [n]) of ones from `n` (INT64 [1]).
+fn ones_node(output: &str) -> NodeProto {
     let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
     let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
-    node("ConstantOfShape", &["n"], &["ones"], vec![fill])
+    node("ConstantOfShape", &["n"], &[output], vec![fill])
 }
 
 /// A model that computes for a long time on any input: `x` (FP32 [1, 1]) is expanded to a

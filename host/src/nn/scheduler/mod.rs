@@ -36,7 +36,7 @@ use super::device::{Device, Evictable, Reservation};
 use crate::registry::placement::DeviceId;
 use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
 use crate::telemetry::stats::ModelStats;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorView};
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use buffers::StackBuffers;
@@ -1759,8 +1759,14 @@ fn finish(
     let unstack_started = std::time::Instant::now();
     let split = result.and_then(|outputs| {
         // Padded outputs are cut back after the split: their size before says nothing yet.
-        let no_limits = vec![usize::MAX; rows.len()];
-        let limits = if padded.is_some() { &no_limits } else { &output_limits };
+        let no_limits;
+        let limits = match padded {
+            Some(_) => {
+                no_limits = vec![usize::MAX; rows.len()];
+                &no_limits
+            }
+            None => &output_limits,
+        };
         let mut per_job =
             unstack(outputs, &rows, limits).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))?;
         if let (Some(rule), Some((lengths, longest))) = (padding.as_deref(), &padded) {
@@ -1820,29 +1826,27 @@ fn unstack(
     rows: &[usize],
     limits: &[usize],
 ) -> Option<Vec<Result<NamedTensors, usize>>> {
+    let views: Vec<TensorView> = outputs.iter().map(|(_, output)| output.view().ok()).collect::<Option<_>>()?;
+    let output_bytes: Vec<usize> = views.iter().map(|view| view.data().len()).collect();
+    // A lone job's outputs are its own, whatever their first dimension.
+    if let ([_], [limit]) = (rows, limits) {
+        let size = output_bytes.iter().sum();
+        drop(views);
+        return match size <= *limit {
+            true => Output::into_tensors(outputs).ok().map(|job| vec![Ok(job)]),
+            false => Some(vec![Err(size)]),
+        };
+    }
+    // Each job's share of every output, by rows.
     let total_rows: usize = rows.iter().sum();
-    let mut output_bytes = Vec::with_capacity(outputs.len());
-    for (_, output) in &outputs {
-        output_bytes.push(output.view().ok()?.data().len());
-    }
-    // Each job's share of every output, by rows (a lone job's is all of it).
-    let sizes: Vec<usize> = match rows {
-        [_] => vec![output_bytes.iter().sum()],
-        _ => rows
-            .iter()
-            .map(|&n| output_bytes.iter().map(|&bytes| bytes.checked_div(total_rows).unwrap_or(0) * n).sum())
-            .collect(),
-    };
+    let sizes: Vec<usize> = rows
+        .iter()
+        .map(|&n| output_bytes.iter().map(|&bytes| bytes.checked_div(total_rows).unwrap_or(0) * n).sum())
+        .collect();
     let kept: Vec<bool> = sizes.iter().zip(limits).map(|(size, limit)| size <= limit).collect();
-    // A lone job's outputs are its own whatever their first dimension.
-    match (&kept[..], &sizes[..]) {
-        ([true], _) => return Output::into_tensors(outputs).ok().map(|job| vec![Ok(job)]),
-        ([false], &[size]) => return Some(vec![Err(size)]),
-        _ => {}
-    }
     let mut per_job: Vec<NamedTensors> = vec![Vec::new(); rows.len()];
-    for (name, output) in &outputs {
-        let pieces = output.view().ok()?.split_rows_kept(rows, |job| kept[job])?;
+    for ((name, _), view) in outputs.iter().zip(&views) {
+        let pieces = view.split_rows_kept(rows, |job| kept[job])?;
         for (job, piece) in per_job.iter_mut().zip(pieces) {
             job.extend(piece.map(|piece| (name.clone(), piece)));
         }
