@@ -98,6 +98,41 @@ async fn a_forged_shape_fails_alone_and_leaves_the_shared_batch_intact() {
 }
 
 #[tokio::test]
+async fn a_request_whose_rows_fail_the_engine_fails_alone_and_leaves_the_shared_batch_served() {
+    // Both tenants serve the same public weights: one resident copy, whose batches hold both
+    // tenants' rows. One tenant sends an index past the weights, which fails any run it is in.
+    let models = tempfile::tempdir().expect("a folder");
+    let lookup = models.path().join("lookup.onnx");
+    std::fs::write(&lookup, crate::onnx::rows_lookup(4)).expect("the model written");
+    let tenants = Tenants::new();
+    for (id, key) in [("acme", ACME), ("globex", GLOBEX)] {
+        let mut manifest = tenant_header(id, key, "");
+        manifest += &model_entry("lookup", &lookup, None);
+        manifest += "[models.lookup.batching]\nmax_batch_size = 64\nmax_queue_delay_us = 300000\n\n";
+        tenants.write(&format!("{id}.toml"), &manifest);
+    }
+    let server = Server::start(tenants.path(), &[]);
+    let rows = |indices: &[i64]| json!({ "inputs": [{ "name": "i", "shape": [indices.len(), 1], "datatype": "INT64", "data": indices }] });
+    let (honest, forged) = (rows(&[1, 2, 3, 0]), rows(&[7]));
+    let batches = |scrape: &Scrape, le: &str| scrape.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)]);
+    let before = Scrape::of(&server).await;
+    assert_eq!(before.sum(names::RESIDENT_MODELS, &[]), 1.0, "one resident copy for both tenants' weights");
+    for round in 0..3 {
+        let ((code, body), (honest_code, honest_body)) =
+            tokio::join!(server.infer("lookup", ACME, &forged), server.infer("lookup", GLOBEX, &honest));
+        assert_eq!(honest_code, 200, "round {round}: {honest_body}");
+        assert_eq!(f32s(&output(&honest_body, "y")["data"]), [10.0, 20.0, 30.0, 0.0]);
+        assert_eq!(code, 500, "round {round}: {body}");
+        let message = error_message(&body);
+        assert!(message.starts_with("model 'lookup' failed:") && message.contains("out of"), "{message}");
+    }
+    // Four rows and one: each round's requests shared a batch of five.
+    let after = Scrape::of(&server).await;
+    let shared = (batches(&after, "+Inf") - batches(&after, "4")) - (batches(&before, "+Inf") - batches(&before, "4"));
+    assert_eq!(shared, 3.0, "the two tenants' requests did not share batches");
+}
+
+#[tokio::test]
 async fn a_tenant_over_its_concurrency_quota_gets_429_while_another_is_served() {
     let tenants = Tenants::new();
     let mut busy = tenant_header("busy", ACME, "max_concurrent_requests = 1\nguest_deadline_ms = 1500");

@@ -347,6 +347,20 @@ pub fn weights_lookup(fill: f32, len: usize) -> Vec<u8> {
     })
 }
 
+/// `y` = `w[i]` (FP32 [N, 1]) for each row of `i` (INT64 [N, 1]), where `w` is `[0, 10, 20, …]`
+/// (`len` weights): a batchable model whose run fails on an index past the weights (ONNX
+/// Runtime checks Gather's indices), so one request's rows can fail a whole batch.
+pub fn rows_lookup(len: usize) -> Vec<u8> {
+    let weights = (0..len).flat_map(|index| (index as f32 * 10.0).to_le_bytes()).collect();
+    model(GraphProto {
+        node: vec![lookup_node()],
+        name: "rows-lookup".into(),
+        initializer: vec![tensor("w", FLOAT, &[len as i64], weights)],
+        input: vec![value("i", INT64, &[None, Some(1)])],
+        output: vec![value("y", FLOAT, &[None, Some(1)])],
+    })
+}
+
 /// [`weights_lookup`] that also computes for a long time, as [`slow_compute`] does: inputs
 /// `x` (FP32 [1, 1]) and `i`, outputs `sum` and `y`.
 pub fn slow_weights_lookup(fill: f32, len: usize, size: i64, steps: usize) -> Vec<u8> {

@@ -1180,7 +1180,7 @@ async fn run_queue(
                     let span = prepared.compute_span(&execution.model);
                     let ran = async move {
                         let (stop, began) = (Stop::default(), std::time::Instant::now());
-                        let ran = Ran::of(&*graph, &mut inputs, &stop);
+                        let ran = Ran::of(&*graph, &mut inputs, &stop, &prepared.rows);
                         finish(&execution, device, prepared, (ran, stop), None);
                         (graph, began.elapsed())
                     };
@@ -1261,25 +1261,101 @@ async fn sleep_until_due(due: Option<std::time::Instant>) {
 
 /// What became of a batch's run.
 enum Ran {
-    /// The engine's answer, how long it took and when it began.
-    Ended(Result<Vec<(String, Output)>, BackendError>, Duration, std::time::Instant),
+    /// The engine's runs, in the order run: the whole batch's, and where a run of several jobs
+    /// failed, runs of its halves, until each part's run succeeded or failed with one job.
+    Ended(Vec<Run>),
     /// Every caller's deadline passed while it waited for the instance: not run.
     Expired,
-    /// The engine panicked.
+    /// The thread that was to run it panicked outside the engine's run.
     Panicked,
     /// The jobs' inputs did not stack into one batch: not run.
     NotStacked,
 }
 
+/// One engine run over some of a batch's jobs.
+struct Run {
+    /// The jobs it ran (indices in the batch).
+    jobs: std::ops::Range<usize>,
+    outcome: Result<Vec<(String, Output)>, RunError>,
+    took: Duration,
+    began: std::time::Instant,
+}
+
+enum RunError {
+    Engine(BackendError),
+    /// The engine panicked (caught: the instance stays).
+    Panicked,
+}
+
 impl Ran {
-    /// Run `graph`; a panic in the engine is this batch's failure, not its instance's end.
-    fn of(graph: &dyn Graph, inputs: &mut NamedTensors, stop: &Stop) -> Self {
+    /// Run `graph` on the stacked `inputs` of jobs of `rows` each. Where the batch's run fails,
+    /// its halves are run apart, and the halves of each half that fails, down to the job that
+    /// fails alone: one job's input (one tenant's, where tenants share the weights) must not
+    /// fail the others'. One failing job among `n` takes `1 + 2 log2 n` runs, `2n - 1` at most;
+    /// none once the run is stopped (nobody waits for it). A panic in the engine is a run's
+    /// failure, not its instance's end.
+    fn of(graph: &dyn Graph, inputs: &mut NamedTensors, stop: &Stop, rows: &[usize]) -> Self {
+        let names = inputs.len();
+        let mut runs = vec![Run::of(graph, inputs, stop, 0..rows.len())];
+        // A graph that lost the inputs (a pinned instance's thread gone) leaves nothing to halve.
+        if runs[0].outcome.is_err() && inputs.len() == names {
+            run_halves(graph, inputs, stop, rows, 0..rows.len(), &mut runs);
+        }
+        Self::Ended(runs)
+    }
+}
+
+impl Run {
+    fn of(graph: &dyn Graph, inputs: &mut NamedTensors, stop: &Stop, jobs: std::ops::Range<usize>) -> Self {
         let began = std::time::Instant::now();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| graph.run(inputs, stop))) {
-            Ok(outcome) => Self::Ended(outcome, began.elapsed(), began),
-            Err(_) => Self::Panicked,
+        let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| graph.run(inputs, stop))) {
+            Ok(outcome) => outcome.map_err(RunError::Engine),
+            Err(_) => Err(RunError::Panicked),
+        };
+        Self { jobs, outcome, took: began.elapsed(), began }
+    }
+}
+
+/// Run the halves of `jobs` of `batch` (whose run together failed) apart, and the halves of each
+/// half that fails, onto `runs`.
+fn run_halves(
+    graph: &dyn Graph,
+    batch: &NamedTensors,
+    stop: &Stop,
+    rows: &[usize],
+    jobs: std::ops::Range<usize>,
+    runs: &mut Vec<Run>,
+) {
+    if jobs.len() < 2 {
+        return;
+    }
+    let middle = jobs.start + jobs.len() / 2;
+    for half in [jobs.start..middle, middle..jobs.end] {
+        if stop.is_stopped() {
+            return;
+        }
+        let Some(mut inputs) = rows_of(batch, rows, half.clone()) else { return };
+        let run = Run::of(graph, &mut inputs, stop, half.clone());
+        let failed = run.outcome.is_err();
+        runs.push(run);
+        if failed {
+            run_halves(graph, batch, stop, rows, half, runs);
         }
     }
+}
+
+/// The rows of `jobs` (of `rows` each) in every tensor of a stacked batch, copied.
+fn rows_of(batch: &NamedTensors, rows: &[usize], jobs: std::ops::Range<usize>) -> Option<NamedTensors> {
+    let before = rows[..jobs.start].iter().sum();
+    let taken = rows[jobs.clone()].iter().sum();
+    let after = rows[jobs.end..].iter().sum();
+    let parts = [before, taken, after];
+    batch
+        .iter()
+        .map(|(name, tensor)| {
+            Some((name.clone(), tensor.view().split_rows_kept(&parts, |part| part == 1)?.swap_remove(1)?))
+        })
+        .collect()
 }
 
 /// A batch taken off the queue, with its inputs and what answering its jobs needs.
@@ -1542,7 +1618,8 @@ impl ReadyRun {
         // The span is the run's: it ends as the run does, before the next one begins.
         let ran = match inputs {
             Some(mut inputs) => {
-                let ran = prepared.compute_span(&execution.model).in_scope(|| Ran::of(graph, &mut inputs, &stop));
+                let span = prepared.compute_span(&execution.model);
+                let ran = span.in_scope(|| Ran::of(graph, &mut inputs, &stop, &prepared.rows));
                 // Up to two batches an instance: the one it runs and the one stacked meanwhile.
                 let limit = 2 * execution.instances.load(Ordering::Relaxed).max(1) * inputs.len();
                 let buffers = inputs.into_iter().map(|(_, tensor)| tensor.into_data());
@@ -1574,7 +1651,9 @@ impl Computed {
         let bytes = |outputs: &[(String, Output)]| -> usize {
             outputs.iter().map(|(_, output)| output.view().map_or(0, |view| view.data().len())).sum()
         };
-        matches!(&self.ran, Ran::Ended(Ok(outputs), ..) if bytes(outputs) > LARGE_BATCH_BYTES)
+        let outputs =
+            |runs: &[Run]| -> usize { runs.iter().filter_map(|run| run.outcome.as_ref().ok()).map(|o| bytes(o)).sum() };
+        matches!(&self.ran, Ran::Ended(runs) if outputs(runs) > LARGE_BATCH_BYTES)
     }
 
     /// Answer it from `runtime`: from a task, or from a blocking thread where it is large.
@@ -1655,26 +1734,38 @@ impl FollowOn {
     }
 }
 
-/// Split a batch's compute time over its jobs by rows, onto each request's bill and its
-/// tenant's compute counter. What the engine ran is paid for whether or not it answered.
-fn charge(
-    execution: &Execution,
-    (infer_time, device): (Duration, &str),
-    (rows, tenants, bills): (&[usize], &[Arc<str>], &[Bill]),
-) {
-    let total: usize = rows.iter().sum();
-    if infer_time.is_zero() || total == 0 {
-        return;
-    }
+/// Charge each job its share of a batch's compute time (`costs`, in the jobs' order) onto its
+/// request's bill and its tenant's compute counter.
+fn charge(execution: &Execution, device: &str, (tenants, bills): (&[Arc<str>], &[Bill]), costs: &[Duration]) {
     // Each request's bill its own share; the metric each tenant's in one sum (a label
     // lookup per tenant, not per job).
-    let shares = rows.iter().zip(tenants).zip(bills).map(|((&rows, tenant), bill)| {
-        let share = infer_time.mul_f64(rows as f64 / total as f64);
-        bill.charge(share);
-        (tenant, share)
+    let shares = costs.iter().zip(tenants).zip(bills).map(|((&cost, tenant), bill)| {
+        bill.charge(cost);
+        (tenant, cost)
     });
     for (tenant, share) in sum_per_tenant(shares, |sum, more| *sum += more) {
         metrics().tenant_compute(tenant, &execution.model, device, share);
+    }
+}
+
+/// Add one run's time to its jobs' costs, split by rows. What the engine ran is paid for
+/// whether or not it answered: a failed run by those of its jobs that failed in the end where
+/// any did (the input that fails a batch pays for the runs that found it), else by all.
+fn add_run_cost(
+    costs: &mut [Duration],
+    run: (&std::ops::Range<usize>, Duration, bool),
+    rows: &[usize],
+    failed: &[bool],
+) {
+    let (jobs, took, ok) = run;
+    let by_failed = !ok && jobs.clone().any(|job| failed[job]);
+    let payers = jobs.clone().filter(|&job| !by_failed || failed[job]);
+    let payer_rows: usize = payers.clone().map(|job| rows[job]).sum();
+    if took.is_zero() || payer_rows == 0 {
+        return;
+    }
+    for job in payers {
+        costs[job] += took.mul_f64(rows[job] as f64 / payer_rows as f64);
     }
 }
 
@@ -1694,8 +1785,10 @@ fn sum_per_tenant<'a, V>(
     sums
 }
 
-/// Charge a batch's run, split its outputs and answer its jobs. `answered_before`: for a batch
-/// that expired before its run, when the model last answered a batch before its deadline.
+const PANICKED: &str = "the engine panicked running this batch";
+
+/// Charge a batch's runs, split their outputs and answer its jobs. `answered_before`: for a
+/// batch that expired before its run, when the model last answered a batch before its deadline.
 fn finish(
     execution: &Execution,
     device: DeviceId,
@@ -1718,17 +1811,11 @@ fn finish(
         ..
     } = prepared;
     let device = device.label();
-    let backend_error = |message: String| ComputeError::Backend { model: model.to_string(), message };
-    // A run stopped at its callers' deadlines is the model's fault only when they gave it
-    // more than twice its usual time (none measured yet: the first run had its chance).
-    let stopped_error = |began: std::time::Instant| {
-        let given = last_deadline.saturating_duration_since(began);
-        let stalled = stats.mean_execution().is_none_or(|usual| given >= usual * 2);
-        ComputeError::DeadlineExceeded { model: model.to_string(), stalled }
-    };
-    let total_rows = rows.iter().sum();
-    let mut infer_time = Duration::ZERO;
-    let result = match ran {
+    let backend_error =
+        |message: &str| ComputeError::Backend { model: model.to_string(), message: message.to_string() };
+    let jobs = rows.len();
+    let mut answers: Vec<Option<Result<NamedTensors, ComputeError>>> = (0..jobs).map(|_| None).collect();
+    let runs = match ran {
         Ran::Expired => {
             // As a job expiring in the queue: the model's fault when it answered nothing since.
             for (reply, enqueued) in replies.into_iter().zip(enqueued) {
@@ -1737,67 +1824,101 @@ fn finish(
             }
             return;
         }
-        Ran::Ended(outcome, took, began) => {
-            infer_time = took;
-            if outcome.is_ok() {
-                execution.row_time.record(total_rows, took);
-            }
-            match outcome {
-                Ok(outputs) => Ok(outputs),
-                Err(BackendError::InvalidInput(message)) => Err(ComputeError::InvalidInput(message)),
-                Err(BackendError::RunMemory { requested, cap }) => {
-                    Err(ComputeError::RunMemory { model: model.to_string(), requested, cap })
-                }
-                Err(_) if stop.is_stopped() => Err(stopped_error(began)),
-                Err(err) => Err(backend_error(err.to_string())),
-            }
+        Ran::Ended(runs) => runs,
+        Ran::NotStacked => {
+            answers.fill_with(|| Some(Err(backend_error("batched inputs could not be stacked"))));
+            Vec::new()
         }
-        Ran::NotStacked => Err(backend_error("batched inputs could not be stacked".to_string())),
-        Ran::Panicked => Err(backend_error("the engine panicked running this batch".to_string())),
+        Ran::Panicked => {
+            answers.fill_with(|| Some(Err(backend_error(PANICKED))));
+            Vec::new()
+        }
+    };
+    // A run stopped at its callers' deadlines is the model's fault only when they gave it
+    // more than twice its usual time (none measured yet: the first run had its chance).
+    let first_began = runs.first().map_or(last_deadline, |run| run.began);
+    let stopped_error = || {
+        let given = last_deadline.saturating_duration_since(first_began);
+        let stalled = stats.mean_execution().is_none_or(|usual| given >= usual * 2);
+        ComputeError::DeadlineExceeded { model: model.to_string(), stalled }
+    };
+    let run_error = |error: RunError| match error {
+        RunError::Engine(BackendError::InvalidInput(message)) => ComputeError::InvalidInput(message),
+        RunError::Engine(BackendError::RunMemory { requested, cap }) => {
+            ComputeError::RunMemory { model: model.to_string(), requested, cap }
+        }
+        RunError::Panicked => backend_error(PANICKED),
+        RunError::Engine(_) if stop.is_stopped() => stopped_error(),
+        RunError::Engine(err) => backend_error(&err.to_string()),
     };
     execution.answered(std::time::Instant::now());
-    let unstack_started = std::time::Instant::now();
-    let split = result.and_then(|outputs| {
-        // Padded outputs are cut back after the split: their size before says nothing yet.
-        let no_limits;
-        let limits = match padded {
-            Some(_) => {
-                no_limits = vec![usize::MAX; rows.len()];
-                &no_limits
+    // Padded outputs are cut back after the split: their size before says nothing yet.
+    let no_limits;
+    let limits = match padded {
+        Some(_) => {
+            no_limits = vec![usize::MAX; jobs];
+            &no_limits
+        }
+        None => &output_limits,
+    };
+    // A job's share of a run's outputs: within its caller's limit, and cut back where padded.
+    let job_answer = |job: usize, outputs: Result<NamedTensors, usize>| match outputs {
+        Err(bytes) => Err(ComputeError::OutputTooLarge { model: model.to_string(), bytes, max: output_limits[job] }),
+        Ok(mut outputs) => match (padding.as_deref(), &padded) {
+            (Some(rule), Some((lengths, longest))) => rule
+                .cut(&mut outputs, lengths[job], *longest)
+                .map(|()| outputs)
+                .ok_or_else(|| backend_error("outputs could not be cut back")),
+            _ => Ok(outputs),
+        },
+    };
+    let (mut infer_time, mut unstack_time) = (Duration::ZERO, Duration::ZERO);
+    let mut costs = vec![Duration::ZERO; jobs];
+    let mut failed = vec![false; jobs];
+    // Last run first: a job's answer is that of the last run that ran it (a failed run's
+    // halves come after it).
+    for Run { jobs, outcome, took, .. } in runs.into_iter().rev() {
+        infer_time += took;
+        let ok = outcome.is_ok();
+        match outcome {
+            Ok(outputs) => {
+                execution.row_time.record(rows[jobs.clone()].iter().sum(), took);
+                let unstack_started = std::time::Instant::now();
+                match unstack(outputs, &rows[jobs.clone()], &limits[jobs.clone()]) {
+                    Some(per_job) => {
+                        for (job, outputs) in jobs.clone().zip(per_job) {
+                            answers[job] = Some(job_answer(job, outputs));
+                        }
+                    }
+                    None => {
+                        answers[jobs.clone()].fill_with(|| Some(Err(backend_error("outputs do not split by rows"))))
+                    }
+                }
+                unstack_time += unstack_started.elapsed();
             }
-            None => &output_limits,
-        };
-        let mut per_job =
-            unstack(outputs, &rows, limits).ok_or_else(|| backend_error("outputs do not split by rows".to_string()))?;
-        if let (Some(rule), Some((lengths, longest))) = (padding.as_deref(), &padded) {
-            for (outputs, &length) in per_job.iter_mut().zip(lengths) {
-                if let Ok(outputs) = outputs {
-                    rule.cut(outputs, length, *longest)
-                        .ok_or_else(|| backend_error("outputs could not be cut back".into()))?;
+            Err(error) => {
+                let error = run_error(error);
+                for job in jobs.clone() {
+                    if answers[job].is_none() {
+                        answers[job] = Some(Err(error.clone()));
+                        failed[job] = true;
+                    }
                 }
             }
         }
-        Ok(per_job)
-    });
+        add_run_cost(&mut costs, (&jobs, took, ok), &rows, &failed);
+    }
+    let total_rows = rows.iter().sum();
     let tenant_rows: Vec<(&str, usize)> = tenants.iter().map(|t| &**t).zip(rows.iter().copied()).collect();
-    stats.execution(&tenant_rows, stack_time, infer_time, unstack_started.elapsed());
+    stats.execution(&tenant_rows, stack_time, infer_time, unstack_time);
     metrics().batch(series, waits, total_rows, infer_time);
     // Charged before anyone is answered, so a request's bill is complete once it has its outputs.
-    charge(execution, (infer_time, &device), (&rows, &tenants, &bills));
+    if !infer_time.is_zero() {
+        charge(execution, &device, (&tenants, &bills), &costs);
+    }
     execution.last_use.touch(std::time::Instant::now());
-    match split {
-        Ok(per_job) => {
-            for ((reply, outputs), max) in replies.into_iter().zip(per_job).zip(output_limits) {
-                let answer =
-                    outputs.map_err(|bytes| ComputeError::OutputTooLarge { model: model.to_string(), bytes, max });
-                let _ = reply.send(answer);
-            }
-        }
-        Err(err) => {
-            for reply in replies {
-                let _ = reply.send(Err(err.clone()));
-            }
-        }
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _ = reply.send(answer.unwrap_or_else(|| Err(backend_error("no run answered this job"))));
     }
 }
 
@@ -2293,6 +2414,71 @@ mod tests {
             }
         }
         assert!(results[17].is_err(), "the panicking job is answered with an error");
+        assert!(queue.compute(row(), deadline, share()).await.is_ok(), "the instance serves on");
+    }
+
+    /// A graph that takes 10 ms a run and answers its input, counting its runs; a run that
+    /// holds a negative input fails, and one that holds a NaN panics.
+    struct Picky(Signature, AtomicUsize);
+
+    impl Graph for Picky {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(10));
+            let values = inputs[0].1.elements::<f32>();
+            assert!(!values.iter().any(|v| v.is_nan()), "a NaN input");
+            if values.iter().any(|&v| v < 0.0) {
+                let reason = "a negative input".to_string();
+                return Err(BackendError::Run { backend: crate::registry::manifest::BackendKind::Tract, reason });
+            }
+            Ok(Output::all(inputs.clone()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_that_fails_its_batch_fails_alone_and_pays_for_the_runs_that_found_it() {
+        let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
+        let picky = Arc::new(Picky(Signature { inputs: vec![spec.clone()], outputs: vec![spec] }, AtomicUsize::new(0)));
+        let loaded = Loaded { graphs: vec![picky.clone()], memory: Vec::new() };
+        // Long enough a wait that the eight jobs sent at once make one batch.
+        let settings = QueueSettings { max_delay: Duration::from_millis(200), ..settings() };
+        let queue = ModelQueue::start("picky", "none", (loaded, Residence::default()), true, settings, Arc::default());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for bad in [-1.0, f32::NAN] {
+            picky.1.store(0, Ordering::SeqCst);
+            // Seven jobs of one tenant and one of another whose input fails any run it is in.
+            let jobs: Vec<(f32, Share)> = (0..8)
+                .map(|i| match i {
+                    5 => (bad, Share::new("evil".into(), 1)),
+                    _ => (i as f32, Share::new("victim".into(), 1)),
+                })
+                .collect();
+            let results = futures::future::join_all(
+                jobs.iter().map(|(value, share)| queue.compute(row_of(*value), deadline, share.clone())),
+            )
+            .await;
+            for ((value, share), result) in jobs.iter().zip(&results) {
+                match result {
+                    Ok(outputs) if &*share.tenant == "victim" => assert_eq!(outputs, &row_of(*value)),
+                    Err(ComputeError::Backend { message, .. }) if &*share.tenant == "evil" => {
+                        let expected = if bad.is_nan() { "the engine panicked" } else { "a negative input" };
+                        assert!(message.contains(expected), "{message}");
+                    }
+                    other => panic!("the job of {value} ({}) got {other:?}", share.tenant),
+                }
+            }
+            // The batch, then each half holding the bad job halved again: 1 + 2 * log2(8) runs.
+            assert_eq!(picky.1.load(Ordering::SeqCst), 7, "the eight jobs did not make one batch");
+            // The bad job pays for the four runs that failed (10 ms each); a victim for its share
+            // of one that succeeded.
+            let bills: Vec<Duration> = jobs.iter().map(|(_, share)| share.bill.total()).collect();
+            assert!(bills[5] >= Duration::from_millis(40), "{bills:?}");
+            assert!(bills.iter().enumerate().all(|(job, &bill)| job == 5 || bill < bills[5] / 2), "{bills:?}");
+        }
         assert!(queue.compute(row(), deadline, share()).await.is_ok(), "the instance serves on");
     }
 
