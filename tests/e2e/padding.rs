@@ -7,9 +7,13 @@ use prost::Message;
 use serde_json::{Value, json};
 use tract_onnx::pb;
 
+use sluice::telemetry::metrics::names;
+
+use crate::metrics::Scrape;
 use crate::support::*;
 
 const KEY: &str = "test-key-acme";
+const OTHER_KEY: &str = "test-key-globex";
 const FLOAT: i32 = 1;
 
 fn tensor_info(name: &str, dims: &[&str]) -> pb::ValueInfoProto {
@@ -100,7 +104,7 @@ async fn sequences_of_different_lengths_share_a_batch_and_get_their_unbatched_an
     let server = Server::start(tenants.path(), &[]);
 
     let short = request(&[vec![1.5, 2.0, 3.25]]);
-    let long = request(&[vec![0.5, 1.0, 2.0, 4.0, 8.0], vec![-1.0, 1.0, -1.0, 1.0, 0.125]]);
+    let long = request(&[vec![0.5, 1.0, 2.0, 4.0], vec![-1.0, 1.0, -1.0, 0.125]]);
     let mut alone = Vec::new();
     for body in [&short, &long] {
         let (status, response) = server.infer("sequence", KEY, body).await;
@@ -108,14 +112,14 @@ async fn sequences_of_different_lengths_share_a_batch_and_get_their_unbatched_an
         alone.push(response);
     }
     assert_eq!(f32s(&output(&alone[0], "total")["data"]), vec![6.75]);
-    assert_eq!(output(&alone[1], "doubled")["shape"], json!([2, 5]));
+    assert_eq!(output(&alone[1], "doubled")["shape"], json!([2, 4]));
 
     let (_, before) = server.get("/v2/models/sequence/stats", Some(KEY)).await;
     let (short_answer, long_answer) =
         tokio::join!(server.infer("sequence", KEY, &short), server.infer("sequence", KEY, &long));
     let (_, after) = server.get("/v2/models/sequence/stats", Some(KEY)).await;
     let executions = |stats: &Value| stats["model_stats"][0]["execution_count"].as_u64().expect("count");
-    assert_eq!(executions(&after) - executions(&before), 1, "lengths 3 and 5 ran as one padded batch");
+    assert_eq!(executions(&after) - executions(&before), 1, "lengths 3 and 4 ran as one padded batch");
     for ((status, together), alone) in [short_answer, long_answer].iter().zip(&alone) {
         assert_eq!(*status, 200, "{together}");
         for name in ["total", "doubled"] {
@@ -123,6 +127,38 @@ async fn sequences_of_different_lengths_share_a_batch_and_get_their_unbatched_an
             assert_eq!(f32s(&output(together, name)["data"]), f32s(&output(alone, name)["data"]), "{name}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_long_sequence_is_not_padded_into_the_batch_of_another_tenants_short_ones() {
+    // Two tenants serve the same weights with the same rule: one copy, one queue. Padded to
+    // one tenant's sequence of 100,000, the other's rows of 3 would each take 33,000 times
+    // their memory and compute.
+    let tenants = Tenants::new();
+    let model = sequence_model(tenants.path());
+    for (id, key) in [("acme", KEY), ("globex", OTHER_KEY)] {
+        let mut manifest = tenant_header(id, key, "");
+        manifest += &model_entry("sequence", &model, None);
+        manifest += "[models.sequence.batching]\nmax_batch_size = 16\nmax_queue_delay_us = 300000\n\n";
+        manifest += "[models.sequence.batching.padding]\naxis = 1\nvalue = 0\ninputs = [\"tokens\", \"mask\"]\n";
+        manifest += "outputs = [\"doubled\"]\n\n";
+        tenants.write(&format!("{id}.toml"), &manifest);
+    }
+    let server = Server::start(tenants.path(), &[]);
+    let short = request(&[vec![1.5, 2.0, 3.25], vec![1.0, 1.0, 1.0], vec![0.0, 2.0, 4.0], vec![8.0, 0.0, 0.5]]);
+    let long = request(&[vec![0.25; 100_000]]);
+    let batches = |scrape: &Scrape, le: &str| scrape.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)]);
+    let before = Scrape::of(&server).await;
+    let ((short_code, short_body), (long_code, long_body)) =
+        tokio::join!(server.infer("sequence", OTHER_KEY, &short), server.infer("sequence", KEY, &long));
+    assert_eq!((short_code, long_code), (200, 200), "{short_body} {long_body}");
+    assert_eq!(f32s(&output(&short_body, "total")["data"]), [6.75, 3.0, 6.0, 8.5]);
+    assert_eq!(f32s(&output(&long_body, "total")["data"]), [25_000.0]);
+    // Four rows and one, in two batches: none of five rows.
+    let after = Scrape::of(&server).await;
+    let (all, up_to_four) =
+        (batches(&after, "+Inf") - batches(&before, "+Inf"), batches(&after, "4") - batches(&before, "4"));
+    assert_eq!((all, up_to_four), (2.0, 2.0), "the long sequence shared the short ones' batch");
 }
 
 /// The log of a server that refused to start on the digits model with `padding` (the body of

@@ -6,6 +6,7 @@
 //! not change a request's answer.
 
 use super::NamedTensors;
+use crate::tensor::Tensor;
 
 /// One model's padding rule, from its manifest.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,13 +28,21 @@ impl PaddingRule {
     }
 
     /// A request's length along the axis: the longest of its padded inputs.
-    fn length(&self, inputs: &NamedTensors) -> usize {
+    fn length(&self, inputs: &[(String, Tensor)]) -> usize {
         inputs
             .iter()
             .filter(|(name, tensor)| self.pads(name, tensor.dims().len()))
             .map(|(_, tensor)| tensor.dims()[self.axis])
             .max()
             .unwrap_or(0)
+    }
+
+    /// The class of lengths a request of `inputs` shares a batch within: its length rounded up
+    /// to a power of two. Requests of one class differ in length less than twofold, so padding
+    /// never doubles a request's inputs: one tenant's long sequence is not padded into the batch
+    /// of another's short ones (its memory and compute many times theirs).
+    pub fn length_class(&self, inputs: &[(String, Tensor)]) -> usize {
+        self.length(inputs).checked_next_power_of_two().unwrap_or(usize::MAX)
     }
 
     /// Pad every request's padded inputs to the longest length in the batch; returns each
@@ -65,7 +74,7 @@ impl PaddingRule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{ElementType, Tensor};
+    use crate::tensor::ElementType;
 
     fn tokens(rows: usize, values: &[i64]) -> Tensor {
         let length = values.len() / rows;

@@ -31,18 +31,21 @@ pub enum ShapeKey {
     Other(Shape),
 }
 
-/// The shape of a job's inputs; a padded dimension matches any length.
+/// The shape of a job's inputs; a padded dimension as the job's length class
+/// ([`PaddingRule::length_class`]), which any length of that class matches.
 fn shape_of(inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> Shape {
-    let mut shape: Shape = inputs.iter().map(|(name, t)| (name.clone(), t.ty(), trailing(name, t, padding))).collect();
+    let class = padding.map_or(0, |rule| rule.length_class(inputs));
+    let mut shape: Shape =
+        inputs.iter().map(|(name, t)| (name.clone(), t.ty(), trailing(name, t, padding, class))).collect();
     shape.sort();
     shape
 }
 
-/// A tensor's dims after the first, the padded one (if any) as `usize::MAX`.
-fn trailing(name: &str, tensor: &Tensor, padding: Option<&PaddingRule>) -> Vec<usize> {
+/// A tensor's dims after the first, the padded one (if any) as `class`.
+fn trailing(name: &str, tensor: &Tensor, padding: Option<&PaddingRule>, class: usize) -> Vec<usize> {
     let mut dims = tensor.dims().get(1..).unwrap_or_default().to_vec();
     if let Some(rule) = padding.filter(|rule| rule.pads(name, tensor.dims().len())) {
-        dims[rule.axis - 1] = usize::MAX;
+        dims[rule.axis - 1] = class;
     }
     dims
 }
@@ -79,6 +82,7 @@ impl FirstShape {
     /// Whether `inputs` have `shape` (whose names are distinct): each of its entries is met by
     /// an input of that name, and there are no more inputs.
     fn matches(shape: &Shape, inputs: &[(String, Tensor)], padding: Option<&PaddingRule>) -> bool {
+        let class = padding.map(|rule| rule.length_class(inputs));
         shape.len() == inputs.len()
             && shape.iter().all(|(name, ty, dims)| {
                 inputs.iter().find(|(input, _)| input == name).is_some_and(|(_, tensor)| {
@@ -87,7 +91,7 @@ impl FirstShape {
                     tensor.ty() == *ty
                         && own.len() == dims.len()
                         && own.iter().zip(dims).enumerate().all(|(axis, (own, shaped))| match padded == Some(axis) {
-                            true => *shaped == usize::MAX,
+                            true => Some(*shaped) == class,
                             false => own == shaped,
                         })
                 })
@@ -454,13 +458,21 @@ mod tests {
     }
 
     #[test]
-    fn a_padded_axis_of_any_length_matches_the_first_shape() {
+    fn a_padded_axis_matches_the_first_shape_at_any_length_of_its_class() {
         let first = FirstShape::default();
         let rule = PaddingRule { axis: 1, fill: 0.0, inputs: vec!["ids".into()], outputs: Vec::new() };
         let (i64, f32) = (ElementType::I64, ElementType::F32);
-        let short = first.key_of(&[input("ids", i64, &[1, 5]), input("scale", f32, &[1, 3])], Some(&rule));
-        let long = first.key_of(&[input("ids", i64, &[2, 9]), input("scale", f32, &[2, 3])], Some(&rule));
-        assert_eq!((short, long), (ShapeKey::First, ShapeKey::First));
+        let ids = |rows, length| [input("ids", i64, &[rows, length]), input("scale", f32, &[rows, 3])];
+        let short = first.key_of(&ids(1, 5), Some(&rule));
+        let long = first.key_of(&ids(2, 8), Some(&rule));
+        assert_eq!((short, long), (ShapeKey::First, ShapeKey::First), "5 and 8 round up to 8");
+        // A longer one is another class: padding the short ones to it would more than double them.
+        for length in [9, 16, 1 << 20] {
+            let longer = ids(1, length);
+            assert_eq!(first.key_of(&longer, Some(&rule)), ShapeKey::Other(shape_of(&longer, Some(&rule))));
+        }
+        assert_eq!(shape_of(&ids(1, 9), Some(&rule)), shape_of(&ids(3, 16), Some(&rule)));
+        assert_ne!(shape_of(&ids(1, 16), Some(&rule)), shape_of(&ids(1, 17), Some(&rule)));
         // The axis of an input the rule does not pad must still agree.
         let other = [input("ids", i64, &[1, 5]), input("scale", f32, &[1, 4])];
         assert_eq!(first.key_of(&other, Some(&rule)), ShapeKey::Other(shape_of(&other, Some(&rule))));
