@@ -1813,8 +1813,8 @@ fn finish(
     let device = device.label();
     let backend_error =
         |message: &str| ComputeError::Backend { model: model.to_string(), message: message.to_string() };
-    let jobs = rows.len();
-    let mut answers: Vec<Option<Result<NamedTensors, ComputeError>>> = (0..jobs).map(|_| None).collect();
+    let job_count = rows.len();
+    let mut answers: Vec<Option<Result<NamedTensors, ComputeError>>> = (0..job_count).map(|_| None).collect();
     let runs = match ran {
         Ran::Expired => {
             // As a job expiring in the queue: the model's fault when it answered nothing since.
@@ -1856,7 +1856,7 @@ fn finish(
     let no_limits;
     let limits = match padded {
         Some(_) => {
-            no_limits = vec![usize::MAX; jobs];
+            no_limits = vec![usize::MAX; job_count];
             &no_limits
         }
         None => &output_limits,
@@ -1873,8 +1873,8 @@ fn finish(
         },
     };
     let (mut infer_time, mut unstack_time) = (Duration::ZERO, Duration::ZERO);
-    let mut costs = vec![Duration::ZERO; jobs];
-    let mut failed = vec![false; jobs];
+    let mut costs = vec![Duration::ZERO; job_count];
+    let mut failed = vec![false; job_count];
     // Last run first: a job's answer is that of the last run that ran it (a failed run's
     // halves come after it).
     for Run { jobs, outcome, took, .. } in runs.into_iter().rev() {
