@@ -52,9 +52,8 @@ async fn batched_outputs_equal_unbatched_outputs_across_tenants() {
         assert_eq!(status, 200, "{response}");
         alone.push(f32s(&output(&response, "probabilities")["data"]));
     }
-    let batches = |scrape: &Scrape, le: &str| scrape.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)]);
     let before = Scrape::of(&server).await;
-    assert_eq!((batches(&before, "4"), batches(&before, "+Inf")), (8.0, 8.0), "eight batches of three rows");
+    assert_eq!((before.batches_up_to("4"), before.batches_up_to("+Inf")), (8.0, 8.0), "eight batches of three rows");
 
     // Together: all at once, so they share batches.
     let together =
@@ -68,12 +67,12 @@ async fn batched_outputs_equal_unbatched_outputs_across_tenants() {
     }
     // Each tenant sent 12 rows: a batch of more than 12 holds rows of both.
     let after = Scrape::of(&server).await;
-    let over_16 =
-        (batches(&after, "+Inf") - batches(&after, "16")) - (batches(&before, "+Inf") - batches(&before, "16"));
+    let over_16 = (after.batches_up_to("+Inf") - after.batches_up_to("16"))
+        - (before.batches_up_to("+Inf") - before.batches_up_to("16"));
     assert!(
         over_16 >= 1.0,
         "no batch held rows of both tenants: {:?}",
-        (batches(&after, "16"), batches(&after, "+Inf"))
+        (after.batches_up_to("16"), after.batches_up_to("+Inf"))
     );
     assert_eq!(after.sum(names::RESIDENT_MODELS, &[]), 1.0);
 }
@@ -114,7 +113,6 @@ async fn a_request_whose_rows_fail_the_engine_fails_alone_and_leaves_the_shared_
     let server = Server::start(tenants.path(), &[]);
     let rows = |indices: &[i64]| json!({ "inputs": [{ "name": "i", "shape": [indices.len(), 1], "datatype": "INT64", "data": indices }] });
     let (honest, forged) = (rows(&[1, 2, 3, 0]), rows(&[7]));
-    let batches = |scrape: &Scrape, le: &str| scrape.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)]);
     let before = Scrape::of(&server).await;
     assert_eq!(before.sum(names::RESIDENT_MODELS, &[]), 1.0, "one resident copy for both tenants' weights");
     for round in 0..3 {
@@ -128,7 +126,8 @@ async fn a_request_whose_rows_fail_the_engine_fails_alone_and_leaves_the_shared_
     }
     // Four rows and one: each round's requests shared a batch of five.
     let after = Scrape::of(&server).await;
-    let shared = (batches(&after, "+Inf") - batches(&after, "4")) - (batches(&before, "+Inf") - batches(&before, "4"));
+    let shared = (after.batches_up_to("+Inf") - after.batches_up_to("4"))
+        - (before.batches_up_to("+Inf") - before.batches_up_to("4"));
     assert_eq!(shared, 3.0, "the two tenants' requests did not share batches");
 }
 

@@ -66,6 +66,12 @@ impl Scrape {
             .sum()
     }
 
+    /// Batches run of at most `le` rows (a bucket of `sluice_batch_rows`; "+Inf": all), every
+    /// model's together.
+    pub fn batches_up_to(&self, le: &str) -> f64 {
+        self.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)])
+    }
+
     /// Every metric name with at least one sample (histograms under their family name).
     pub fn families(&self) -> std::collections::BTreeSet<String> {
         self.0

@@ -7,8 +7,6 @@ use prost::Message;
 use serde_json::{Value, json};
 use tract_onnx::pb;
 
-use sluice::telemetry::metrics::names;
-
 use crate::metrics::Scrape;
 use crate::support::*;
 
@@ -147,7 +145,6 @@ async fn a_long_sequence_is_not_padded_into_the_batch_of_another_tenants_short_o
     let server = Server::start(tenants.path(), &[]);
     let short = request(&[vec![1.5, 2.0, 3.25], vec![1.0, 1.0, 1.0], vec![0.0, 2.0, 4.0], vec![8.0, 0.0, 0.5]]);
     let long = request(&[vec![0.25; 100_000]]);
-    let batches = |scrape: &Scrape, le: &str| scrape.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)]);
     let before = Scrape::of(&server).await;
     let ((short_code, short_body), (long_code, long_body)) =
         tokio::join!(server.infer("sequence", OTHER_KEY, &short), server.infer("sequence", KEY, &long));
@@ -156,8 +153,10 @@ async fn a_long_sequence_is_not_padded_into_the_batch_of_another_tenants_short_o
     assert_eq!(f32s(&output(&long_body, "total")["data"]), [25_000.0]);
     // Four rows and one, in two batches: none of five rows.
     let after = Scrape::of(&server).await;
-    let (all, up_to_four) =
-        (batches(&after, "+Inf") - batches(&before, "+Inf"), batches(&after, "4") - batches(&before, "4"));
+    let (all, up_to_four) = (
+        after.batches_up_to("+Inf") - before.batches_up_to("+Inf"),
+        after.batches_up_to("4") - before.batches_up_to("4"),
+    );
     assert_eq!((all, up_to_four), (2.0, 2.0), "the long sequence shared the short ones' batch");
 }
 
