@@ -204,6 +204,10 @@ struct ServeArgs {
     /// HTTP connection stays open waiting for the next request.
     #[arg(long, env = "SLUICE_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
     header_timeout_ms: u64,
+    /// Milliseconds the server waits for a client to read any of what it sends (an answer,
+    /// on either port) before it closes the connection.
+    #[arg(long, env = "SLUICE_SEND_TIMEOUT_MS", default_value_t = 30_000)]
+    send_timeout_ms: u64,
     /// Milliseconds a client has to send an inference request's body (HTTP and gRPC).
     #[arg(long, env = "SLUICE_BODY_TIMEOUT_MS", default_value_t = 30_000)]
     body_timeout_ms: u64,
@@ -303,6 +307,7 @@ fn main() -> anyhow::Result<()> {
                     max_connections: args.max_connections.max(1),
                     max_per_client: args.max_connections_per_client.max(1),
                     header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+                    send_timeout: Duration::from_millis(args.send_timeout_ms.max(1)),
                 },
                 body_timeouts: BodyTimeouts {
                     request: Duration::from_millis(args.body_timeout_ms.max(1)),

@@ -186,6 +186,76 @@ async fn connections_are_capped_per_client_address_and_freed_when_closed() {
     assert!(text.contains("sluice_refused_connections_total{port=\"http\"} 1"), "{text}");
 }
 
+/// A blocking connection to the server's HTTP port from `address` (the whole 127/8 is
+/// loopback), with a small receive buffer where asked: the kernel's buffers then fill after a
+/// few hundred unread answers.
+async fn connect_from(server: &Server, address: &str, small_receive_buffer: bool) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    if small_receive_buffer {
+        socket.set_recv_buffer_size(4096).expect("receive buffer");
+    }
+    socket.bind(format!("{address}:0").parse().expect("address")).expect("binds");
+    let stream = socket.connect(server.http_address().parse().expect("address")).await.expect("connects");
+    let stream = stream.into_std().expect("a std stream");
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
+/// Send requests on `stream`, pipelined, reading none of the answers, until its writes stall:
+/// the server is then stuck writing to it. `None` when the server closed it (refused it).
+fn read_nothing(mut stream: TcpStream) -> Option<TcpStream> {
+    stream.set_write_timeout(Some(Duration::from_millis(500))).expect("timeout");
+    let requests = b"GET /v2/health/live HTTP/1.1\r\nHost: sluice\r\n\r\n".repeat(64);
+    loop {
+        match stream.write(&requests) {
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Some(stream);
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Whether a fresh client at `address` is served (a health check) or refused.
+async fn served_from(server: &Server, address: &str) -> bool {
+    let mut stream = connect_from(server, address, false).await;
+    stream.write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n\r\n").ok();
+    let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(5));
+    answer.starts_with("HTTP/1.1 200")
+}
+
+#[tokio::test]
+async fn connections_whose_clients_read_nothing_are_closed_after_the_send_timeout() {
+    let tenants = tenants("");
+    let send_timeout = Duration::from_secs(4);
+    let server =
+        Server::start_with_env(tenants.path(), &["--max-connections", "6"], &[("SLUICE_SEND_TIMEOUT_MS", "4000")]);
+    // One client takes every place from two addresses (under the per-address cap) with
+    // connections it reads nothing from; no key needed.
+    let opened = Instant::now();
+    let mut connections = Vec::new();
+    for address in ["127.0.0.2", "127.0.0.3"].iter().cycle().take(6) {
+        connections.push(connect_from(&server, address, true).await);
+    }
+    let stuck: Vec<TcpStream> = std::thread::scope(|scope| {
+        let filling: Vec<_> = connections.into_iter().map(|stream| scope.spawn(move || read_nothing(stream))).collect();
+        filling.into_iter().filter_map(|filled| filled.join().expect("fills")).collect()
+    });
+    assert_eq!(stuck.len(), 6, "every connection admitted and stuck");
+    assert!(opened.elapsed() < send_timeout, "the places were all taken at once: {:?}", opened.elapsed());
+    assert!(!served_from(&server, "127.0.0.4").await, "every place is taken: another client is refused");
+    // Once the send timeout has passed with nothing read, the server closes them.
+    tokio::time::sleep(send_timeout.saturating_sub(opened.elapsed()) + Duration::from_millis(1500)).await;
+    assert!(served_from(&server, "127.0.0.4").await, "the stuck connections' places are free again");
+    for mut stream in stuck {
+        let (_, closed) = read_until_closed(&mut stream, Duration::from_secs(5));
+        assert!(closed.is_some(), "a connection reading nothing is closed");
+    }
+    let scrape = crate::metrics::Scrape::of(&server).await;
+    assert_eq!(scrape.sum(sluice::telemetry::metrics::names::SEND_TIMEOUTS, &[("port", "http")]), 6.0);
+}
+
 fn mode(name: &str, parameters: serde_json::Value) -> serde_json::Value {
     let mut parameters = parameters;
     parameters["mode"] = json!(name);

@@ -6,7 +6,9 @@
 //!
 //! HTTP/1 connections are served here with hyper directly, so that a client that is slow to
 //! send its request line and headers, or that keeps a connection open without sending the
-//! next request, is cut off after the header timeout.
+//! next request, is cut off after the header timeout. On both ports, a connection whose client
+//! reads nothing of what the server sends it for the send timeout is closed: such a client
+//! would otherwise hold its connection's place (and the answer queued on it) for ever.
 
 use std::collections::HashMap;
 use std::io;
@@ -23,6 +25,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 
 use crate::telemetry::metrics::metrics;
 
@@ -35,11 +38,18 @@ pub struct ConnectionSettings {
     pub max_per_client: usize,
     /// For a request's line and headers, and for the next request on an idle connection.
     pub header_timeout: Duration,
+    /// How long a write may wait for the client to read (nginx's `send_timeout`).
+    pub send_timeout: Duration,
 }
 
 impl Default for ConnectionSettings {
     fn default() -> Self {
-        Self { max_connections: 16384, max_per_client: 4096, header_timeout: Duration::from_secs(10) }
+        Self {
+            max_connections: 16384,
+            max_per_client: 4096,
+            header_timeout: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -102,6 +112,28 @@ pub struct Connection {
     _slot: Slot,
     /// Whether the client has sent anything yet (read by the drain).
     sent_any: Arc<AtomicBool>,
+    send_timeout: Duration,
+    /// Running while the socket takes nothing more: since the first write that had to wait.
+    stalled: Option<Pin<Box<Sleep>>>,
+    port: &'static str,
+}
+
+impl Connection {
+    /// `written`, or once writes have waited the send timeout without the client reading
+    /// anything, an error that ends the connection.
+    fn within_send_timeout<T>(&mut self, cx: &mut Context<'_>, written: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if written.is_ready() {
+            self.stalled = None;
+            return written;
+        }
+        let send_timeout = self.send_timeout;
+        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(send_timeout)));
+        if stalled.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        metrics().send_timed_out(self.port);
+        Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "the client read nothing for the send timeout")))
+    }
 }
 
 impl AsyncRead for Connection {
@@ -117,7 +149,8 @@ impl AsyncRead for Connection {
 
 impl AsyncWrite for Connection {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let written = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.within_send_timeout(cx, written)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -133,7 +166,8 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.within_send_timeout(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -164,7 +198,14 @@ pub async fn accept(listener: &TcpListener, limits: &Arc<ConnectionLimits>, port
         match limits.admit(peer.ip()) {
             Some(slot) => {
                 let _ = stream.set_nodelay(true);
-                return Connection { stream, _slot: slot, sent_any: Arc::default() };
+                return Connection {
+                    stream,
+                    _slot: slot,
+                    sent_any: Arc::default(),
+                    send_timeout: limits.settings.send_timeout,
+                    stalled: None,
+                    port,
+                };
             }
             None => {
                 metrics().connection_refused(port);
@@ -298,5 +339,62 @@ async fn serve_until_drained<S>(
     };
     if let Err(err) = ended {
         tracing::debug!(error = %err, "HTTP connection ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn connected(send_timeout: Duration) -> (Connection, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let limits = ConnectionLimits::new(ConnectionSettings { send_timeout, ..ConnectionSettings::default() });
+        let client = TcpStream::connect(listener.local_addr().expect("address")).await.expect("connects");
+        (accept(&listener, &limits, "http").await, client)
+    }
+
+    #[tokio::test]
+    async fn writes_fail_once_the_client_has_read_nothing_for_the_send_timeout() {
+        let (mut connection, _client) = connected(Duration::from_millis(300)).await;
+        let chunk = vec![7u8; 64 << 10];
+        let (error, waited) = loop {
+            let started = Instant::now();
+            if let Err(error) = connection.write(&chunk).await {
+                break (error, started.elapsed());
+            }
+        };
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(waited >= Duration::from_millis(300), "failed after {waited:?}");
+        assert!(waited < Duration::from_secs(5), "failed only after {waited:?}");
+    }
+
+    #[tokio::test]
+    async fn a_client_reading_slower_than_the_server_writes_is_not_cut_off() {
+        let (mut connection, mut client) = connected(Duration::from_secs(1)).await;
+        let reader = tokio::spawn(async move {
+            let mut read = 0;
+            let mut buffer = vec![0u8; 1 << 20];
+            loop {
+                match client.read(&mut buffer).await.expect("reads") {
+                    0 => return read,
+                    n => read += n,
+                }
+                // Less than the send timeout between reads.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let chunk = vec![7u8; 64 << 10];
+        let started = Instant::now();
+        let mut written = 0;
+        while started.elapsed() < Duration::from_secs(2) {
+            connection.write_all(&chunk).await.expect("a client that reads keeps its connection");
+            written += chunk.len();
+        }
+        drop(connection);
+        assert_eq!(reader.await.expect("reader"), written, "all of it read");
     }
 }

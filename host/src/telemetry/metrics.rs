@@ -50,6 +50,7 @@ pub mod names {
     pub const DEGRADED_REQUESTS: &str = "sluice_degraded_requests_total";
     pub const RESPONSE_CACHE: &str = "sluice_response_cache_total";
     pub const REFUSED_CONNECTIONS: &str = "sluice_refused_connections_total";
+    pub const SEND_TIMEOUTS: &str = "sluice_send_timeouts_total";
     pub const STORE_ERRORS: &str = "sluice_store_errors_total";
 }
 
@@ -165,6 +166,7 @@ pub struct Metrics {
     drift_ks: GaugeVec,
     open_connections: IntGauge,
     refused_connections: IntCounterVec,
+    send_timeouts: IntCounterVec,
     store_errors: IntCounter,
     degraded: IntCounterVec,
     response_cache: IntCounterVec,
@@ -245,6 +247,12 @@ impl Metrics {
                 &registry,
                 REFUSED_CONNECTIONS,
                 "Connections closed at once because the server or the client address had its most open.",
+                &["port"],
+            ),
+            send_timeouts: counter(
+                &registry,
+                SEND_TIMEOUTS,
+                "Connections closed because their client read nothing the server sent for the send timeout.",
                 &["port"],
             ),
             enabled: AtomicBool::new(true),
@@ -465,6 +473,11 @@ impl Metrics {
     /// A connection refused on `port` ("http" or "grpc") because a connection limit was reached.
     pub fn connection_refused(&self, port: &str) {
         self.refused_connections.with_label_values(&[port]).inc();
+    }
+
+    /// A connection on `port` closed because its client read nothing for the send timeout.
+    pub fn send_timed_out(&self, port: &str) {
+        self.send_timeouts.with_label_values(&[port]).inc();
     }
 
     /// A request of `app` answered by its fallback; `reason` is one of a closed set.
