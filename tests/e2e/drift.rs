@@ -338,3 +338,86 @@ async fn tenants_serving_the_same_weights_each_keep_their_own_drift_settings() {
     let (status, off) = server.get("/v2/models/digits-mlp/drift", Some(OFF)).await;
     assert_eq!((status, off["rows_observed"].as_u64()), (200, Some(0)), "{off}");
 }
+
+/// The drift report of the tenant with `key` on `model`, once it has taken in `rows` rows.
+async fn model_drift_after(server: &Server, key: &str, model: &str, rows: usize) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, body) = server.get(&format!("/v2/models/{model}/drift"), Some(key)).await;
+        assert_eq!(status, 200, "{body}");
+        if body["rows_observed"] == rows {
+            return body;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "the drift thread took in too few rows: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A model's inputs are its author's to choose, and each input column is a drift feature:
+/// windows of values, a sort per report and two metric series. One tenant's 300 inputs of 64
+/// columns would be 19,200 features; its windows as large as it likes. The features kept on a
+/// model stop at 256, and their windows at the tenant's `drift_mib`, so neither its memory
+/// nor its series grow past what its quota says, and another tenant's drift is whole.
+#[tokio::test]
+async fn a_tenants_drift_features_stop_at_256_a_model_and_at_its_drift_mib() {
+    const EVIL: &str = "test-key-evil";
+    let models = tempfile::tempdir().expect("a folder");
+    let wide = models.path().join("wide.onnx");
+    std::fs::write(&wide, crate::onnx::sum_of_inputs(300, 64)).expect("the model written");
+    let tenants = Tenants::new();
+    let mut evil =
+        digits_tenant("evil", EVIL, "max_samples_per_second = 100000\nreference_rows = 2000\nwindow_rows = 2000");
+    evil = evil.replace("[quotas]\n", "[quotas]\ndrift_mib = 2\n");
+    evil += &model_entry("wide", &wide, None);
+    evil += "[models.wide.drift]\nmax_samples_per_second = 100000\nreference_rows = 2\nwindow_rows = 2\n\n";
+    tenants.write("evil.toml", &evil);
+    tenants.write(
+        "acme.toml",
+        &digits_tenant("acme", KEY, "max_samples_per_second = 100000\nreference_rows = 10\nwindow_rows = 10"),
+    );
+    let server = Server::start(tenants.path(), &[]);
+
+    let inputs: Vec<Value> = (0..300)
+        .map(|i| json!({ "name": format!("x{i}"), "shape": [2, 64], "datatype": "FP32", "data": vec![i as f32; 128] }))
+        .collect();
+    for _ in 0..2 {
+        let (status, body) = server.infer("wide", EVIL, &json!({ "inputs": inputs })).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let report = model_drift_after(&server, EVIL, "wide", 4).await;
+    assert_eq!(report["status"], "ready", "{report}");
+    let kept = report["features"].as_array().expect("features");
+    assert_eq!(kept.len(), 256, "{} features kept", kept.len());
+    assert!(kept.iter().any(|f| f["feature"] == "y:argmax"), "the outputs' features are kept first");
+    assert_eq!(report["features_left_out"], 300 * 64 + 2 - 256);
+    assert!(report["left_out_because"].as_str().expect("a reason").contains("at most 256 features"), "{report}");
+
+    // The digits model's 67 features at 4,000 rows each (31 KiB a feature) pass 2 MiB.
+    let digits: Vec<Vec<u8>> = heldout_digits().into_iter().take(20).map(|(pixels, _)| pixels).collect();
+    for key in [EVIL, KEY] {
+        let (status, body) = server.infer("digits-mlp", key, &rows_request(&digits)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let theirs = model_drift_after(&server, EVIL, "digits-mlp", 20).await;
+    let left_out = theirs["features_left_out"].as_u64().expect("features left out");
+    assert!(left_out > 0 && left_out < 67, "{theirs}");
+    assert!(theirs["left_out_because"].as_str().expect("a reason").contains("drift_mib quota (2 MiB)"), "{theirs}");
+
+    // Another tenant serving the same weights keeps all of its features.
+    let ours = model_drift_after(&server, KEY, "digits-mlp", 20).await;
+    assert_eq!(ours["status"], "ready", "{ours}");
+    assert_eq!(ours["features"].as_array().map(Vec::len), Some(67), "{ours}");
+    assert!(ours.get("features_left_out").is_none(), "{ours}");
+
+    // Its gauges are exported every so often: one PSI series a feature kept, never more.
+    let started = Instant::now();
+    loop {
+        let series = Scrape::of(&server).await.count(names::DRIFT_PSI, &[("tenant", "evil"), ("model", "wide")]);
+        assert!(series <= 256, "{series} PSI series of one model");
+        if series == 256 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{series} PSI series exported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

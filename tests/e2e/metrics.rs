@@ -57,13 +57,22 @@ impl Scrape {
         Self(samples)
     }
 
-    /// The sum of `name`'s samples whose labels include all of `labels`.
-    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    /// The values of `name`'s samples whose labels include all of `labels`.
+    fn values<'a>(&'a self, name: &'a str, labels: &'a [(&str, &str)]) -> impl Iterator<Item = f64> + 'a {
         self.0
             .iter()
-            .filter(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
-            .map(|(_, _, value)| value)
-            .sum()
+            .filter(move |(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+            .map(|(_, _, value)| *value)
+    }
+
+    /// The sum of `name`'s samples whose labels include all of `labels`.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.values(name, labels).sum()
+    }
+
+    /// How many of `name`'s samples have labels that include all of `labels` (its series).
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        self.values(name, labels).count()
     }
 
     /// Batches run of at most `le` rows (a bucket of `sluice_batch_rows`; "+Inf": all), every

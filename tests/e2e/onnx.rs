@@ -361,6 +361,20 @@ pub fn rows_lookup(len: usize) -> Vec<u8> {
     })
 }
 
+/// `y = x0 + x1 + … ` over `inputs` inputs of FP32 [N, `width`]: a model with as many input
+/// columns as its author likes.
+pub fn sum_of_inputs(inputs: usize, width: i64) -> Vec<u8> {
+    let names: Vec<String> = (0..inputs).map(|i| format!("x{i}")).collect();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    model(GraphProto {
+        node: vec![node("Sum", &name_refs, &["y"], Vec::new())],
+        name: "sum-of-inputs".into(),
+        input: names.iter().map(|name| value(name, FLOAT, &[None, Some(width)])).collect(),
+        output: vec![value("y", FLOAT, &[None, Some(width)])],
+        ..Default::default()
+    })
+}
+
 /// [`weights_lookup`] that also computes for a long time, as [`slow_compute`] does: inputs
 /// `x` (FP32 [1, 1]) and `i`, outputs `sum` and `y`.
 pub fn slow_weights_lookup(fill: f32, len: usize, size: i64, steps: usize) -> Vec<u8> {

@@ -110,6 +110,9 @@ pub struct Quotas {
     /// Bytes of answers the tenant's response cache keeps for its models and apps that
     /// enable it (least recently used first out); 0: none kept.
     pub response_cache_mib: u64,
+    /// Memory the drift statistics of all the tenant's models may hold: each feature's
+    /// reference and sliding windows in full; features past it are not kept (and reported).
+    pub drift_mib: u64,
     /// Hosts the tenant's HTTP apps may send requests to (`wasi:http/outgoing-handler`):
     /// `host` (any port) or `host:port`; none by default. A granted host is reached from the
     /// server's network, so grant only what the tenant may reach from there.
@@ -129,6 +132,11 @@ impl Quotas {
     /// `max_resident_model_mib` in bytes.
     pub fn resident_model_bytes(&self) -> u64 {
         self.max_resident_model_mib.saturating_mul(1 << 20)
+    }
+
+    /// `drift_mib` in bytes.
+    pub fn drift_bytes(&self) -> u64 {
+        self.drift_mib.saturating_mul(1 << 20)
     }
 
     /// Check what no quota source may set (a manifest or the admin API alike).
@@ -184,6 +192,7 @@ impl Default for Quotas {
             max_log_bytes_per_second: 256 << 10,
             instance_reuse: InstanceReuse::Fresh,
             response_cache_mib: 16,
+            drift_mib: 64,
             outgoing_http_hosts: Vec::new(),
         }
     }

@@ -22,6 +22,7 @@ use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::shadow::Shadows;
 use crate::runtime::{Runtime, World};
 use crate::telemetry::activity::TenantActivity;
+use crate::telemetry::drift;
 use crate::telemetry::rate::TokenBucket;
 use crate::tenancy::Admission;
 use crate::tenancy::response_cache::ResponseCache;
@@ -98,6 +99,7 @@ impl TenantState {
         raw_backend: Option<Arc<dyn Backend>>,
     ) -> Self {
         let policy = RwLock::new(Arc::new(Policy::derive(&spec.quotas, raw_backend.as_ref())));
+        drift::set_memory_quota(spec.id.as_str(), spec.quotas.drift_bytes());
         Self {
             spec: RwLock::new(spec),
             policy,
@@ -131,6 +133,7 @@ impl TenantState {
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = policy;
         self.models.set_resident_cap(quotas.resident_model_bytes());
         let mut spec = self.spec.write().unwrap_or_else(PoisonError::into_inner);
+        drift::set_memory_quota(spec.id.as_str(), quotas.drift_bytes());
         let mut updated = Tenant::clone(&spec);
         updated.quotas = quotas;
         *spec = Arc::new(updated);

@@ -19,16 +19,22 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::manifest::Drift as DriftSettings;
+use crate::registry::manifest::{Drift as DriftSettings, Quotas};
 use crate::tensor::Tensor;
 
 /// Inputs with at most this many values per row get one feature per column.
 const MAX_COLUMN_FEATURES: usize = 64;
+/// Features one tenant's drift keeps on one model: its outputs' first, then its inputs'
+/// columns in order. A model's inputs are the tenant's to choose, and each feature costs its
+/// windows, a sort per report and two metric series.
+pub const MAX_FEATURES: usize = 256;
+/// Bytes a feature holds besides its values (its name, its map entry).
+const FEATURE_OVERHEAD: usize = 128;
 /// Quantile bins of a continuous feature's PSI.
 const PSI_BINS: usize = 10;
 /// Proportions below this count as this (an empty bin would make PSI infinite).
@@ -87,6 +93,83 @@ pub struct DriftState {
     baseline: bool,
     /// Changes each time the reference becomes complete or is replaced.
     generation: u64,
+    /// The tenant's drift memory, and what this state's features reserved of it.
+    memory: Arc<DriftMemory>,
+    reserved: usize,
+    /// The features the last rows had that are not kept, and why.
+    left_out: Option<(usize, Limit)>,
+}
+
+/// Why a feature is not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    /// [`MAX_FEATURES`] are kept already.
+    Features,
+    /// Its windows would pass the tenant's `drift_mib`.
+    Memory,
+}
+
+/// `left_out` (a count of features not kept, and the last reason) with `more` for `limit`.
+fn more_left_out(left_out: Option<(usize, Limit)>, more: usize, limit: Limit) -> Option<(usize, Limit)> {
+    Some((left_out.map_or(0, |(count, _)| count) + more, limit))
+}
+
+/// The bytes one tenant's drift windows may hold over all its models (its `drift_mib`). A
+/// feature reserves its two windows in full when it is first kept, and gives them back when
+/// its state goes (a model unloaded, new drift settings).
+#[derive(Debug)]
+pub struct DriftMemory {
+    quota: AtomicUsize,
+    used: AtomicUsize,
+}
+
+impl DriftMemory {
+    pub fn new(quota: usize) -> Self {
+        Self { quota: AtomicUsize::new(quota), used: AtomicUsize::new(0) }
+    }
+
+    fn reserve(&self, bytes: usize) -> bool {
+        let quota = self.quota.load(Ordering::Relaxed);
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&total| total <= quota)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// The quota in bytes.
+    pub fn quota(&self) -> usize {
+        self.quota.load(Ordering::Relaxed)
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+/// The drift memory of `tenant`, shared by its drift on every model copy; the default quota
+/// until [`set_memory_quota`].
+pub fn tenant_memory(tenant: &str) -> Arc<DriftMemory> {
+    static BY_TENANT: LazyLock<Mutex<HashMap<String, Arc<DriftMemory>>>> = LazyLock::new(Mutex::default);
+    let mut by_tenant = BY_TENANT.lock().unwrap_or_else(PoisonError::into_inner);
+    let default_quota = || usize::try_from(Quotas::default().drift_bytes()).unwrap_or(usize::MAX);
+    by_tenant.entry(tenant.to_string()).or_insert_with(|| Arc::new(DriftMemory::new(default_quota()))).clone()
+}
+
+/// `tenant`'s `drift_mib` in bytes: features first kept from now on fit within it.
+pub fn set_memory_quota(tenant: &str, bytes: u64) {
+    tenant_memory(tenant).quota.store(usize::try_from(bytes).unwrap_or(usize::MAX), Ordering::Relaxed);
+}
+
+impl Drop for DriftState {
+    fn drop(&mut self) {
+        self.memory.release(self.reserved);
+    }
 }
 
 /// A complete reference, as the store keeps it: a JSON line naming the features, then every
@@ -196,6 +279,15 @@ pub struct DriftReport {
     /// The worst feature's level.
     pub level: &'static str,
     pub features: Vec<FeatureDrift>,
+    /// Features the latest rows had that are not kept ([`MAX_FEATURES`], `drift_mib`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub features_left_out: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_out_because: Option<String>,
+}
+
+fn is_zero(count: &usize) -> bool {
+    *count == 0
 }
 
 impl DriftReport {
@@ -209,13 +301,55 @@ impl DriftReport {
             rows_observed: 0,
             level: "none",
             features: Vec::new(),
+            features_left_out: 0,
+            left_out_because: None,
         }
     }
 }
 
 impl DriftState {
-    pub fn new(settings: DriftSettings) -> Self {
-        Self { settings, features: BTreeMap::new(), rows_observed: 0, baseline: false, generation: 0 }
+    /// Its features' windows are reserved from `memory`, the tenant's.
+    pub fn new(settings: DriftSettings, memory: Arc<DriftMemory>) -> Self {
+        Self {
+            settings,
+            features: BTreeMap::new(),
+            rows_observed: 0,
+            baseline: false,
+            generation: 0,
+            memory,
+            reserved: 0,
+            left_out: None,
+        }
+    }
+
+    /// What one feature reserves: both windows in full.
+    fn feature_bytes(&self) -> usize {
+        (self.settings.reference_rows + self.settings.window_rows) * size_of::<f64>() + FEATURE_OVERHEAD
+    }
+
+    /// The series of `name`, made if there is room for another feature (`make`: its first
+    /// reference values); the limit that leaves it out otherwise.
+    fn series(&mut self, name: String, make: impl FnOnce() -> Series) -> Result<&mut Series, Limit> {
+        if !self.features.contains_key(&name) {
+            if self.features.len() >= MAX_FEATURES {
+                return Err(Limit::Features);
+            }
+            let bytes = self.feature_bytes();
+            if !self.memory.reserve(bytes) {
+                return Err(Limit::Memory);
+            }
+            self.reserved += bytes;
+        }
+        Ok(self.features.entry(name).or_insert_with(make))
+    }
+
+    /// Drop the features `keep` says no to, giving their memory back.
+    fn keep_features(&mut self, keep: impl Fn(&str) -> bool) {
+        let before = self.features.len();
+        self.features.retain(|name, _| keep(name));
+        let freed = (before - self.features.len()) * self.feature_bytes();
+        self.memory.release(freed);
+        self.reserved -= freed;
     }
 
     /// Whether the reference is complete: a baseline, or the first `reference_rows` rows.
@@ -243,12 +377,18 @@ impl DriftState {
     /// Take a reference from the store in place of this one; the sliding window keeps its
     /// rows. Returns the new generation.
     pub fn adopt(&mut self, reference: StoredReference) -> u64 {
-        self.features.retain(|name, _| reference.features.iter().any(|(stored, _, _)| stored == name));
+        self.keep_features(|name| reference.features.iter().any(|(stored, _, _)| stored == name));
+        let mut left_out = None;
         for (name, kind, values) in reference.features {
-            let series = self.features.entry(name).or_insert_with(|| Series::new(kind, Vec::new()));
-            series.kind = kind;
-            series.reference = values;
+            match self.series(name, || Series::new(kind, Vec::new())) {
+                Ok(series) => {
+                    series.kind = kind;
+                    series.reference = values;
+                }
+                Err(limit) => left_out = more_left_out(left_out, 1, limit),
+            }
         }
+        self.left_out = left_out;
         self.baseline = reference.baseline;
         self.generation += 1;
         self.generation
@@ -261,17 +401,30 @@ impl DriftState {
         let window_rows = self.settings.window_rows;
         let was_complete = self.reference_complete();
         self.rows_observed += features.first().map_or(0, |(_, _, values)| values.len() as u64);
+        let mut left_out = None;
         for (name, kind, values) in features {
-            let series = self
-                .features
-                .entry(name)
-                .or_insert_with(|| Series::new(kind, Vec::with_capacity(reference_rows.min(4096))));
-            for value in values {
-                series.push(value, reference_rows, window_rows);
+            match self.series(name, || Series::new(kind, Vec::with_capacity(reference_rows.min(4096)))) {
+                Ok(series) => values.into_iter().for_each(|value| series.push(value, reference_rows, window_rows)),
+                Err(limit) => left_out = more_left_out(left_out, 1, limit),
             }
         }
+        self.left_out = left_out;
         if !was_complete && self.reference_complete() {
             self.generation += 1;
+        }
+    }
+
+    /// [`DriftState::observe`] the features of [`features`], counting those past its cap.
+    fn observe_all(&mut self, (kept, past_cap): (Vec<(String, Kind, Vec<f64>)>, usize)) {
+        self.observe(kept);
+        self.note_past_cap(past_cap);
+    }
+
+    /// Count `count` more features left out: those the rows had past [`MAX_FEATURES`], which
+    /// [`features`] does not make.
+    fn note_past_cap(&mut self, count: usize) {
+        if count > 0 {
+            self.left_out = more_left_out(self.left_out, count, Limit::Features);
         }
     }
 
@@ -284,12 +437,18 @@ impl DriftState {
         let features: BTreeMap<String, (Kind, Vec<f64>)> =
             features.into_iter().map(|(name, kind, values)| (name, (kind, values))).collect();
         // A feature the baseline lacks could not be compared: it goes.
-        self.features.retain(|name, _| features.contains_key(name));
+        self.keep_features(|name| features.contains_key(name));
+        let mut left_out = None;
         for (name, (kind, reference)) in features {
-            let series = self.features.entry(name).or_insert_with(|| Series::new(kind, Vec::new()));
-            series.kind = kind;
-            series.reference = reference;
+            match self.series(name, || Series::new(kind, Vec::new())) {
+                Ok(series) => {
+                    series.kind = kind;
+                    series.reference = reference;
+                }
+                Err(limit) => left_out = more_left_out(left_out, 1, limit),
+            }
         }
+        self.left_out = left_out;
         self.baseline = true;
         self.generation += 1;
         Ok(rows)
@@ -319,8 +478,24 @@ impl DriftState {
             rows_observed: self.rows_observed,
             level: "none",
             features: Vec::new(),
+            features_left_out: self.left_out.map_or(0, |(count, _)| count),
+            left_out_because: self.left_out.map(|(_, limit)| self.left_out_because(limit)),
         };
         (outline, if ready { self.features.keys().cloned().collect() } else { Vec::new() })
+    }
+
+    fn left_out_because(&self, limit: Limit) -> String {
+        match limit {
+            Limit::Features => format!(
+                "a model's drift keeps at most {MAX_FEATURES} features: its outputs', then its inputs' columns in order"
+            ),
+            Limit::Memory => format!(
+                "each feature keeps reference_rows + window_rows values ({} KiB), and the tenant's features \
+                 would pass its drift_mib quota ({} MiB)",
+                self.feature_bytes().div_ceil(1 << 10),
+                self.memory.quota() >> 20
+            ),
+        }
     }
 
     /// A copy of one feature's windows, to compute its statistics from.
@@ -445,25 +620,10 @@ fn values(tensor: &Tensor) -> Vec<f64> {
     tensor.ty().values(tensor.data()).collect()
 }
 
-/// The features of a sampled call: one value per row each.
-pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Vec<(String, Kind, Vec<f64>)> {
+/// The features of a sampled call, one value per row each: at most [`MAX_FEATURES`], its
+/// outputs' first; and how many more it has.
+pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> (Vec<(String, Kind, Vec<f64>)>, usize) {
     let mut features = Vec::new();
-    for (name, tensor) in inputs {
-        let values = values(tensor);
-        let per_row = values.len() / tensor.rows().max(1);
-        if per_row == 0 {
-            continue;
-        }
-        if per_row <= MAX_COLUMN_FEATURES {
-            for column in 0..per_row {
-                let column_values = values.iter().skip(column).step_by(per_row).copied().collect();
-                features.push((format!("{name}[{column}]"), Kind::Continuous, column_values));
-            }
-        } else {
-            let means = values.chunks_exact(per_row).map(|row| row.iter().sum::<f64>() / per_row as f64).collect();
-            features.push((format!("{name}:mean"), Kind::Continuous, means));
-        }
-    }
     for (name, tensor) in outputs {
         let values = values(tensor);
         let per_row = values.len() / tensor.rows().max(1);
@@ -484,7 +644,28 @@ pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Ve
             }
         }
     }
-    features
+    let mut past_cap = features.len().saturating_sub(MAX_FEATURES);
+    features.truncate(MAX_FEATURES);
+    for (name, tensor) in inputs {
+        let per_row = tensor.element_count() / tensor.rows().max(1);
+        let count = if per_row <= MAX_COLUMN_FEATURES { per_row } else { 1 };
+        let room = MAX_FEATURES - features.len();
+        past_cap += count.saturating_sub(room);
+        if per_row == 0 || room == 0 {
+            continue;
+        }
+        let values = values(tensor);
+        if per_row <= MAX_COLUMN_FEATURES {
+            for column in 0..per_row.min(room) {
+                let column_values = values.iter().skip(column).step_by(per_row).copied().collect();
+                features.push((format!("{name}[{column}]"), Kind::Continuous, column_values));
+            }
+        } else {
+            let means = values.chunks_exact(per_row).map(|row| row.iter().sum::<f64>() / per_row as f64).collect();
+            features.push((format!("{name}:mean"), Kind::Continuous, means));
+        }
+    }
+    (features, past_cap)
 }
 
 /// One tenant's drift on one resident model, fed through the drift thread.
@@ -520,7 +701,7 @@ struct Pending {
 }
 
 fn pending() -> &'static Pending {
-    static PENDING: std::sync::LazyLock<Pending> = std::sync::LazyLock::new(|| {
+    static PENDING: LazyLock<Pending> = LazyLock::new(|| {
         std::thread::Builder::new()
             .name("sluice-drift".to_string())
             .spawn(|| {
@@ -560,8 +741,8 @@ fn take_in(batch: Vec<Sample>) {
         let stacked = (stack(&group, |s| &s.inputs), stack(&group, |s| &s.outputs));
         let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
         match stacked {
-            (Some(inputs), Some(outputs)) => state.observe(features(&inputs, &outputs)),
-            _ => group.iter().for_each(|sample| state.observe(features(&sample.inputs, &sample.outputs))),
+            (Some(inputs), Some(outputs)) => state.observe_all(features(&inputs, &outputs)),
+            _ => group.iter().for_each(|sample| state.observe_all(features(&sample.inputs, &sample.outputs))),
         }
         drop(state);
         observed.fetch_add(group.len() as u64, Ordering::Relaxed);
@@ -586,9 +767,10 @@ fn stack(samples: &[Sample], part: impl Fn(&Sample) -> &Vec<(String, Tensor)>) -
 }
 
 impl DriftMonitor {
-    pub fn new(settings: DriftSettings) -> Self {
+    /// Its windows are reserved from `memory`, the tenant's.
+    pub fn new(settings: DriftSettings, memory: Arc<DriftMemory>) -> Self {
         Self {
-            state: Arc::new(Mutex::new(DriftState::new(settings))),
+            state: Arc::new(Mutex::new(DriftState::new(settings, memory))),
             cached: Mutex::new(None),
             observed: Arc::default(),
         }
@@ -611,7 +793,11 @@ impl DriftMonitor {
     /// Make the model's `inputs` and the `outputs` it gave for them the reference (see
     /// [`DriftState::set_baseline`]); the rows taken.
     pub fn set_baseline(&self, inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> Result<usize, String> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).set_baseline(features(inputs, outputs))
+        let (kept, past_cap) = features(inputs, outputs);
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let rows = state.set_baseline(kept)?;
+        state.note_past_cap(past_cap);
+        Ok(rows)
     }
 
     /// The complete reference and its generation (see [`DriftState::stored_reference`]).
@@ -741,11 +927,13 @@ struct TenantDrift {
     settings: Option<DriftSettings>,
     budget: SampleBudget,
     monitor: OnceLock<Arc<DriftMonitor>>,
+    /// The tenant's, over all its models.
+    memory: Arc<DriftMemory>,
 }
 
 impl TenantDrift {
-    fn new(settings: Option<DriftSettings>) -> Self {
-        Self { settings, budget: SampleBudget::default(), monitor: OnceLock::new() }
+    fn new(tenant: &str, settings: Option<DriftSettings>) -> Self {
+        Self { settings, budget: SampleBudget::default(), monitor: OnceLock::new(), memory: tenant_memory(tenant) }
     }
 
     /// Its own settings, else the copy's (`model`).
@@ -754,7 +942,9 @@ impl TenantDrift {
     }
 
     fn monitor(&self, model: &DriftSettings) -> Arc<DriftMonitor> {
-        self.monitor.get_or_init(|| Arc::new(DriftMonitor::new(self.settings(model).clone()))).clone()
+        self.monitor
+            .get_or_init(|| Arc::new(DriftMonitor::new(self.settings(model).clone(), self.memory.clone())))
+            .clone()
     }
 
     fn sampled(&self, model: &DriftSettings, now: Instant) -> Option<Arc<DriftMonitor>> {
@@ -768,7 +958,7 @@ impl DriftMonitors {
     /// settings starts over (its windows were another size, or its thresholds other).
     pub fn configure(&self, tenant: &Arc<str>, settings: &DriftSettings) {
         let mut by_tenant = self.write();
-        let drift = by_tenant.entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None));
+        let drift = by_tenant.entry(tenant.clone()).or_insert_with(|| TenantDrift::new(tenant, None));
         if drift.monitor.get().is_some_and(|monitor| monitor.settings() != *settings) {
             drift.monitor = OnceLock::new();
         }
@@ -781,7 +971,7 @@ impl DriftMonitors {
         if let Some(drift) = self.read().get(tenant) {
             return drift.sampled(model, now);
         }
-        self.write().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None)).sampled(model, now)
+        self.write().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(tenant, None)).sampled(model, now)
     }
 
     /// The tenant's settings for this model (`model` where it has none of its own).
@@ -791,7 +981,7 @@ impl DriftMonitors {
 
     /// The tenant's monitor, made if it has none yet.
     pub fn of(&self, tenant: &Arc<str>, model: &DriftSettings) -> Arc<DriftMonitor> {
-        self.write().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(None)).monitor(model)
+        self.write().entry(tenant.clone()).or_insert_with(|| TenantDrift::new(tenant, None)).monitor(model)
     }
 
     pub fn get(&self, tenant: &str) -> Option<Arc<DriftMonitor>> {
@@ -816,9 +1006,14 @@ mod tests {
         DriftSettings { reference_rows, window_rows, ..DriftSettings::default() }
     }
 
+    /// More drift memory than a test's features need.
+    fn roomy() -> Arc<DriftMemory> {
+        Arc::new(DriftMemory::new(1 << 30))
+    }
+
     #[test]
     fn a_complete_reference_round_trips_through_the_store_and_is_adopted() {
-        let mut first = DriftState::new(settings(3, 4));
+        let mut first = DriftState::new(settings(3, 4), roomy());
         let rows = |values: &[f64]| {
             vec![
                 ("x".to_string(), Kind::Continuous, values.to_vec()),
@@ -836,7 +1031,7 @@ mod tests {
         assert!(StoredReference::decode(&bytes[..bytes.len() - 3], 3).is_err(), "cut short");
 
         // A restarted server adopts it: its report compares with the stored first rows.
-        let mut restarted = DriftState::new(settings(3, 4));
+        let mut restarted = DriftState::new(settings(3, 4), roomy());
         restarted.observe(rows(&[7.0]));
         assert_eq!(restarted.adopt(reference), 1);
         restarted.observe(rows(&[1.0, 2.0]));
@@ -846,7 +1041,7 @@ mod tests {
 
     #[test]
     fn a_baseline_replaces_the_first_rows_and_later_rows_fill_the_window() {
-        let mut state = DriftState::new(settings(4, 3));
+        let mut state = DriftState::new(settings(4, 3), roomy());
         let rows = |values: &[f64]| vec![("x".to_string(), Kind::Continuous, values.to_vec())];
         state.observe(rows(&[100.0, 101.0]));
         assert_eq!(state.report().status, "collecting_reference");
@@ -918,8 +1113,9 @@ mod tests {
             [0.1f32, 0.9, 0.8, 0.2].iter().flat_map(|v| v.to_le_bytes()).collect(),
         )
         .expect("tensor");
-        let found =
+        let (found, past_cap) =
             features(&[("X".into(), input), ("W".into(), wide)], &[("label".into(), label), ("p".into(), scores)]);
+        assert_eq!(past_cap, 0);
         let get = |name: &str| found.iter().find(|f| f.0 == name).map(|f| (f.1, f.2.clone()));
         assert_eq!(get("X[1]"), Some((Kind::Continuous, vec![2.0, 5.0])));
         assert_eq!(get("W:mean"), Some((Kind::Continuous, vec![1.0, 3.0])));
@@ -933,6 +1129,52 @@ mod tests {
     }
 
     #[test]
+    fn a_models_features_stop_at_the_cap_its_outputs_first() {
+        // Five inputs of 64 columns: 320 features of inputs alone.
+        let column =
+            |name: &str| (name.to_string(), Tensor::new(ElementType::U8, vec![1, 64], vec![1; 64]).expect("tensor"));
+        let inputs: Vec<_> = (0..5).map(|i| column(&format!("x{i}"))).collect();
+        let scores =
+            Tensor::new(ElementType::F32, vec![1, 2], [0.1f32, 0.9].iter().flat_map(|v| v.to_le_bytes()).collect())
+                .expect("tensor");
+        let (found, past_cap) = features(&inputs, &[("p".into(), scores)]);
+        assert_eq!((found.len(), past_cap), (MAX_FEATURES, 2 + 5 * 64 - MAX_FEATURES));
+        assert_eq!((found[0].0.as_str(), found[1].0.as_str()), ("p:argmax", "p:max"));
+        assert_eq!(found.last().map(|f| f.0.as_str()), Some("x3[61]"), "inputs' columns in order");
+
+        // Features past the cap that come another way (a stored reference) are left out too.
+        let mut state = DriftState::new(settings(2, 2), roomy());
+        let many = (0..MAX_FEATURES + 3).map(|i| (format!("f{i:03}"), Kind::Continuous, vec![1.0])).collect();
+        state.observe(many);
+        assert_eq!(state.features.len(), MAX_FEATURES);
+        let report = state.report();
+        assert_eq!(report.features_left_out, 3);
+        assert!(report.left_out_because.expect("a reason").contains("at most 256 features"));
+    }
+
+    #[test]
+    fn a_tenants_features_share_its_drift_memory_and_give_it_back_when_they_go() {
+        let one_feature = (10 + 10) * size_of::<f64>() + FEATURE_OVERHEAD;
+        let memory = Arc::new(DriftMemory::new(3 * one_feature));
+        let rows = |names: &[&str]| names.iter().map(|n| (n.to_string(), Kind::Continuous, vec![1.0, 2.0])).collect();
+        let mut first = DriftState::new(settings(10, 10), memory.clone());
+        first.observe(rows(&["a", "b"]));
+        let mut second = DriftState::new(settings(10, 10), memory.clone());
+        second.observe(rows(&["a", "b", "c"]));
+        assert_eq!((first.features.len(), second.features.len()), (2, 1), "three features fit in all");
+        assert_eq!(memory.used(), 3 * one_feature);
+        let report = second.report();
+        assert_eq!(report.features_left_out, 2);
+        assert!(report.left_out_because.expect("a reason").contains("drift_mib"));
+        // A baseline without "b" gives its memory back; "c" then fits.
+        first.set_baseline(rows(&["a"])).expect("a baseline");
+        second.observe(rows(&["a", "b", "c"]));
+        assert_eq!((second.features.len(), second.report().features_left_out), (2, 1));
+        drop((first, second));
+        assert_eq!(memory.used(), 0, "dropped states give all of it back");
+    }
+
+    #[test]
     fn the_sample_budget_allows_so_many_a_second() {
         let budget = SampleBudget::default();
         assert_eq!((0..10).filter(|_| budget.take_at(3, 4)).count(), 4);
@@ -942,7 +1184,7 @@ mod tests {
 
     #[test]
     fn memory_stays_bounded_over_a_long_stream() {
-        let mut state = DriftState::new(settings(1000, 2000));
+        let mut state = DriftState::new(settings(1000, 2000), roomy());
         assert_eq!(state.report().status, "collecting_reference");
         for batch in 0..1000u32 {
             // 100 rows a batch, 100,000 rows in all, of 65 features each.
@@ -963,7 +1205,7 @@ mod tests {
     /// status page (on a runtime thread) reads never computes one.
     #[test]
     fn reports_are_computed_on_refresh_or_a_new_reference_and_read_as_they_stand() {
-        let monitor = DriftMonitor::new(settings(2, 2));
+        let monitor = DriftMonitor::new(settings(2, 2), roomy());
         let feed = |values: &[f32]| {
             let input = Tensor::new(
                 ElementType::F32,
@@ -1025,7 +1267,7 @@ mod tests {
 
     #[test]
     fn samples_waiting_for_the_drift_thread_are_bounded_in_bytes() {
-        let monitor = DriftMonitor::new(settings(1000, 2000));
+        let monitor = DriftMonitor::new(settings(1000, 2000), roomy());
         // 200 samples of 1 MiB offered at once: at most QUEUE_BYTES of them wait.
         let sample = || {
             vec![("X".to_string(), Tensor::new(ElementType::U8, vec![1, 1 << 20], vec![0; 1 << 20]).expect("valid"))]
