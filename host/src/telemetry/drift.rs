@@ -44,6 +44,10 @@ const QUEUE: usize = 1024;
 /// Bytes of tensors the samples waiting for the drift thread may hold; past it, samples are
 /// dropped.
 const QUEUE_BYTES: usize = 64 << 20;
+/// Of those, what one tenant's samples may hold: its busy models must not leave no room for
+/// other tenants' samples.
+const TENANT_QUEUE: usize = QUEUE / 4;
+const TENANT_QUEUE_BYTES: usize = QUEUE_BYTES / 4;
 /// A call whose tensors hold more than this is not sampled (features need a row or a few).
 pub const MAX_SAMPLE_BYTES: usize = 1 << 20;
 /// How often the drift thread takes in what is waiting.
@@ -114,18 +118,27 @@ fn more_left_out(left_out: Option<(usize, Limit)>, more: usize, limit: Limit) ->
     Some((left_out.map_or(0, |(count, _)| count) + more, limit))
 }
 
-/// The bytes one tenant's drift windows may hold over all its models (its `drift_mib`). A
-/// feature reserves its two windows in full when it is first kept, and gives them back when
-/// its state goes (a model unloaded, new drift settings).
+/// What one tenant's drift holds over all its models. Its features' windows: at most its
+/// `drift_mib` (a feature reserves its two windows in full when it is first kept, and gives
+/// them back when its state goes: a model unloaded, new drift settings). Its samples waiting
+/// for the drift thread: at most a quarter of the queue.
 #[derive(Debug)]
 pub struct DriftMemory {
     quota: AtomicUsize,
     used: AtomicUsize,
+    /// Samples waiting and their tensor bytes (changed under the queue's lock).
+    waiting: AtomicUsize,
+    waiting_bytes: AtomicUsize,
 }
 
 impl DriftMemory {
     pub fn new(quota: usize) -> Self {
-        Self { quota: AtomicUsize::new(quota), used: AtomicUsize::new(0) }
+        Self {
+            quota: AtomicUsize::new(quota),
+            used: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            waiting_bytes: AtomicUsize::new(0),
+        }
     }
 
     fn reserve(&self, bytes: usize) -> bool {
@@ -676,6 +689,7 @@ pub struct DriftMonitor {
     /// gauge export for new rows ([`DriftMonitor::refresh`]), and read as they stand.
     cached: Mutex<Option<CachedReport>>,
     observed: Arc<AtomicU64>,
+    memory: Arc<DriftMemory>,
 }
 
 struct CachedReport {
@@ -688,16 +702,53 @@ struct CachedReport {
 struct Sample {
     state: Arc<Mutex<DriftState>>,
     observed: Arc<AtomicU64>,
+    /// The tenant's, which counts the sample while it waits.
+    memory: Arc<DriftMemory>,
     inputs: Vec<(String, Tensor)>,
     outputs: Vec<(String, Tensor)>,
+    /// Of tensor data.
+    bytes: usize,
 }
 
 /// Samples waiting for the drift thread. The request path only pushes under a short lock;
 /// the thread takes the whole batch every [`DRAIN_EVERY`], so no request pays for a wake-up.
+#[derive(Default)]
 struct Pending {
     samples: Mutex<Vec<Sample>>,
     /// Tensor bytes the samples hold (changed under the samples' lock).
     bytes: AtomicUsize,
+}
+
+impl Pending {
+    /// Queue `sample` if it fits, all samples' and its tenant's; whether it did.
+    fn push(&self, sample: Sample) -> bool {
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        let (queued, bytes, tenant) = (self.bytes.load(Ordering::Relaxed), sample.bytes, &sample.memory);
+        let (waiting, waiting_bytes) =
+            (tenant.waiting.load(Ordering::Relaxed), tenant.waiting_bytes.load(Ordering::Relaxed));
+        let fits = samples.len() < QUEUE
+            && queued + bytes <= QUEUE_BYTES
+            && waiting < TENANT_QUEUE
+            && waiting_bytes + bytes <= TENANT_QUEUE_BYTES;
+        if fits {
+            self.bytes.store(queued + bytes, Ordering::Relaxed);
+            tenant.waiting.store(waiting + 1, Ordering::Relaxed);
+            tenant.waiting_bytes.store(waiting_bytes + bytes, Ordering::Relaxed);
+            samples.push(sample);
+        }
+        fits
+    }
+
+    /// Every sample waiting.
+    fn take(&self) -> Vec<Sample> {
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        self.bytes.store(0, Ordering::Relaxed);
+        for sample in samples.iter() {
+            sample.memory.waiting.fetch_sub(1, Ordering::Relaxed);
+            sample.memory.waiting_bytes.fetch_sub(sample.bytes, Ordering::Relaxed);
+        }
+        std::mem::take(&mut *samples)
+    }
 }
 
 fn pending() -> &'static Pending {
@@ -707,16 +758,11 @@ fn pending() -> &'static Pending {
             .spawn(|| {
                 loop {
                     std::thread::sleep(DRAIN_EVERY);
-                    let batch = {
-                        let mut samples = pending().samples.lock().unwrap_or_else(PoisonError::into_inner);
-                        pending().bytes.store(0, Ordering::Relaxed);
-                        std::mem::take(&mut *samples)
-                    };
-                    take_in(batch);
+                    take_in(pending().take());
                 }
             })
             .expect("spawning the drift thread");
-        Pending { samples: Mutex::new(Vec::with_capacity(QUEUE)), bytes: AtomicUsize::new(0) }
+        Pending::default()
     });
     &PENDING
 }
@@ -770,7 +816,8 @@ impl DriftMonitor {
     /// Its windows are reserved from `memory`, the tenant's.
     pub fn new(settings: DriftSettings, memory: Arc<DriftMemory>) -> Self {
         Self {
-            state: Arc::new(Mutex::new(DriftState::new(settings, memory))),
+            state: Arc::new(Mutex::new(DriftState::new(settings, memory.clone()))),
+            memory,
             cached: Mutex::new(None),
             observed: Arc::default(),
         }
@@ -778,16 +825,15 @@ impl DriftMonitor {
 
     /// Hand a sampled call to the drift thread; dropped if the thread is behind.
     pub fn offer(&self, inputs: Vec<(String, Tensor)>, outputs: Vec<(String, Tensor)>) {
-        let bytes = tensor_bytes(&inputs) + tensor_bytes(&outputs);
-        let sample = Sample { state: self.state.clone(), observed: self.observed.clone(), inputs, outputs };
-        let mut samples = pending().samples.lock().unwrap_or_else(PoisonError::into_inner);
-        let queued = pending().bytes.load(Ordering::Relaxed);
-        if samples.len() < QUEUE && queued + bytes <= QUEUE_BYTES {
-            pending().bytes.store(queued + bytes, Ordering::Relaxed);
-            samples.push(sample);
-        } else {
+        if !pending().push(self.sample(inputs, outputs)) {
             tracing::debug!("drift queue full; a sample was dropped");
         }
+    }
+
+    fn sample(&self, inputs: Vec<(String, Tensor)>, outputs: Vec<(String, Tensor)>) -> Sample {
+        let bytes = tensor_bytes(&inputs) + tensor_bytes(&outputs);
+        let (state, observed, memory) = (self.state.clone(), self.observed.clone(), self.memory.clone());
+        Sample { state, observed, memory, inputs, outputs, bytes }
     }
 
     /// Make the model's `inputs` and the `outputs` it gave for them the reference (see
@@ -1175,6 +1221,24 @@ mod tests {
     }
 
     #[test]
+    fn one_tenants_samples_leave_room_for_anothers_in_the_drift_threads_queue() {
+        let queue = Pending::default();
+        let (busy, quiet) = (DriftMonitor::new(settings(2, 2), roomy()), DriftMonitor::new(settings(2, 2), roomy()));
+        let row = || vec![("X".to_string(), Tensor::new(ElementType::U8, vec![1, 4], vec![1; 4]).expect("valid"))];
+        let queued = (0..QUEUE * 2).filter(|_| queue.push(busy.sample(row(), Vec::new()))).count();
+        assert_eq!(queued, TENANT_QUEUE, "a quarter of the queue");
+        assert!(queue.push(quiet.sample(row(), Vec::new())), "another tenant's sample still fits");
+        assert_eq!(queue.take().len(), TENANT_QUEUE + 1);
+        assert!(queue.push(busy.sample(row(), Vec::new())), "taken samples free their tenant's share");
+        // In bytes too: a quarter of the queue's.
+        let big = || {
+            vec![("X".to_string(), Tensor::new(ElementType::U8, vec![1, 1 << 20], vec![0; 1 << 20]).expect("valid"))]
+        };
+        let queued = (0..64).filter(|_| queue.push(quiet.sample(big(), Vec::new()))).count();
+        assert_eq!(queued, TENANT_QUEUE_BYTES >> 20);
+    }
+
+    #[test]
     fn the_sample_budget_allows_so_many_a_second() {
         let budget = SampleBudget::default();
         assert_eq!((0..10).filter(|_| budget.take_at(3, 4)).count(), 4);
@@ -1212,13 +1276,7 @@ mod tests {
                 vec![values.len(), 1],
                 values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             );
-            let sample = Sample {
-                state: monitor.state.clone(),
-                observed: monitor.observed.clone(),
-                inputs: vec![("x".to_string(), input.expect("valid"))],
-                outputs: Vec::new(),
-            };
-            take_in(vec![sample]);
+            take_in(vec![monitor.sample(vec![("x".to_string(), input.expect("valid"))], Vec::new())]);
         };
         assert!(monitor.latest().is_none(), "nothing is computed before it is asked for");
         feed(&[1.0, 2.0]);
