@@ -421,3 +421,30 @@ async fn a_tenants_drift_features_stop_at_256_a_model_and_at_its_drift_mib() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A model's tensor names are its uploader's text, and they become drift features, label
+/// values of every scrape of the shared metrics: a name of 100 kB on a 64-column input would
+/// put 12.8 MB in each. Names are at most 256 bytes, as a guest's are.
+#[tokio::test]
+async fn a_model_whose_tensor_names_pass_256_bytes_is_refused() {
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &tenant_header("acme", KEY, ""));
+    let server = Server::start(tenants.path(), &[]);
+    let long = "x".repeat(100_000);
+    for (input, output) in [(long.as_str(), "y"), ("x", long.as_str())] {
+        let weights = crate::onnx::passes_through_named(input, output);
+        let (status, body) = server.send(reqwest::Method::PUT, "/control/v1/models/named", KEY, weights).await;
+        let message = error_message(&body);
+        assert_eq!(status, 400, "{body}");
+        assert!(message.contains("a name of 100000 bytes") && message.contains("at most 256 bytes"), "{message}");
+        assert!(message.len() < 1000, "the name is not echoed whole: {} bytes", message.len());
+        assert_eq!(server.get("/v2/models/named", Some(KEY)).await.0, 404, "a refused model does not exist");
+    }
+    let longest = "x".repeat(256);
+    let weights = crate::onnx::passes_through_named(&longest, "y");
+    let (status, body) = server.send(reqwest::Method::PUT, "/control/v1/models/named", KEY, weights).await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+    let request = json!({ "inputs": [{ "name": longest, "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4] }] });
+    let (status, body) = server.infer("named", KEY, &request).await;
+    assert_eq!((status, &body["outputs"][0]["data"]), (200, &json!([1.0, 2.0, 3.0, 4.0])), "{body}");
+}

@@ -398,3 +398,14 @@ fn lookup_node() -> NodeProto {
 fn lookup_weights(fill: f32, len: usize) -> TensorProto {
     tensor("w", FLOAT, &[len as i64], fill.to_le_bytes().repeat(len))
 }
+
+/// `output` = `input` (FP32 [N, 4]): a model whose tensors have the names given.
+pub fn passes_through_named(input: &str, output: &str) -> Vec<u8> {
+    model(GraphProto {
+        node: vec![node("Identity", &[input], &[output], Vec::new())],
+        name: "named".into(),
+        initializer: Vec::new(),
+        input: vec![value(input, FLOAT, &[None, Some(4)])],
+        output: vec![value(output, FLOAT, &[None, Some(4)])],
+    })
+}

@@ -12,11 +12,13 @@ use std::time::{Duration, Instant};
 use sha2::Digest;
 use tracing::Instrument;
 
-use super::backend::{Backend, BackendError, BackendKind, Backends, Graph, Signature, Stop, TensorSpec};
+use super::backend::{
+    Backend, BackendError, BackendKind, Backends, Graph, MAX_TENSOR_NAME_BYTES, Signature, Stop, TensorSpec,
+};
 use super::breaker::{Breakers, Outcome};
 use super::device::{Device, NoRoom, Reservation, mib};
 use super::devices::{Devices, Footprints, Placed, PlacementError, estimates, measured, reserve_all, scale_up_room};
-use super::onnx::{OnnxError, check_external_data_within, check_self_contained};
+use super::onnx::{OnnxError, check_external_data_within, check_self_contained, shorten};
 use super::pinning::{PinnedGraph, on_pinned_thread};
 use super::scheduler::autoscale::AutoscaleSettings;
 use super::scheduler::padding::PaddingRule;
@@ -472,6 +474,16 @@ impl ModelStore {
                     continue;
                 }
             };
+            // Its names become metric labels (drift features): the uploader's text, bounded.
+            if let Some(name) = graphs.first().and_then(|graph| graph.signature().overlong_name()) {
+                let reasons = format!(
+                    "its tensor '{}' has a name of {} bytes; input and output names are at most \
+                     {MAX_TENSOR_NAME_BYTES} bytes",
+                    shorten(name),
+                    name.len()
+                );
+                return Err(ModelLoadError::Failed { model: spec.name.to_string(), reasons });
+            }
             let padding = match &spec.batching.padding {
                 None => None,
                 Some(padding) => {

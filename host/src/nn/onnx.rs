@@ -92,7 +92,7 @@ pub fn check_external_data_within(onnx: &[u8], model_file: &Path) -> Result<bool
 }
 
 /// Names from a model are the uploader's text: keep them short in messages.
-fn shorten(name: &str) -> String {
+pub fn shorten(name: &str) -> String {
     const MAX: usize = 64;
     let mut cut = name.len().min(MAX);
     while !name.is_char_boundary(cut) {

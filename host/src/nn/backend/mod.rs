@@ -59,6 +59,10 @@ impl TensorSpec {
     }
 }
 
+/// Longest input or output name a model may have: as long as a name a guest may pass, and
+/// what drift features (metric label values) are made of.
+pub const MAX_TENSOR_NAME_BYTES: usize = 256;
+
 /// A graph's declared inputs and outputs.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct Signature {
@@ -72,6 +76,15 @@ impl Signature {
         !self.inputs.is_empty()
             && self.inputs.iter().all(TensorSpec::has_batch_dim)
             && self.outputs.iter().all(TensorSpec::has_batch_dim)
+    }
+
+    /// The first input or output whose name is longer than [`MAX_TENSOR_NAME_BYTES`].
+    pub fn overlong_name(&self) -> Option<&str> {
+        self.inputs
+            .iter()
+            .chain(&self.outputs)
+            .map(|spec| spec.name.as_str())
+            .find(|name| name.len() > MAX_TENSOR_NAME_BYTES)
     }
 }
 
