@@ -448,3 +448,50 @@ async fn a_model_whose_tensor_names_pass_256_bytes_is_refused() {
     let (status, body) = server.infer("named", KEY, &request).await;
     assert_eq!((status, &body["outputs"][0]["data"]), (200, &json!([1.0, 2.0, 3.0, 4.0])), "{body}");
 }
+
+/// A model's drift series leave with it. Before, a deleted model's 256 × 2 series stayed in
+/// every scrape for the life of the process, so a tenant uploading and deleting models under
+/// new names grew the shared metrics without bound.
+#[tokio::test]
+async fn a_deleted_models_drift_series_leave_the_metrics() {
+    let tenants = Tenants::new();
+    tenants.write(
+        "acme.toml",
+        &digits_tenant("acme", KEY, "max_samples_per_second = 100000\nreference_rows = 10\nwindow_rows = 10"),
+    );
+    let server = Server::start(tenants.path(), &[]);
+    let weights = crate::onnx::sum_of_inputs(2, 4);
+    let (status, body) = server.send(reqwest::Method::PUT, "/control/v1/models/churn", KEY, weights).await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+    // An upload's drift is on the default windows: 1,000 reference rows, then the window's.
+    let inputs: Vec<Value> = (0..2)
+        .map(|i| json!({ "name": format!("x{i}"), "shape": [1001, 4], "datatype": "FP32", "data": vec![i as f32; 4004] }))
+        .collect();
+    let (status, body) = server.infer("churn", KEY, &json!({ "inputs": inputs })).await;
+    assert_eq!(status, 200, "{body}");
+    let digits: Vec<Vec<u8>> = heldout_digits().into_iter().take(20).map(|(pixels, _)| pixels).collect();
+    send(&server, &digits).await;
+    let series = |scrape: &Scrape, model: &str| scrape.count(names::DRIFT_PSI, &[("tenant", "acme"), ("model", model)]);
+    let started = Instant::now();
+    loop {
+        let scrape = Scrape::of(&server).await;
+        // 8 input columns, the output's arg-max and top score.
+        if (series(&scrape, "churn"), series(&scrape, "digits-mlp")) == (10, 67) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "drift series not exported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = server.send(reqwest::Method::DELETE, "/control/v1/models/churn", KEY, Vec::new()).await;
+    assert!(status == 200 || status == 204, "{status} {body}");
+    let started = Instant::now();
+    loop {
+        let scrape = Scrape::of(&server).await;
+        if series(&scrape, "churn") == 0 {
+            assert_eq!(series(&scrape, "digits-mlp"), 67, "the model still served keeps its series");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "the deleted model's drift series stayed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -464,15 +464,13 @@ async fn export_drift(state: Arc<ServingState>, tick: Duration) {
                 }
             }
         }
-        if monitors.is_empty() {
-            continue;
-        }
+        // Also with none left: the last one's series go.
         let began = std::time::Instant::now();
         let refreshed = tokio::task::spawn_blocking(move || {
-            let metrics = crate::telemetry::metrics::metrics();
-            for (id, name, monitor) in monitors {
-                metrics.drift(id.as_str(), name.as_str(), &monitor.refresh());
-            }
+            let reports: Vec<_> =
+                monitors.into_iter().map(|(id, name, monitor)| (id, name, monitor.refresh())).collect();
+            let reports = reports.iter().map(|(id, name, report)| (id.as_str(), name.as_str(), &**report));
+            crate::telemetry::metrics::metrics().drift(reports);
         })
         .await;
         if let Err(error) = refreshed {

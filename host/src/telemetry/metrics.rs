@@ -4,8 +4,9 @@
 //! registry ids (tenants, apps, models, versions) or closed sets (protocols, error kinds,
 //! trap kinds), so the number of series stays bounded whatever clients send.
 
-use std::sync::LazyLock;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::drift::DriftReport;
@@ -164,6 +165,8 @@ pub struct Metrics {
     slo_burn: GaugeVec,
     drift_psi: GaugeVec,
     drift_ks: GaugeVec,
+    /// The labels of the drift series the last export set.
+    drift_series: Mutex<HashSet<[String; 3]>>,
     open_connections: IntGauge,
     refused_connections: IntCounterVec,
     send_timeouts: IntCounterVec,
@@ -415,6 +418,7 @@ impl Metrics {
                 "Two-sample Kolmogorov-Smirnov statistic of a continuous model feature against its reference.",
                 &["tenant", "model", "feature"],
             ),
+            drift_series: Mutex::default(),
             registry,
         }
     }
@@ -614,15 +618,30 @@ impl Metrics {
         }
     }
 
-    /// One model's drift for one tenant, feature by feature.
-    pub fn drift(&self, tenant: &str, model: &str, report: &DriftReport) {
-        for feature in &report.features {
-            let labels = [tenant, model, feature.feature.as_str()];
-            self.drift_psi.with_label_values(&labels).set(feature.psi);
-            if let Some(ks) = feature.ks {
-                self.drift_ks.with_label_values(&labels).set(ks);
+    /// Every model's drift for every tenant that calls it (tenant, model, report), feature
+    /// by feature: one pass of the export. The series of features no longer reported (a
+    /// deleted model's, a tenant's gone, new settings') leave, so that names a tenant uploads
+    /// and deletes do not pile up in every scrape.
+    pub fn drift<'a>(&self, reports: impl IntoIterator<Item = (&'a str, &'a str, &'a DriftReport)>) {
+        let mut exported = HashSet::new();
+        for (tenant, model, report) in reports {
+            for feature in &report.features {
+                let labels = [tenant, model, feature.feature.as_str()];
+                self.drift_psi.with_label_values(&labels).set(feature.psi);
+                if let Some(ks) = feature.ks {
+                    self.drift_ks.with_label_values(&labels).set(ks);
+                }
+                exported.insert(labels.map(str::to_string));
             }
         }
+        let mut before = self.drift_series.lock().unwrap_or_else(PoisonError::into_inner);
+        for gone in before.difference(&exported) {
+            let labels = [gone[0].as_str(), gone[1].as_str(), gone[2].as_str()];
+            // A categorical feature has no KS series: not there to remove.
+            let _ = self.drift_psi.remove_label_values(&labels);
+            let _ = self.drift_ks.remove_label_values(&labels);
+        }
+        *before = exported;
     }
 
     /// Everything, in the Prometheus text format.
