@@ -390,9 +390,18 @@ impl DriftState {
     /// Take a reference from the store in place of this one; the sliding window keeps its
     /// rows. Returns the new generation.
     pub fn adopt(&mut self, reference: StoredReference) -> u64 {
-        self.keep_features(|name| reference.features.iter().any(|(stored, _, _)| stored == name));
+        self.replace_reference(reference.features);
+        self.baseline = reference.baseline;
+        self.generation
+    }
+
+    /// Make `reference` (one feature's values each) the reference. A feature it lacks could
+    /// not be compared: it goes. Its own are kept where there is room; the sliding windows
+    /// keep their rows.
+    fn replace_reference(&mut self, reference: Vec<(String, Kind, Vec<f64>)>) {
+        self.keep_features(|name| reference.iter().any(|(kept, _, _)| kept == name));
         let mut left_out = None;
-        for (name, kind, values) in reference.features {
+        for (name, kind, values) in reference {
             match self.series(name, || Series::new(kind, Vec::new())) {
                 Ok(series) => {
                     series.kind = kind;
@@ -402,9 +411,7 @@ impl DriftState {
             }
         }
         self.left_out = left_out;
-        self.baseline = reference.baseline;
         self.generation += 1;
-        self.generation
     }
 
     /// Add rows: each feature with one value per row.
@@ -447,23 +454,8 @@ impl DriftState {
     pub fn set_baseline(&mut self, features: Vec<(String, Kind, Vec<f64>)>) -> Result<usize, String> {
         let rows = features.first().map_or(0, |(_, _, values)| values.len());
         check_baseline_rows(rows, &self.settings)?;
-        let features: BTreeMap<String, (Kind, Vec<f64>)> =
-            features.into_iter().map(|(name, kind, values)| (name, (kind, values))).collect();
-        // A feature the baseline lacks could not be compared: it goes.
-        self.keep_features(|name| features.contains_key(name));
-        let mut left_out = None;
-        for (name, (kind, reference)) in features {
-            match self.series(name, || Series::new(kind, Vec::new())) {
-                Ok(series) => {
-                    series.kind = kind;
-                    series.reference = reference;
-                }
-                Err(limit) => left_out = more_left_out(left_out, 1, limit),
-            }
-        }
-        self.left_out = left_out;
+        self.replace_reference(features);
         self.baseline = true;
-        self.generation += 1;
         Ok(rows)
     }
 
