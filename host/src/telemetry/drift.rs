@@ -629,7 +629,17 @@ fn values(tensor: &Tensor) -> Vec<f64> {
 /// outputs' first; and how many more it has.
 pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> (Vec<(String, Kind, Vec<f64>)>, usize) {
     let mut features = Vec::new();
+    let mut past_cap = 0;
     for (name, tensor) in outputs {
+        if features.len() >= MAX_FEATURES {
+            // Counted from the shape alone: a model may have any number of outputs.
+            past_cap += match tensor.element_count() / tensor.rows().max(1) {
+                0 => 0,
+                1 => 1,
+                _ => 2,
+            };
+            continue;
+        }
         let values = values(tensor);
         let per_row = values.len() / tensor.rows().max(1);
         let integer = !tensor.ty().is_float();
@@ -649,7 +659,7 @@ pub fn features(inputs: &[(String, Tensor)], outputs: &[(String, Tensor)]) -> (V
             }
         }
     }
-    let mut past_cap = features.len().saturating_sub(MAX_FEATURES);
+    past_cap += features.len().saturating_sub(MAX_FEATURES);
     features.truncate(MAX_FEATURES);
     for (name, tensor) in inputs {
         let per_row = tensor.element_count() / tensor.rows().max(1);
