@@ -38,7 +38,10 @@
 //!   process does not (h2's frames and HPACK, hyper's task per call, waking the client), without
 //!   the kernel's socket. The row is the process's CPU less the client thread's.
 //!
-//! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler`: only
+//! - the metrics: one scrape rendered, and one sweep of the series of deleted names, with
+//!   2,000 request series.
+//!
+//! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler metrics`: only
 //! those groups; `ROWS=text` picks among the queue rows too (`between runs`, `images`);
 //! `TASKS=N`: the handler rows from N tasks instead of 64 (Sluice's concurrent
 //! rows print their rows per batch, as `scripts/bench_overhead.sh` prints an end-to-end run's:
@@ -317,8 +320,36 @@ fn main() -> anyhow::Result<()> {
     if wanted("handler") {
         runtime.block_on(runtime.spawn(handler_layers()))??;
     }
+    if wanted("metrics") {
+        metrics_layers();
+    }
     println!();
     Ok(())
+}
+
+/// The server's metrics with 10 tenants of 100 apps each, called over both protocols (2,000
+/// request series, each a counter and a histogram): one scrape's rendering, and one sweep of
+/// the series of deleted names (every 10 s in the server) that finds none to take.
+fn metrics_layers() {
+    use sluice::telemetry::metrics::{Protocol, RequestLabels, Served, metrics};
+    let names: Vec<(String, String)> = (0..10)
+        .flat_map(|tenant| (0..100).map(move |app| (format!("tenant-{tenant}"), format!("app-{app}"))))
+        .collect();
+    for (tenant, app) in &names {
+        for protocol in [Protocol::Http, Protocol::Grpc] {
+            let labels = RequestLabels { tenant, app, version: "1", protocol };
+            metrics().request(labels, 200, None, Duration::from_millis(1));
+        }
+    }
+    let served = || {
+        let mut served = Served::default();
+        for (tenant, app) in &names {
+            served.name(tenant, app, ["1".to_string()]);
+        }
+        served
+    };
+    measure(50, 1, || drop(metrics().render())).row("metrics: one scrape rendered (2,000 request series)");
+    measure(50, 1, || assert_eq!(metrics().sweep(served), 0)).row("metrics: one sweep of deleted names (none)");
 }
 
 fn outcome(outputs: &NamedTensors) -> InferOutcome {

@@ -81,6 +81,12 @@ impl Scrape {
         self.sum(&format!("{}_bucket", names::BATCH_ROWS), &[("le", le)])
     }
 
+    /// The series (name and labels) with `value` as one of their label values.
+    pub fn labelled(&self, value: &str) -> Vec<String> {
+        let labelled = self.0.iter().filter(|(_, labels, _)| labels.values().any(|v| v == value));
+        labelled.map(|(name, labels, _)| format!("{name}{labels:?}")).collect()
+    }
+
     /// Every metric name with at least one sample (histograms under their family name).
     pub fn families(&self) -> std::collections::BTreeSet<String> {
         self.0
@@ -246,4 +252,71 @@ async fn a_client_that_gives_up_is_counted_as_cancelled() {
     assert_eq!(scrape.sum(names::REJECTED_REQUESTS, &[("tenant", "acme"), ("reason", "cancelled")]), 2.0);
     assert_eq!(scrape.sum(names::REQUESTS, &[]), 2.0, "counted once each, not again when the guest stops");
     assert_eq!(scrape.sum(names::INFLIGHT_REQUESTS, &[]), 0.0);
+}
+
+/// A tenant that uploads and deletes models and app versions under ever new names grows no
+/// scrape: their series leave with them (the queue's when its copy goes, the tenant's within a
+/// sweep), and what is still served keeps its series and counts.
+#[tokio::test]
+async fn series_of_deleted_models_and_versions_leave_the_metrics() {
+    let tenants = Tenants::new();
+    let mut acme = tenant_header("acme", KEY, "");
+    acme += &model_entry("digits-mlp", &digits_model(), None);
+    acme += &app_entry("digits", &guest("digits"));
+    tenants.write("acme.toml", &acme);
+    let server = Server::start(tenants.path(), &[]);
+    let (pixels, _) = &heldout_digits()[0];
+    let digit = image_request(pixels, &[1, 64]);
+    assert_eq!(server.infer("digits-mlp", KEY, &plain_request(1)).await.0, 200);
+    assert_eq!(server.infer("digits", KEY, &digit).await.0, 200);
+
+    let method = reqwest::Method::PUT;
+    let (status, body) =
+        server.send(method.clone(), "/control/v1/models/churn", KEY, crate::onnx::sum_of_inputs(2, 4)).await;
+    assert!(status == 200 || status == 201, "{status} {body}");
+    let inputs: Vec<_> = (0..2)
+        .map(|i| json!({ "name": format!("x{i}"), "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0] }))
+        .collect();
+    let (status, body) = server.infer("churn", KEY, &json!({ "inputs": inputs })).await;
+    assert_eq!(status, 200, "{body}");
+    let component = std::fs::read(guest("digits")).expect("component");
+    let (status, body) = server.send(method, "/control/v1/apps/digits/versions/churn", KEY, component).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) =
+        server.post_raw("/v2/models/digits/versions/churn/infer", Some(KEY), digit.to_string().into()).await;
+    assert_eq!(status, 200, "{body}");
+
+    let kept = |scrape: &Scrape| {
+        let requests = |app: &str| scrape.sum(names::REQUESTS, &[("tenant", "acme"), ("app", app), ("version", "1")]);
+        let queue = scrape.count(&format!("{}_count", names::QUEUE_WAIT), &[("model", "digits-mlp")]);
+        (requests("digits-mlp"), requests("digits"), queue)
+    };
+    let before = Scrape::of(&server).await;
+    let churned = before.labelled("churn");
+    for family in
+        [names::REQUESTS, names::GUEST_EXECUTION, names::NN_COMPUTE_CALLS, names::TENANT_COMPUTE, names::QUEUE_WAIT]
+    {
+        assert!(
+            churned.iter().any(|series| series.starts_with(family)),
+            "{family} counts the churned names: {churned:?}"
+        );
+    }
+    assert_eq!(kept(&before), (1.0, 1.0, 1));
+
+    let delete = reqwest::Method::DELETE;
+    for path in ["/control/v1/models/churn", "/control/v1/apps/digits/versions/churn"] {
+        let (status, body) = server.send(delete.clone(), path, KEY, Vec::new()).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let scrape = Scrape::of(&server).await;
+        let left = scrape.labelled("churn");
+        if left.is_empty() {
+            assert_eq!(kept(&scrape), kept(&before), "what is still served keeps its series and counts");
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(40), "the deleted names' series stayed: {left:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }

@@ -15,7 +15,8 @@ use tokio::net::TcpListener;
 
 use crate::api::grpc_body::BodyLimits;
 pub use crate::state::BodyTimeouts;
-use crate::state::ServingState;
+use crate::state::{ServingState, TenantState};
+use crate::telemetry::metrics::Served;
 
 use crate::control::cluster::Cluster;
 use crate::nn::backend::Backends;
@@ -32,6 +33,9 @@ use listen::{ConnectionLimits, ConnectionSettings};
 const ANALYSIS_TICK: Duration = Duration::from_millis(100);
 /// How often the apps' SLO gauges and the models' drift gauges are brought up to date.
 const GAUGE_EXPORT_TICK: Duration = Duration::from_secs(1);
+/// How often the series and status-page activity of deleted tenants, apps, models and versions
+/// are taken out (a scrape interval's order: what is deleted is gone from the next scrapes).
+const SWEEP_TICK: Duration = Duration::from_secs(10);
 /// gRPC calls open at once on one connection (HTTP/2 streams; a client waits for a free one).
 /// tonic sets no limit, so one connection could hold any number of calls whose bodies never
 /// come. It also keeps what a well-behaved client's calls can hold buffered unread (a small
@@ -142,6 +146,7 @@ pub async fn serve(config: ServeConfig) -> anyhow::Result<()> {
     if config.store.is_some() {
         tokio::spawn(follow_store(state.clone(), config.store_poll));
     }
+    tokio::spawn(sweep_gone_names(state.clone(), SWEEP_TICK));
     if config.metrics.is_some() {
         tokio::spawn(export_gauges(state.clone(), GAUGE_EXPORT_TICK));
         tokio::spawn(export_drift(state.clone(), GAUGE_EXPORT_TICK));
@@ -440,6 +445,58 @@ async fn export_gauges(state: Arc<ServingState>, tick: Duration) {
             }
         }
     }
+}
+
+/// Every `tick`, take what was kept by name out once the name is gone: the metric series of
+/// tenants, apps, models and versions no longer served, and the status page's activity of
+/// names a tenant no longer has (which would fill its targets). On a blocking thread: reading
+/// every series takes milliseconds once there are thousands.
+async fn sweep_gone_names(state: Arc<ServingState>, tick: Duration) {
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let state = state.clone();
+        let swept = tokio::task::spawn_blocking(move || {
+            for tenant in state.all_tenants() {
+                let names = tenant_names(&tenant);
+                tenant.activity.retain(|name| names.iter().any(|(served, _)| served == name));
+            }
+            crate::telemetry::metrics::metrics().sweep(|| served(&state))
+        })
+        .await;
+        match swept {
+            Ok(0) => {}
+            Ok(removed) => tracing::debug!(removed, "series of deleted names left the metrics"),
+            Err(error) => tracing::error!(%error, "sweeping the series of deleted names failed"),
+        }
+    }
+}
+
+/// A tenant's apps and own models, each with its versions.
+fn tenant_names(tenant: &TenantState) -> Vec<(String, Vec<String>)> {
+    let apps = tenant
+        .apps()
+        .into_iter()
+        .map(|(name, app)| (name.to_string(), app.version_names().iter().map(ToString::to_string).collect::<Vec<_>>()));
+    let models = tenant.models.own_names().into_iter().map(|name| {
+        let versions = tenant.models.versions(name.as_str()).iter().map(ToString::to_string).collect();
+        (name.to_string(), versions)
+    });
+    apps.chain(models).collect()
+}
+
+/// Every tenant's names, as the metrics sweep asks.
+fn served(state: &ServingState) -> Served {
+    let mut served = Served::default();
+    for tenant in state.all_tenants() {
+        let id = tenant.spec().id.clone();
+        served.tenant(id.as_str());
+        for (name, versions) in tenant_names(&tenant) {
+            served.name(id.as_str(), &name, versions);
+        }
+    }
+    served
 }
 
 /// Bring every model's drift report and gauges up to date with the rows sampled since, on a

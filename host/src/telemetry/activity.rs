@@ -150,6 +150,11 @@ impl TenantActivity {
         Some(targets.entry(target.to_string()).or_default().clone())
     }
 
+    /// Forget the targets `keep` says no (names the tenant no longer has).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.targets.lock().unwrap_or_else(PoisonError::into_inner).retain(|name, _| keep(name));
+    }
+
     /// Every target with its last hour, by name.
     pub fn last_hour(&self) -> Vec<(String, Vec<MinutePoint>)> {
         let targets = self.targets.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -201,5 +206,8 @@ mod tests {
         }
         assert!(activity.of("one-more").is_none());
         assert!(activity.of("app-0").is_some(), "known targets go on being counted");
+        activity.retain(|name| name != "app-1");
+        assert!(activity.of("one-more").is_some(), "a deleted target's place is free again");
+        assert_eq!(activity.last_hour().len(), MAX_TARGETS);
     }
 }

@@ -4,14 +4,15 @@
 //! registry ids (tenants, apps, models, versions) or closed sets (protocols, error kinds,
 //! trap kinds), so the number of series stays bounded whatever clients send.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::drift::DriftReport;
 use super::slo::ObjectiveReport;
 
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -115,6 +116,71 @@ pub struct ModelSeries {
     pub scaled_down: IntCounter,
     /// Memory kept for stacking its large batches (changed by deltas, as `queue_depth`).
     pub batch_buffers: IntGauge,
+    /// Memory of its resident instances (changed by deltas, as `queue_depth`).
+    pub memory: IntGauge,
+    /// The series leave `/metrics` when the last copy holding their labels drops its handles.
+    _held: Arc<HeldLabels>,
+}
+
+/// The families of model copies' series, by (model, backend), and how many copies hold each
+/// pair of labels: copies of different weights may share a name, so a pair's series leave
+/// only with the last of them (a copy gone by itself would take another's series).
+struct CopyFamilies {
+    queue_wait: HistogramVec,
+    queue_depth: IntGaugeVec,
+    batch_rows: HistogramVec,
+    compute: HistogramVec,
+    memory: IntGaugeVec,
+    evictions: IntCounterVec,
+    instances: IntGaugeVec,
+    batch_buffers: IntGaugeVec,
+    scalings: IntCounterVec,
+    holders: Mutex<HashMap<(String, String), usize>>,
+}
+
+impl CopyFamilies {
+    fn holders(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), usize>> {
+        self.holders.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The model names copies hold now.
+    fn held_models(&self) -> HashSet<String> {
+        self.holders().keys().map(|(model, _)| model.clone()).collect()
+    }
+}
+
+/// One copy's hold on its (model, backend) series.
+struct HeldLabels {
+    families: Arc<CopyFamilies>,
+    model: String,
+    backend: String,
+}
+
+impl Drop for HeldLabels {
+    fn drop(&mut self) {
+        let families = &self.families;
+        let mut holders = families.holders();
+        let key = (std::mem::take(&mut self.model), std::mem::take(&mut self.backend));
+        let Some(held) = holders.get_mut(&key) else { return };
+        *held -= 1;
+        if *held > 0 {
+            return;
+        }
+        holders.remove(&key);
+        // Under the lock: a copy taking these labels now finds them gone, not half gone.
+        let values = [key.0.as_str(), key.1.as_str()];
+        let _ = families.queue_wait.remove_label_values(&values);
+        let _ = families.queue_depth.remove_label_values(&values);
+        let _ = families.batch_rows.remove_label_values(&values);
+        let _ = families.compute.remove_label_values(&values);
+        let _ = families.memory.remove_label_values(&values);
+        let _ = families.evictions.remove_label_values(&values);
+        let _ = families.instances.remove_label_values(&values);
+        let _ = families.batch_buffers.remove_label_values(&values);
+        for direction in ["up", "down"] {
+            let _ = families.scalings.remove_label_values(&[values[0], values[1], direction]);
+        }
+    }
 }
 
 /// How mirrored requests of one shadow version ended.
@@ -125,6 +191,65 @@ pub struct ShadowSeries {
     pub failed: IntCounter,
     /// Dropped because the shadow queue was full.
     pub dropped: IntCounter,
+}
+
+/// What the server serves now, for [`Metrics::sweep`]: each tenant's names (its apps and its
+/// own models) with each name's versions.
+#[derive(Debug, Default)]
+pub struct Served(HashMap<String, HashMap<String, HashSet<String>>>);
+
+impl Served {
+    /// A tenant, whether or not it has names yet.
+    pub fn tenant(&mut self, tenant: &str) {
+        self.0.entry(tenant.to_string()).or_default();
+    }
+
+    /// One of `tenant`'s apps or models, with its versions.
+    pub fn name(&mut self, tenant: &str, name: &str, versions: impl IntoIterator<Item = String>) {
+        let names = self.0.entry(tenant.to_string()).or_default();
+        names.entry(name.to_string()).or_default().extend(versions);
+    }
+
+    /// Whether the series with these labels is of something served: its tenant, its app or
+    /// model (a name of the tenant's, a model copy's name, or none: a request refused before
+    /// its name was known) and its version (one of the name's, or none).
+    fn serves(&self, labels: &[(String, String)], copies: &HashSet<String>) -> bool {
+        let label = |key: &str| labels.iter().find(|(k, _)| k == key).map(|(_, value)| value.as_str());
+        let Some(names) = label("tenant").and_then(|tenant| self.0.get(tenant)) else { return false };
+        let name = match label("app").or_else(|| label("model")) {
+            None | Some("") => return true,
+            Some(name) => name,
+        };
+        match names.get(name) {
+            Some(versions) => label("version").is_none_or(|version| version.is_empty() || versions.contains(version)),
+            // wasi-nn calls are counted under the copy's name (a shared model's, a raw load's).
+            None => copies.contains(name),
+        }
+    }
+}
+
+/// A family whose series [`Metrics::sweep`] may remove, whatever its metric type.
+trait SweptFamily {
+    /// Every series' labels, by name.
+    fn series(&self) -> Vec<Vec<(String, String)>>;
+    fn remove(&self, labels: &[(String, String)]);
+}
+
+impl<T: MetricVecBuilder> SweptFamily for MetricVec<T> {
+    fn series(&self) -> Vec<Vec<(String, String)>> {
+        let families = self.collect();
+        let metrics = families.iter().flat_map(|family| family.get_metric());
+        let labels = |metric: &prometheus::proto::Metric| {
+            metric.get_label().iter().map(|pair| (pair.name().to_string(), pair.value().to_string())).collect()
+        };
+        metrics.map(labels).collect()
+    }
+
+    fn remove(&self, labels: &[(String, String)]) {
+        let labels: HashMap<&str, &str> = labels.iter().map(|(name, value)| (name.as_str(), value.as_str())).collect();
+        // Gone already (a request's or another sweep's doing) is as good.
+        let _ = MetricVec::remove(self, &labels);
+    }
 }
 
 /// Latency buckets (seconds): 100 µs to 10 s.
@@ -145,17 +270,9 @@ pub struct Metrics {
     guest_traps: IntCounterVec,
     nn_compute_calls: IntCounterVec,
     tenant_compute: CounterVec,
-    queue_wait: HistogramVec,
-    queue_depth: IntGaugeVec,
-    batch_rows: HistogramVec,
-    compute: HistogramVec,
+    copies: Arc<CopyFamilies>,
     model_load: HistogramVec,
     resident_models: IntGauge,
-    model_memory: IntGaugeVec,
-    model_evictions: IntCounterVec,
-    model_instances: IntGaugeVec,
-    batch_buffers: IntGaugeVec,
-    model_scalings: IntCounterVec,
     device_memory_total: IntGaugeVec,
     device_memory_budget: IntGaugeVec,
     device_memory_used: IntGaugeVec,
@@ -211,12 +328,6 @@ impl Metrics {
         use names::*;
         let registry = Registry::new();
         let request = ["tenant", "app", "version", "protocol"];
-        let queue_depth = IntGaugeVec::new(
-            Opts::new(QUEUE_DEPTH, "Rows waiting in a model's queue, not yet in a batch (what autoscalers scale on)."),
-            &["model", "backend"],
-        )
-        .expect("a valid gauge definition");
-        registry.register(Box::new(queue_depth.clone())).expect("each metric registered once");
         let inflight = IntGaugeVec::new(Opts::new(INFLIGHT_REQUESTS, "Requests being served now."), &["tenant"])
             .expect("a valid gauge definition");
         registry.register(Box::new(inflight.clone())).expect("each metric registered once");
@@ -231,7 +342,68 @@ impl Metrics {
             IntCounter::new(STORE_ERRORS, "Reads of the shared store (replicas following each other) that failed.")
                 .expect("a valid counter definition");
         registry.register(Box::new(store_errors.clone())).expect("each metric registered once");
+        let copies = Arc::new(CopyFamilies {
+            queue_wait: histogram(
+                &registry,
+                QUEUE_WAIT,
+                "Time a compute call waited in its model's batch queue.",
+                &["model", "backend"],
+                LATENCY_BUCKETS,
+            ),
+            queue_depth: int_gauge(
+                &registry,
+                QUEUE_DEPTH,
+                "Rows waiting in a model's queue, not yet in a batch (what autoscalers scale on).",
+                &["model", "backend"],
+            ),
+            batch_rows: histogram(
+                &registry,
+                BATCH_ROWS,
+                "Rows per executed batch.",
+                &["model", "backend"],
+                BATCH_BUCKETS,
+            ),
+            compute: histogram(
+                &registry,
+                COMPUTE_DURATION,
+                "Backend time per executed batch.",
+                &["model", "backend"],
+                LATENCY_BUCKETS,
+            ),
+            memory: int_gauge(
+                &registry,
+                MODEL_MEMORY,
+                "Memory of resident model copies, measured at load (at least their weights).",
+                &["model", "backend"],
+            ),
+            evictions: counter(
+                &registry,
+                MODEL_EVICTIONS,
+                "Times a model left memory to make room in its device's budget for another.",
+                &["model", "backend"],
+            ),
+            instances: int_gauge(
+                &registry,
+                MODEL_INSTANCES,
+                "Execution instances of a resident model (loaded copies that run batches at once).",
+                &["model", "backend"],
+            ),
+            batch_buffers: int_gauge(
+                &registry,
+                BATCH_BUFFERS,
+                "Memory a model keeps for stacking its next large batches (released after a second unused).",
+                &["model", "backend"],
+            ),
+            scalings: counter(
+                &registry,
+                MODEL_SCALINGS,
+                "The autoscaler's changes to a model's instances, by direction: up or down.",
+                &["model", "backend", "direction"],
+            ),
+            holders: Mutex::default(),
+        });
         Self {
+            copies,
             store_errors,
             degraded: counter(
                 &registry,
@@ -273,7 +445,6 @@ impl Metrics {
                 LATENCY_BUCKETS,
             ),
             inflight,
-            queue_depth,
             rejected: counter(
                 &registry,
                 REJECTED_REQUESTS,
@@ -305,27 +476,6 @@ impl Metrics {
                 "Model compute charged to a tenant: each batch's engine time split over its requests by rows.",
                 &["tenant", "model", "device"],
             ),
-            queue_wait: histogram(
-                &registry,
-                QUEUE_WAIT,
-                "Time a compute call waited in its model's batch queue.",
-                &["model", "backend"],
-                LATENCY_BUCKETS,
-            ),
-            batch_rows: histogram(
-                &registry,
-                BATCH_ROWS,
-                "Rows per executed batch.",
-                &["model", "backend"],
-                BATCH_BUCKETS,
-            ),
-            compute: histogram(
-                &registry,
-                COMPUTE_DURATION,
-                "Backend time per executed batch.",
-                &["model", "backend"],
-                LATENCY_BUCKETS,
-            ),
             model_load: histogram(
                 &registry,
                 MODEL_LOAD_DURATION,
@@ -334,36 +484,6 @@ impl Metrics {
                 &[0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
             ),
             resident_models,
-            model_memory: int_gauge(
-                &registry,
-                MODEL_MEMORY,
-                "Memory of resident model copies, measured at load (at least their weights).",
-                &["model", "backend"],
-            ),
-            model_evictions: counter(
-                &registry,
-                MODEL_EVICTIONS,
-                "Times a model left memory to make room in its device's budget for another.",
-                &["model", "backend"],
-            ),
-            model_instances: int_gauge(
-                &registry,
-                MODEL_INSTANCES,
-                "Execution instances of a resident model (loaded copies that run batches at once).",
-                &["model", "backend"],
-            ),
-            batch_buffers: int_gauge(
-                &registry,
-                BATCH_BUFFERS,
-                "Memory a model keeps for stacking its next large batches (released after a second unused).",
-                &["model", "backend"],
-            ),
-            model_scalings: counter(
-                &registry,
-                MODEL_SCALINGS,
-                "The autoscaler's changes to a model's instances, by direction: up or down.",
-                &["model", "backend", "direction"],
-            ),
             device_memory_total: int_gauge(
                 &registry,
                 DEVICE_MEMORY_TOTAL,
@@ -522,19 +642,28 @@ impl Metrics {
         }
     }
 
-    /// The series of one resident model's queue.
+    /// The series of one model copy's queue, until the last copy with its labels drops them.
     pub fn model_series(&self, labels: ModelLabels<'_>) -> ModelSeries {
+        let families = &self.copies;
+        let mut holders = families.holders();
+        *holders.entry((labels.model.to_string(), labels.backend.to_string())).or_default() += 1;
         let values = [labels.model, labels.backend];
         ModelSeries {
-            queue_wait: self.queue_wait.with_label_values(&values),
-            queue_depth: self.queue_depth.with_label_values(&values),
-            batch_rows: self.batch_rows.with_label_values(&values),
-            compute: self.compute.with_label_values(&values),
-            evictions: self.model_evictions.with_label_values(&values),
-            instances: self.model_instances.with_label_values(&values),
-            scaled_up: self.model_scalings.with_label_values(&[labels.model, labels.backend, "up"]),
-            scaled_down: self.model_scalings.with_label_values(&[labels.model, labels.backend, "down"]),
-            batch_buffers: self.batch_buffers.with_label_values(&values),
+            queue_wait: families.queue_wait.with_label_values(&values),
+            queue_depth: families.queue_depth.with_label_values(&values),
+            batch_rows: families.batch_rows.with_label_values(&values),
+            compute: families.compute.with_label_values(&values),
+            evictions: families.evictions.with_label_values(&values),
+            instances: families.instances.with_label_values(&values),
+            scaled_up: families.scalings.with_label_values(&[labels.model, labels.backend, "up"]),
+            scaled_down: families.scalings.with_label_values(&[labels.model, labels.backend, "down"]),
+            batch_buffers: families.batch_buffers.with_label_values(&values),
+            memory: families.memory.with_label_values(&values),
+            _held: Arc::new(HeldLabels {
+                families: families.clone(),
+                model: labels.model.to_string(),
+                backend: labels.backend.to_string(),
+            }),
         }
     }
 
@@ -579,12 +708,6 @@ impl Metrics {
     /// A CUDA device's utilisation, 0 to 1, as its driver last sampled it.
     pub fn device_utilisation(&self, device: &str, ratio: f64) {
         self.device_utilisation.with_label_values(&[device]).set(ratio);
-    }
-
-    /// Memory of a model copy coming (`bytes` > 0) or going (< 0); copies of different
-    /// weights may share a name, so the gauge moves by deltas.
-    pub fn model_memory(&self, model: &str, backend: &str, bytes: i64) {
-        self.model_memory.with_label_values(&[model, backend]).add(bytes);
     }
 
     /// A model's execution instances loaded, or dropped (unloaded, or nothing serves it).
@@ -644,6 +767,39 @@ impl Metrics {
         *before = exported;
     }
 
+    /// Take out of `/metrics` the series of tenants, apps, models and versions no longer
+    /// served: names a tenant uploads and deletes would otherwise stay in every scrape for the
+    /// life of the process. `served` is asked after the series are read, so a name made in
+    /// between is never taken for a gone one. Returns how many series left.
+    pub fn sweep(&self, served: impl FnOnce() -> Served) -> usize {
+        let families: [&dyn SweptFamily; 13] = [
+            &self.requests,
+            &self.request_duration,
+            &self.inflight,
+            &self.rejected,
+            &self.guest_execution,
+            &self.guest_traps,
+            &self.nn_compute_calls,
+            &self.tenant_compute,
+            &self.shadow_comparisons,
+            &self.slo_budget,
+            &self.slo_burn,
+            &self.degraded,
+            &self.response_cache,
+        ];
+        let seen: Vec<_> = families.iter().map(|family| family.series()).collect();
+        let served = served();
+        let copies = self.copies.held_models();
+        let mut removed = 0;
+        for (family, series) in families.iter().zip(seen) {
+            for labels in series.iter().filter(|labels| !served.serves(labels, &copies)) {
+                family.remove(labels);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Everything, in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut text = Vec::new();
@@ -695,5 +851,78 @@ mod tests {
         metrics.set_enabled(false);
         metrics.request(labels, 200, None, Duration::from_micros(1));
         assert!(metrics.render().contains(r#"status="2xx",tenant="acme",version="1"} 2"#));
+    }
+
+    fn series_of(metrics: &Metrics, value: &str) -> usize {
+        let text = metrics.render();
+        text.lines().filter(|line| !line.starts_with('#') && line.contains(&format!("\"{value}\""))).count()
+    }
+
+    #[test]
+    fn a_copys_series_leave_with_the_last_copy_of_their_labels() {
+        let metrics = Metrics::new();
+        let labels = ModelLabels { model: "shared-name", backend: "onnxruntime" };
+        let (first, second) = (metrics.model_series(labels), metrics.model_series(labels));
+        first.evictions.inc();
+        second.memory.add(1000);
+        let held = series_of(&metrics, "shared-name");
+        assert!(held > 30, "{held} series");
+        drop(first.clone());
+        drop(first);
+        assert_eq!(series_of(&metrics, "shared-name"), held, "another copy holds the labels");
+        let clone = second.clone();
+        drop(second);
+        assert_eq!(series_of(&metrics, "shared-name"), held, "a handle of the last copy is left");
+        drop(clone);
+        assert_eq!(series_of(&metrics, "shared-name"), 0);
+        let again = metrics.model_series(labels);
+        assert_eq!(series_of(&metrics, "shared-name"), held, "a new copy of the name starts afresh");
+        assert!(
+            !metrics.render().contains(r#"sluice_model_memory_bytes{backend="onnxruntime",model="shared-name"} 1000"#)
+        );
+        drop(again);
+    }
+
+    #[test]
+    fn the_sweep_takes_the_series_of_what_is_no_longer_served_and_keeps_the_rest() {
+        let metrics = Metrics::new();
+        let request = |tenant, app, version| {
+            let labels = RequestLabels { tenant, app, version, protocol: Protocol::Grpc };
+            metrics.request(labels, 200, None, Duration::from_millis(1));
+        };
+        request("acme", "kept", "1");
+        request("acme", "kept", "gone-version");
+        request("acme", "deleted", "1");
+        request("acme", "", "");
+        request("gone-tenant", "kept", "1");
+        metrics.compute_call("acme", "a-shared-copy");
+        metrics.compute_call("acme", "deleted");
+        metrics.guest("acme", "kept", "gone-version", Duration::from_millis(1), Some("trap"));
+        metrics.response_cache("acme", "deleted", true);
+        let _copy = metrics.model_series(ModelLabels { model: "a-shared-copy", backend: "tract" });
+        let mut served = Served::default();
+        served.name("acme", "kept", ["1".to_string()]);
+        served.tenant("idle-tenant");
+        let removed = metrics.sweep(|| {
+            // Made after the series were read: not the sweep's to judge yet.
+            request("acme", "made-meanwhile", "1");
+            served
+        });
+        // Each request is a counter and a histogram; the trap a histogram and a counter.
+        assert_eq!(removed, 2 + 2 + 2 + 1 + 2 + 1, "{}", metrics.render());
+        for gone in ["gone-version", "deleted", "gone-tenant"] {
+            assert_eq!(series_of(&metrics, gone), 0, "{gone}: {}", metrics.render());
+        }
+        let text = metrics.render();
+        for kept in [
+            r#"sluice_requests_total{app="kept",protocol="grpc",status="2xx",tenant="acme",version="1"} 1"#,
+            r#"sluice_requests_total{app="",protocol="grpc",status="2xx",tenant="acme",version=""} 1"#,
+            r#"sluice_requests_total{app="made-meanwhile",protocol="grpc",status="2xx",tenant="acme",version="1"} 1"#,
+            r#"sluice_nn_compute_calls_total{model="a-shared-copy",tenant="acme"} 1"#,
+        ] {
+            assert!(text.contains(kept), "{kept} stays: {text}");
+        }
+        assert_eq!(metrics.sweep(Served::default), 2 + 2 + 2 + 1, "with nothing served, everything tenants had goes");
+        assert!(!metrics.render().contains("acme"));
     }
 }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use prometheus::IntGauge;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinError;
 use tokio::time::Instant;
@@ -372,8 +373,7 @@ impl ModelQueue {
             handle
         });
         let resident_last_use = last_use.clone();
-        let mut resident =
-            Resident::new(loaded, residence, residency_sender, last_use, (&execution.model, &execution.backend));
+        let mut resident = Resident::new(loaded, residence, residency_sender, last_use, &execution.series.memory);
         resident.scaler =
             settings.autoscale.clone().map(|settings| Autoscaler::new(settings, std::time::Instant::now()));
         resident.set_instances(&execution, resident.idle.len());
@@ -687,11 +687,11 @@ impl Resident {
         residence: Residence,
         status: watch::Sender<Residency>,
         last_use: Arc<LastUse>,
-        labels: (&str, &str),
+        memory_gauge: &IntGauge,
     ) -> Self {
         last_use.touch(std::time::Instant::now());
         Self {
-            gauge: (!loaded.graphs.is_empty()).then(|| ResidentGauge::new(labels, loaded.memory)),
+            gauge: (!loaded.graphs.is_empty()).then(|| ResidentGauge::new(memory_gauge.clone(), loaded.memory)),
             idle: loaded.graphs,
             residence,
             status,
@@ -823,7 +823,7 @@ impl Resident {
                 tracing::info!(model = %execution.model, reason = reason.label(), load_ms = started.elapsed().as_millis() as u64, "model loaded");
                 let instances = graphs.len();
                 self.idle = graphs;
-                self.gauge = Some(ResidentGauge::new((&execution.model, &execution.backend), memory));
+                self.gauge = Some(ResidentGauge::new(execution.series.memory.clone(), memory));
                 self.set_instances(execution, instances);
                 self.start_scaler(std::time::Instant::now());
                 self.failed = None;
@@ -891,7 +891,9 @@ impl Resident {
 /// One count in `sluice_resident_models`, and the copy's memory in its devices' budgets and
 /// `sluice_model_memory_bytes`, for as long as it lives.
 struct ResidentGauge {
-    labels: (String, String),
+    /// `sluice_model_memory_bytes` of its labels (copies of different weights may share
+    /// them, so it moves by deltas).
+    memory_gauge: IntGauge,
     memory: Vec<Reservation>,
     /// The instances the autoscaler added, with what each holds.
     added: Vec<(Arc<dyn Graph>, Vec<Reservation>)>,
@@ -902,14 +904,14 @@ fn bytes_of(memory: &[Reservation]) -> i64 {
 }
 
 impl ResidentGauge {
-    fn new((model, backend): (&str, &str), memory: Vec<Reservation>) -> Self {
+    fn new(memory_gauge: IntGauge, memory: Vec<Reservation>) -> Self {
         metrics().model_resident(true);
-        metrics().model_memory(model, backend, bytes_of(&memory));
-        Self { labels: (model.to_string(), backend.to_string()), memory, added: Vec::new() }
+        memory_gauge.add(bytes_of(&memory));
+        Self { memory_gauge, memory, added: Vec::new() }
     }
 
     fn add_instances(&mut self, graphs: &[Arc<dyn Graph>], memory: Vec<Reservation>) {
-        metrics().model_memory(&self.labels.0, &self.labels.1, bytes_of(&memory));
+        self.memory_gauge.add(bytes_of(&memory));
         let mut memory = Some(memory);
         for graph in graphs {
             self.added.push((graph.clone(), memory.take().unwrap_or_default()));
@@ -925,7 +927,7 @@ impl ResidentGauge {
         let Some((added, position)) = found else { return false };
         idle.remove(position);
         let (_, memory) = self.added.remove(added);
-        metrics().model_memory(&self.labels.0, &self.labels.1, -bytes_of(&memory));
+        self.memory_gauge.sub(bytes_of(&memory));
         true
     }
 }
@@ -934,7 +936,7 @@ impl Drop for ResidentGauge {
     fn drop(&mut self) {
         metrics().model_resident(false);
         let added: i64 = self.added.iter().map(|(_, memory)| bytes_of(memory)).sum();
-        metrics().model_memory(&self.labels.0, &self.labels.1, -(bytes_of(&self.memory) + added));
+        self.memory_gauge.sub(bytes_of(&self.memory) + added);
     }
 }
 
@@ -2503,7 +2505,7 @@ mod tests {
         // What one batch's copies take on this machine as the test runs.
         let parts = (0..8).map(job).collect();
         let began = thread_cpu();
-        let unkept = StackBuffers::new(prometheus::IntGauge::new("kept", "kept").expect("a gauge"));
+        let unkept = StackBuffers::new(IntGauge::new("kept", "kept").expect("a gauge"));
         let batch = stack(parts, &unkept).expect("a batch");
         let stacked = thread_cpu();
         drop(unstack(Output::all(batch), &[1; 8], &[usize::MAX; 8]));
