@@ -208,3 +208,68 @@ async fn errors_never_show_where_the_server_keeps_its_files() {
         }
     }
 }
+
+/// Identical weights of two tenants are one copy with one queue, made under the name its first
+/// tenant gave it. Errors from that copy name the caller's model, never the other tenant's name
+/// for the same weights: over HTTP and gRPC, and to a guest's `wasi-nn` calls.
+#[tokio::test]
+async fn errors_of_shared_weights_name_the_callers_model_never_anothers() {
+    const SECRET: &str = "victims-secret-name";
+    let tenants = Tenants::new();
+    let mut victim = tenant_header("victim", VICTIM, "");
+    victim += &model_entry(SECRET, &digits_model(), None);
+    tenants.write("victim.toml", &victim);
+    let mut mallory = tenant_header("mallory", MALLORY, "");
+    mallory += &app_entry("hostile", &guest("hostile_guest"));
+    tenants.write("mallory.toml", &mallory);
+    let server = Server::start(tenants.path(), &[]);
+    // Public weights the victim also serves: mallory's upload joins the victim's copy.
+    let weights = std::fs::read(digits_model()).expect("weights");
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/spy", MALLORY, weights).await;
+    assert_eq!(code, 201, "{body}");
+
+    // A deadline shorter than the model needs: the copy's queue refuses the call.
+    let mut request = digit_row();
+    request["parameters"] = json!({ "timeout": 1 });
+    let (code, body) = server.infer("spy", MALLORY, &request).await;
+    assert_eq!(code, 504, "{body}");
+    let message = error_message(&body);
+    assert!(message.contains("model 'spy'") && !message.contains(SECRET), "{message}");
+
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects");
+    let timeout = sluice::api::grpc::proto::InferParameter {
+        parameter_choice: Some(sluice::api::grpc::proto::infer_parameter::ParameterChoice::Int64Param(1)),
+    };
+    let (pixels, _) = &heldout_digits()[0];
+    let scaled: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+    let request = sluice::api::grpc::proto::ModelInferRequest {
+        model_name: "spy".into(),
+        inputs: vec![sluice::api::grpc::proto::model_infer_request::InferInputTensor {
+            name: "X".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 64],
+            parameters: Default::default(),
+            contents: Some(sluice::api::grpc::proto::InferTensorContents {
+                fp32_contents: scaled,
+                ..Default::default()
+            }),
+        }],
+        parameters: [("timeout".to_string(), timeout)].into(),
+        ..Default::default()
+    };
+    let status = grpc.model_infer(authed(request, MALLORY)).await.expect_err("past its deadline");
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("model 'spy'") && !status.message().contains(SECRET), "{status:?}");
+
+    // A guest calling the model until its deadline passes.
+    let mut request = digit_row();
+    request["parameters"] = json!({ "mode": "compute", "model": "spy", "timeout": 20_000, "times": 1_000_000 });
+    let (code, body) = server.infer("hostile", MALLORY, &request).await;
+    assert_eq!(code, 504, "{body}");
+    assert!(!body.to_string().contains(SECRET), "{body}");
+    // The victim's own errors name its own model.
+    let mut request = digit_row();
+    request["parameters"] = json!({ "timeout": 1 });
+    let (code, body) = server.infer(SECRET, VICTIM, &request).await;
+    assert_eq!((code, error_message(&body).contains(SECRET)), (504, true), "{body}");
+}

@@ -197,8 +197,8 @@ pub async fn set_drift_baseline(
     let inputs = request.inputs.into_iter().map(ValidTensor::into_model_tensor).collect::<Result<Vec<_>, _>>()?;
     turn.pause();
     within_deadline(budget, async {
-        tenant.models.ensure_resident(&model, budget.deadline()).await?;
-        model.set_drift_baseline(inputs, budget.deadline(), share).await
+        tenant.models.ensure_resident(name, &model, budget.deadline()).await?;
+        model.set_drift_baseline(name, inputs, budget.deadline(), share).await
     })
     .await
 }
@@ -332,8 +332,8 @@ async fn run_model(
     let max = run.spec.quotas.max_response_bytes;
     let share = run.share.clone().with_output_limit(usize::try_from(max).unwrap_or(usize::MAX));
     let outputs = within_deadline(run.budget, async {
-        run.tenant.models.ensure_resident(model, run.budget.deadline()).await?;
-        model.compute(inputs, run.budget.deadline(), share).await.map_err(|error| match error {
+        run.tenant.models.ensure_resident(name, model, run.budget.deadline()).await?;
+        model.compute(name, inputs, run.budget.deadline(), share).await.map_err(|error| match error {
             ComputeError::OutputTooLarge { bytes, .. } => response_too_large(name, bytes, max),
             other => other.into(),
         })

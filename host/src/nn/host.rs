@@ -483,12 +483,12 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             }
         }
         self.ctx.turn.pause();
-        let computed = match self.ctx.models.ensure_resident(&model, self.ctx.deadline).await {
+        let computed = match self.ctx.models.ensure_resident(&name, &model, self.ctx.deadline).await {
             Ok(()) => {
                 // Outputs the guest could not hold are refused before they leave the engine.
                 let room = self.ctx.tensor_bytes_limit.saturating_sub(self.ctx.tensor_bytes_live);
                 let share = self.ctx.share.clone().with_output_limit(room);
-                model.compute(named, self.ctx.deadline, share).await
+                model.compute(&name, named, self.ctx.deadline, share).await
             }
             Err(refused) => Err(refused),
         };

@@ -188,8 +188,10 @@ impl ModelCopy {
 
     /// Check inputs, queue them and wait for outputs; the outcome is counted, and the call
     /// may be sampled for drift.
+    /// `name`: the caller's name for the model, the one its errors give.
     pub async fn compute(
         &self,
+        name: &str,
         inputs: NamedTensors,
         deadline: tokio::time::Instant,
         share: Share,
@@ -200,7 +202,7 @@ impl ModelCopy {
             .then(|| self.drift.sampled(&share.tenant, &self.drift_settings, started))
             .flatten()
             .map(|monitor| (monitor, inputs.clone()));
-        let result = self.run(inputs, deadline, share, started).await;
+        let result = self.run(name, inputs, deadline, share, started).await;
         if let (Some((monitor, inputs)), Ok(outputs)) = (drift, &result) {
             monitor.offer(inputs, outputs.clone());
         }
@@ -212,6 +214,7 @@ impl ModelCopy {
     /// the rows taken. At most the model's `reference_rows`, checked before running.
     pub async fn set_drift_baseline(
         &self,
+        name: &str,
         inputs: NamedTensors,
         deadline: tokio::time::Instant,
         share: Share,
@@ -220,13 +223,15 @@ impl ModelCopy {
         check_baseline_rows(rows, &self.drift.settings(&share.tenant, &self.drift_settings))
             .map_err(ComputeError::InvalidInput)?;
         let monitor = self.drift.of(&share.tenant, &self.drift_settings);
-        let outputs = self.run(inputs.clone(), deadline, share, Instant::now()).await?;
+        let outputs = self.run(name, inputs.clone(), deadline, share, Instant::now()).await?;
         monitor.set_baseline(&inputs, &outputs).map_err(ComputeError::InvalidInput)
     }
 
-    /// Check inputs, queue them and wait for outputs; the outcome is counted.
+    /// Check inputs, queue them and wait for outputs; the outcome is counted. Errors name the
+    /// model `name`, as its caller does (see [`ComputeError::naming`]).
     async fn run(
         &self,
+        name: &str,
         inputs: NamedTensors,
         deadline: tokio::time::Instant,
         share: Share,
@@ -238,7 +243,7 @@ impl ModelCopy {
         if let Err(wait) = breaker.admit(Instant::now()) {
             counters.request(false, started.elapsed(), rows);
             return Err(ComputeError::CircuitOpen {
-                model: self.queue.model().to_string(),
+                model: name.to_string(),
                 failures: breaker.threshold(),
                 retry_ms: wait.as_millis().max(1) as u64,
             });
@@ -252,7 +257,7 @@ impl ModelCopy {
         };
         counters.request(result.is_ok(), started.elapsed(), rows);
         breaker.record(breaker_outcome(&result), Instant::now());
-        result
+        result.map_err(|error| error.naming(name))
     }
 }
 
@@ -1066,15 +1071,17 @@ impl TenantModels {
     /// model, or a copy holding its memory already, at once). Loads for calls run one at a
     /// time per tenant, like the ones it asks for, all within `deadline`. A load the device's
     /// budget has no room for yet is left to the call's job, which waits for room.
+    /// `name`: the tenant's name for the model, the one its errors give.
     pub async fn ensure_resident(
         &self,
+        name: &str,
         model: &Arc<ModelCopy>,
         deadline: tokio::time::Instant,
     ) -> Result<(), ComputeError> {
         if model.holds_memory() || !self.serves(model) {
             return Ok(());
         }
-        let name = || model.queue.model().to_string();
+        let name = || name.to_string();
         let loaded = tokio::time::timeout_at(deadline, async {
             let _one_at_a_time = self.loads.lock().await;
             if model.holds_memory() {

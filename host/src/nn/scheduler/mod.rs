@@ -101,6 +101,32 @@ pub enum ComputeError {
 }
 
 impl ComputeError {
+    /// The same error naming the model as its caller does. Identical weights of several
+    /// tenants are one copy, made under the name the first of them gave it: another tenant's
+    /// errors must not show that name.
+    pub fn naming(mut self, name: &str) -> Self {
+        match &mut self {
+            Self::InvalidInput(_) => {}
+            Self::Overloaded { model, .. }
+            | Self::WaitTooLong { model, .. }
+            | Self::OverShare { model, .. }
+            | Self::DeadlineExceeded { model, .. }
+            | Self::TooLate { model, .. }
+            | Self::Backend { model, .. }
+            | Self::Stopped { model }
+            | Self::LoadFailed { model, .. }
+            | Self::NoRoom { model, .. }
+            | Self::ResidentCap { model, .. }
+            | Self::CircuitOpen { model, .. }
+            | Self::RunMemory { model, .. }
+            | Self::OutputTooLarge { model, .. } => {
+                model.clear();
+                model.push_str(name);
+            }
+        }
+        self
+    }
+
     /// A run that asked for more than runs may hold in all: no retry gets it.
     pub fn never_fits(&self) -> bool {
         matches!(self, Self::RunMemory { requested, cap, .. } if requested > cap)
@@ -415,7 +441,8 @@ impl ModelQueue {
     /// loaded.
     pub async fn load(&self, reason: LoadReason) -> Result<(), LoadError> {
         let (reply, answer) = oneshot::channel();
-        let stopped = || LoadError::Failed(format!("model '{}' is shutting down", self.model));
+        // Not named: the caller's error names the model as the caller knows it.
+        let stopped = || LoadError::Failed("the model is shutting down".to_string());
         self.controls.send(Control::Load(reason, reply)).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
