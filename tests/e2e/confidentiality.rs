@@ -267,6 +267,20 @@ async fn errors_of_shared_weights_name_the_callers_model_never_anothers() {
     let (code, body) = server.infer("hostile", MALLORY, &request).await;
     assert_eq!(code, 504, "{body}");
     assert!(!body.to_string().contains(SECRET), "{body}");
+    // Its calls are counted under its own name for the model.
+    let mallorys = [("tenant", "mallory"), ("model", "spy")];
+    let calls =
+        |scrape: &crate::metrics::Scrape| scrape.sum(sluice::telemetry::metrics::names::NN_COMPUTE_CALLS, &mallorys);
+    let before = calls(&crate::metrics::Scrape::of(&server).await);
+    assert_eq!(server.infer("spy", MALLORY, &digit_row()).await.0, 200);
+    let mut request = digit_row();
+    request["parameters"] = json!({ "mode": "compute", "model": "spy" });
+    assert_eq!(server.infer("hostile", MALLORY, &request).await.0, 200);
+    let scrape = crate::metrics::Scrape::of(&server).await;
+    assert_eq!(calls(&scrape) - before, 2.0);
+    assert!(scrape.sum(sluice::telemetry::metrics::names::TENANT_COMPUTE, &mallorys) > 0.0);
+    let named = scrape.labelled(SECRET);
+    assert!(named.iter().all(|series| !series.contains("\"mallory\"")), "{named:?}");
     // The victim's own errors name its own model.
     let mut request = digit_row();
     request["parameters"] = json!({ "timeout": 1 });

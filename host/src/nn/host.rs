@@ -19,6 +19,7 @@ use super::backend::Backend;
 use super::models::{ModelCopy, ModelPins, TenantModels};
 use super::scheduler::{ComputeError, CpuBoundGuest, Loaded, QueueSettings, Residence, Share};
 use crate::registry::placement::Placement;
+use crate::telemetry::metrics::RAW_LOAD;
 use crate::tensor::{ElementType, Tensor};
 use bindings::wasi::nn::{errors, graph, inference, tensor};
 
@@ -386,13 +387,13 @@ impl graph::Host for NnView<'_> {
             autoscale: None,
         };
         let model = Arc::new(ModelCopy::start(
-            "raw",
+            RAW_LOAD,
             String::new(),
             kind,
             (Loaded { graphs: vec![graph], memory: Vec::new() }, Residence::default()),
             settings,
         ));
-        let name = "raw".to_string();
+        let name = RAW_LOAD.to_string();
         self.track(name.len() + RESOURCE_OVERHEAD)?;
         Ok(Ok(self.table.push(HostGraph { name, model })?))
     }

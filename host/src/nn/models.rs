@@ -250,6 +250,7 @@ impl ModelCopy {
         }
         let result = match self.check_inputs(&inputs) {
             Ok(()) => {
+                let share = Share { model: name.into(), ..share };
                 let span = tracing::debug_span!("queue", model = %self.queue.model(), rows);
                 self.queue.compute(inputs, deadline, share).instrument(span).await
             }

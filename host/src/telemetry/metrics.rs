@@ -56,6 +56,10 @@ pub mod names {
     pub const STORE_ERRORS: &str = "sluice_store_errors_total";
 }
 
+/// The name of a model a guest loaded from bytes (`wasi-nn` `load`), which has none of its own:
+/// its errors and its series' `model` label.
+pub const RAW_LOAD: &str = "raw";
+
 /// The protocol a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -211,18 +215,19 @@ impl Served {
     }
 
     /// Whether the series with these labels is of something served: its tenant, its app or
-    /// model (a name of the tenant's, a model copy's name, or none: a request refused before
-    /// its name was known) and its version (one of the name's, or none).
+    /// model (a name of the tenant's, a model copy's name such as a shared model's, a raw
+    /// load, or none: a request refused before its name was known) and its version (one of
+    /// the name's, or none).
     fn serves(&self, labels: &[(String, String)], copies: &HashSet<String>) -> bool {
         let label = |key: &str| labels.iter().find(|(k, _)| k == key).map(|(_, value)| value.as_str());
         let Some(names) = label("tenant").and_then(|tenant| self.0.get(tenant)) else { return false };
         let name = match label("app").or_else(|| label("model")) {
-            None | Some("") => return true,
+            None | Some("" | RAW_LOAD) => return true,
             Some(name) => name,
         };
         match names.get(name) {
             Some(versions) => label("version").is_none_or(|version| version.is_empty() || versions.contains(version)),
-            // wasi-nn calls are counted under the copy's name (a shared model's, a raw load's).
+            // A shared model's name is its copy's.
             None => copies.contains(name),
         }
     }
@@ -896,6 +901,7 @@ mod tests {
         request("acme", "", "");
         request("gone-tenant", "kept", "1");
         metrics.compute_call("acme", "a-shared-copy");
+        metrics.compute_call("acme", RAW_LOAD);
         metrics.compute_call("acme", "deleted");
         metrics.guest("acme", "kept", "gone-version", Duration::from_millis(1), Some("trap"));
         metrics.response_cache("acme", "deleted", true);
@@ -919,10 +925,15 @@ mod tests {
             r#"sluice_requests_total{app="",protocol="grpc",status="2xx",tenant="acme",version=""} 1"#,
             r#"sluice_requests_total{app="made-meanwhile",protocol="grpc",status="2xx",tenant="acme",version="1"} 1"#,
             r#"sluice_nn_compute_calls_total{model="a-shared-copy",tenant="acme"} 1"#,
+            r#"sluice_nn_compute_calls_total{model="raw",tenant="acme"} 1"#,
         ] {
             assert!(text.contains(kept), "{kept} stays: {text}");
         }
-        assert_eq!(metrics.sweep(Served::default), 2 + 2 + 2 + 1, "with nothing served, everything tenants had goes");
+        assert_eq!(
+            metrics.sweep(Served::default),
+            2 + 2 + 2 + 1 + 1,
+            "with nothing served, everything tenants had goes"
+        );
         assert!(!metrics.render().contains("acme"));
     }
 }

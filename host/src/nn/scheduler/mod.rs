@@ -496,7 +496,7 @@ impl ModelQueue {
         deadline: Instant,
         share: Share,
     ) -> Result<NamedTensors, ComputeError> {
-        metrics().compute_call(&share.tenant, &self.model);
+        metrics().compute_call(&share.tenant, &share.model);
         // The model's name as an owned string only for an error: not every call's allocation.
         let model = || self.model.to_string();
         let rows = inputs.first().map_or(1, |(_, t)| t.rows());
@@ -1396,6 +1396,8 @@ struct Prepared {
     /// The most bytes of outputs each job's caller can take.
     output_limits: Vec<usize>,
     tenants: Vec<Arc<str>>,
+    /// Each job's caller's name for the model (see [`Share::model`]).
+    models: Vec<Arc<str>>,
     bills: Vec<Bill>,
     waits: Vec<Duration>,
     enqueued: Vec<std::time::Instant>,
@@ -1416,7 +1418,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let waits: Vec<Duration> = batch.iter().map(|job| started.saturating_duration_since(job.enqueued)).collect();
     // The books are kept per tenant, not per job: a batch of a hundred one-row jobs takes one
     // lock of the backlog and finds each tenant's counters once.
-    let per_tenant = sum_per_tenant(
+    let per_tenant = sum_per(
         batch.iter().zip(&waits).map(|(job, wait)| (&job.share.tenant, (1, job.rows, *wait))),
         |(jobs, rows, waited), (more_jobs, more_rows, more_waited)| {
             (*jobs, *rows, *waited) = (*jobs + more_jobs, *rows + more_rows, *waited + more_waited);
@@ -1429,6 +1431,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let output_limits: Vec<usize> = batch.iter().map(|j| j.share.max_output_bytes).collect();
     let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
+    let models: Vec<Arc<str>> = batch.iter().map(|j| j.share.model.clone()).collect();
     let bills: Vec<Bill> = batch.iter().map(|j| j.share.bill.clone()).collect();
     let enqueued: Vec<std::time::Instant> = batch.iter().map(|j| j.enqueued).collect();
     let last_deadline = batch.iter().map(|j| j.deadline).max().unwrap_or(started);
@@ -1452,6 +1455,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
         rows,
         output_limits,
         tenants,
+        models,
         bills,
         waits,
         enqueued,
@@ -1764,16 +1768,16 @@ impl FollowOn {
 }
 
 /// Charge each job its share of a batch's compute time (`costs`, in the jobs' order) onto its
-/// request's bill and its tenant's compute counter.
-fn charge(execution: &Execution, device: &str, (tenants, bills): (&[Arc<str>], &[Bill]), costs: &[Duration]) {
+/// request's bill and its tenant's compute counter (under the tenant's name for the model).
+fn charge(device: &str, (tenants, models, bills): (&[Arc<str>], &[Arc<str>], &[Bill]), costs: &[Duration]) {
     // Each request's bill its own share; the metric each tenant's in one sum (a label
     // lookup per tenant, not per job).
-    let shares = costs.iter().zip(tenants).zip(bills).map(|((&cost, tenant), bill)| {
+    let shares = costs.iter().zip(tenants.iter().zip(models)).zip(bills).map(|((&cost, caller), bill)| {
         bill.charge(cost);
-        (tenant, cost)
+        (caller, cost)
     });
-    for (tenant, share) in sum_per_tenant(shares, |sum, more| *sum += more) {
-        metrics().tenant_compute(tenant, &execution.model, device, share);
+    for ((tenant, model), share) in sum_per(shares, |sum, more| *sum += more) {
+        metrics().tenant_compute(tenant, model, device, share);
     }
 }
 
@@ -1798,17 +1802,14 @@ fn add_run_cost(
     }
 }
 
-/// A batch's values summed per tenant by `add`, in the order the tenants first come (a batch
-/// holds few tenants: a walk beats a map).
-fn sum_per_tenant<'a, V>(
-    values: impl IntoIterator<Item = (&'a Arc<str>, V)>,
-    add: impl Fn(&mut V, V),
-) -> Vec<(&'a Arc<str>, V)> {
-    let mut sums: Vec<(&Arc<str>, V)> = Vec::new();
-    for (tenant, value) in values {
-        match sums.iter_mut().find(|(seen, _)| *seen == tenant) {
+/// A batch's values summed per key (a tenant, or a tenant and its name for the model) by
+/// `add`, in the order the keys first come (a batch holds few tenants: a walk beats a map).
+fn sum_per<K: PartialEq, V>(values: impl IntoIterator<Item = (K, V)>, add: impl Fn(&mut V, V)) -> Vec<(K, V)> {
+    let mut sums: Vec<(K, V)> = Vec::new();
+    for (key, value) in values {
+        match sums.iter_mut().find(|(seen, _)| *seen == key) {
             Some((_, sum)) => add(sum, value),
-            None => sums.push((tenant, value)),
+            None => sums.push((key, value)),
         }
     }
     sums
@@ -1831,6 +1832,7 @@ fn finish(
         rows,
         output_limits,
         tenants,
+        models,
         bills,
         waits,
         enqueued,
@@ -1943,7 +1945,7 @@ fn finish(
     metrics().batch(series, waits, total_rows, infer_time);
     // Charged before anyone is answered, so a request's bill is complete once it has its outputs.
     if !infer_time.is_zero() {
-        charge(execution, &device, (&tenants, &bills), &costs);
+        charge(&device, (&tenants, &models, &bills), &costs);
     }
     execution.last_use.touch(std::time::Instant::now());
     for (reply, answer) in replies.into_iter().zip(answers) {

@@ -111,6 +111,9 @@ pub struct Share {
     /// The most bytes of outputs the caller can take: a job over it is answered with its size
     /// before its outputs are copied out of the engine.
     pub max_output_bytes: usize,
+    /// The caller's name for the model, its metrics' label: identical weights of several
+    /// tenants are one copy, made under the name the first of them gave it.
+    pub model: Arc<str>,
 }
 
 /// The priority of a request that names none (or 0, as Triton reads it): after every named one.
@@ -119,7 +122,14 @@ pub const DEFAULT_PRIORITY: u64 = u64::MAX;
 impl Share {
     /// A share with a fresh bill (one per request), at the default priority.
     pub fn new(tenant: Arc<str>, weight: u32) -> Self {
-        Self { tenant, weight, priority: DEFAULT_PRIORITY, bill: Bill::default(), max_output_bytes: usize::MAX }
+        Self {
+            tenant,
+            weight,
+            priority: DEFAULT_PRIORITY,
+            bill: Bill::default(),
+            max_output_bytes: usize::MAX,
+            model: Arc::default(),
+        }
     }
 
     /// The same share for a caller that can take at most `bytes` of outputs.
