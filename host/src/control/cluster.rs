@@ -21,7 +21,7 @@
 //! Without a shared store the same documents live in the data directory and the lone
 //! server holds the lease: its budgets, events and references survive its restarts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -48,10 +48,12 @@ const FOLD_AFTER_MINUTES: u32 = 2;
 const GONE_AFTER_MS: u64 = 3_600_000;
 /// A lease term, in polls of the store.
 const LEASE_POLLS: u32 = 10;
-/// How often the lease holder deletes blobs no control document names.
+/// How often the lease holder deletes blobs no control document names, and the drift
+/// references of models no tenant has.
 const BLOB_SWEEP_EVERY: Duration = Duration::from_secs(600);
 /// A blob younger than this is kept even if nothing names it yet: an upload writes its blob
-/// before the control document that names it.
+/// before the control document that names it. So is a drift reference (written by a replica
+/// that may know a model the holder has yet to read).
 const BLOB_GRACE_MS: u64 = 3_600_000;
 const MINUTES_PER_DAY: u32 = 24 * 60;
 
@@ -358,6 +360,10 @@ impl Cluster {
             if deleted > 0 {
                 tracing::info!(deleted, "blobs no control document names were deleted from the store");
             }
+            let deleted = self.sweep_drift_references(&model_drift_keys(state), unix_ms()).await?;
+            if deleted > 0 {
+                tracing::info!(deleted, "drift references of models no tenant has were deleted from the store");
+            }
         }
         if self.fleet_written.lock().unwrap_or_else(PoisonError::into_inner).as_ref() != Some(&fleet) {
             self.write_json(FLEET, &fleet).await?;
@@ -452,7 +458,7 @@ impl Cluster {
     /// are older than [`BLOB_GRACE_MS`] at `now_unix_ms`; returns how many. A document that
     /// cannot be read stops the sweep (a blob it names must not go).
     async fn sweep_blobs(&self, now_unix_ms: u64) -> Result<usize, SharedError> {
-        let mut named = std::collections::HashSet::new();
+        let mut named = HashSet::new();
         for listed in self.store.list("control").await? {
             let Some(document) = self.store.get_json::<TenantControl>(&listed.key).await? else { continue };
             named.extend(document.blobs());
@@ -474,6 +480,21 @@ impl Cluster {
         Ok(deleted)
     }
 
+    /// Delete the drift references of models no tenant has (`live`: the keys of those it has)
+    /// that are older than [`BLOB_GRACE_MS`] at `now_unix_ms`; returns how many. Each is up to
+    /// a model's whole reference window, and names a tenant uploads and deletes would otherwise
+    /// leave theirs in the store for good.
+    async fn sweep_drift_references(&self, live: &HashSet<String>, now_unix_ms: u64) -> Result<usize, SharedError> {
+        let mut deleted = 0;
+        for listed in self.store.list(DRIFT).await? {
+            if !live.contains(&listed.key) && listed.last_modified_unix_ms + BLOB_GRACE_MS < now_unix_ms {
+                self.store.delete(&listed.key).await?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
     /// Write references this replica completed (or a baseline set through it) and take up
     /// the ones others wrote.
     async fn share_drift_references(&self, state: &ServingState) -> Result<(), SharedError> {
@@ -484,10 +505,15 @@ impl Cluster {
                 if let Some(monitor) =
                     tenant.models.own(name.as_str()).and_then(|(_, model)| model.drift.get(id.as_str()))
                 {
-                    monitors.push((format!("{DRIFT}/{id}/{name}.bin"), monitor));
+                    monitors.push((drift_key(id.as_str(), name.as_str()), monitor));
                 }
             }
         }
+        // What was seen of a model's reference goes with the model.
+        self.drift_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|key, _| monitors.iter().any(|(live, _)| live == key));
         if monitors.is_empty() {
             return Ok(());
         }
@@ -542,6 +568,21 @@ impl Cluster {
     }
 }
 
+/// Where a tenant's drift reference of one of its models is kept in the store.
+fn drift_key(tenant: &str, model: &str) -> String {
+    format!("{DRIFT}/{tenant}/{model}.bin")
+}
+
+/// The drift reference keys of every model every tenant has.
+fn model_drift_keys(state: &ServingState) -> HashSet<String> {
+    let mut keys = HashSet::new();
+    for tenant in state.all_tenants() {
+        let id = tenant.spec().id.clone();
+        keys.extend(tenant.models.own_names().iter().map(|name| drift_key(id.as_str(), name.as_str())));
+    }
+    keys
+}
+
 /// Every app of every tenant, by `tenant/app`.
 fn apps_of(state: &ServingState) -> Vec<(String, Arc<AppState>)> {
     let mut apps = Vec::new();
@@ -570,6 +611,24 @@ mod tests {
 
     fn bucket(minute: u32, valid: u32, errors: u32) -> MinuteBucket {
         MinuteBucket { minute, valid, errors, answered: valid - errors, slow: 0 }
+    }
+
+    #[tokio::test]
+    async fn the_sweep_deletes_only_old_drift_references_of_models_no_tenant_has() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = SharedStore::open(&format!("file://{}", dir.path().display())).expect("opens");
+        let cluster = Cluster::new(store, "r1", Duration::from_millis(100));
+        let (kept, deleted) = (drift_key("acme", "kept"), drift_key("acme", "deleted"));
+        for key in [&kept, &deleted] {
+            cluster.store.put(key, Bytes::from_static(b"reference")).await.expect("stores");
+        }
+        let live = HashSet::from([kept.clone()]);
+        let hour = BLOB_GRACE_MS;
+        let sweep = |now| cluster.sweep_drift_references(&live, now);
+        assert_eq!(sweep(unix_ms()).await.expect("sweeps"), 0, "a young reference may be of a model not read yet");
+        assert_eq!(sweep(unix_ms() + hour + 60_000).await.expect("sweeps"), 1, "an old one of no model goes");
+        assert!(cluster.store.get(&kept).await.expect("reads").is_some(), "a live model's stays");
+        assert!(cluster.store.get(&deleted).await.expect("reads").is_none());
     }
 
     #[tokio::test]
