@@ -87,3 +87,70 @@ async fn an_alternating_tenant_splits_the_others_report_into_periods_without_and
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && message.contains("--alternate names no --tenant: c"), "{message}");
 }
+
+/// A measurement for BENCHMARKS.md, not a check (`--ignored` runs it): a victim calls
+/// `digits-mlp` 300 times, one at a time and 5 ms apart, alone and then beside a hog tenant
+/// whose `HOG_MODELS` (default 8) uploaded heavy models (`onnx::slow_compute(HOG_SIZE, 4 + i)`,
+/// `HOG_SIZE` default 384: MatMul chains, each its own copy) two client tasks each keep busy.
+/// Prints the victim's p50 and p99 both ways and the hog's requests a second:
+/// `HOG_MODELS=16 cargo test --release -p sluice --test e2e -- --ignored --nocapture heavy_models`.
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored"]
+async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    let setting = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (models, size) = (setting("HOG_MODELS", 8), setting("HOG_SIZE", 384));
+    let tenants = Tenants::new();
+    let victim = tenant_header("victim", "key-victim", "") + &model_entry("digits-mlp", &digits_model(), None);
+    tenants.write("victim.toml", &victim);
+    tenants.write("hog.toml", &tenant_header("hog", "key-hog", "guest_deadline_ms = 60000"));
+    let server = Arc::new(Server::start(tenants.path(), &[]));
+    for i in 0..models {
+        let weights = crate::onnx::slow_compute(size as i64, 4 + i);
+        let (status, body) =
+            server.send(reqwest::Method::PUT, &format!("/control/v1/models/hog-{i}"), "key-hog", weights).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let row = serde_json::json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] });
+    let victim_run = || async {
+        let mut times = Vec::new();
+        for _ in 0..300 {
+            let started = Instant::now();
+            assert_eq!(server.infer("digits-mlp", "key-victim", &row).await.0, 200);
+            times.push(started.elapsed().as_secs_f64() * 1000.0);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        times.sort_by(f64::total_cmp);
+        (times[150], times[297])
+    };
+    let alone = victim_run().await;
+    let (stop, served) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let hogs: Vec<_> = (0..2 * models)
+        .map(|task| {
+            let (server, stop, served) = (server.clone(), stop.clone(), served.clone());
+            tokio::spawn(async move {
+                let body = serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.001] }] });
+                while !stop.load(Ordering::Relaxed) {
+                    if server.infer(&format!("hog-{}", task % models), "key-hog", &body).await.0 == 200 {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (before, started) = (served.load(Ordering::Relaxed), Instant::now());
+    let beside = victim_run().await;
+    let rate = (served.load(Ordering::Relaxed) - before) as f64 / started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for hog in hogs {
+        hog.await.expect("a hog client");
+    }
+    println!(
+        "| {models} ({size}) | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {rate:.0} |",
+        alone.0, alone.1, beside.0, beside.1
+    );
+}
