@@ -510,10 +510,8 @@ impl Cluster {
             }
         }
         // What was seen of a model's reference goes with the model.
-        self.drift_seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|key, _| monitors.iter().any(|(live, _)| live == key));
+        let live: HashSet<&str> = monitors.iter().map(|(key, _)| key.as_str()).collect();
+        self.drift_seen.lock().unwrap_or_else(PoisonError::into_inner).retain(|key, _| live.contains(key.as_str()));
         if monitors.is_empty() {
             return Ok(());
         }

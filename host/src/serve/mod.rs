@@ -457,14 +457,8 @@ async fn sweep_gone_names(state: Arc<ServingState>, tick: Duration) {
     loop {
         ticker.tick().await;
         let state = state.clone();
-        let swept = tokio::task::spawn_blocking(move || {
-            for tenant in state.all_tenants() {
-                let names = tenant_names(&tenant);
-                tenant.activity.retain(|name| names.iter().any(|(served, _)| served == name));
-            }
-            crate::telemetry::metrics::metrics().sweep(|| served(&state))
-        })
-        .await;
+        let swept =
+            tokio::task::spawn_blocking(move || crate::telemetry::metrics::metrics().sweep(|| served(&state))).await;
         match swept {
             Ok(0) => {}
             Ok(removed) => tracing::debug!(removed, "series of deleted names left the metrics"),
@@ -486,7 +480,8 @@ fn tenant_names(tenant: &TenantState) -> Vec<(String, Vec<String>)> {
     apps.chain(models).collect()
 }
 
-/// Every tenant's names, as the metrics sweep asks.
+/// Every tenant's names, as the metrics sweep asks; each tenant's status page forgets the
+/// activity of names it no longer has on the way (one look at the names for both).
 fn served(state: &ServingState) -> Served {
     let mut served = Served::default();
     for tenant in state.all_tenants() {
@@ -495,6 +490,7 @@ fn served(state: &ServingState) -> Served {
         for (name, versions) in tenant_names(&tenant) {
             served.name(id.as_str(), &name, versions);
         }
+        tenant.activity.retain(|name| served.has(id.as_str(), name));
     }
     served
 }

@@ -214,6 +214,11 @@ impl Served {
         names.entry(name.to_string()).or_default().extend(versions);
     }
 
+    /// Whether `tenant` has `name` (an app or a model of its own).
+    pub fn has(&self, tenant: &str, name: &str) -> bool {
+        self.0.get(tenant).is_some_and(|names| names.contains_key(name))
+    }
+
     /// Whether the series with these labels is of something served: its tenant, its app or
     /// model (a name of the tenant's, a model copy's name such as a shared model's, a raw
     /// load, or none: a request refused before its name was known) and its version (one of
