@@ -276,6 +276,10 @@ fn queue_settings() -> QueueSettings {
         instances: 1,
         padding: None,
         autoscale: None,
+        // As the server's queues: runs on the host's cores take places there.
+        cores: Some(sluice::nn::scheduler::cores::CoreGate::new(
+            std::thread::available_parallelism().map_or(1, usize::from),
+        )),
     }
 }
 

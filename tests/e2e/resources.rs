@@ -424,3 +424,59 @@ async fn a_stream_whose_answers_are_not_read_reads_no_more_requests() {
     assert!((3.0..=6.0).contains(&served), "{served} requests ran for an unread stream");
     victim_served(&server).await;
 }
+
+#[tokio::test]
+async fn one_tenants_busy_models_take_at_most_the_cores_and_anothers_runs_never_wait_for_them() {
+    use crate::metrics::Scrape;
+    use sluice::telemetry::metrics::names::{TENANT_CORE_WAIT, TENANT_ENGINE_RUNS};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let tenants = Tenants::new();
+    tenants.write("victim.toml", &tenant_header("victim", VICTIM, ""));
+    tenants.write("evil.toml", &tenant_header("evil", EVIL, "guest_deadline_ms = 60000"));
+    let server = Arc::new(Server::start(tenants.path(), &[]));
+    // Twice as many heavy models as the host has cores (each its own copy, runs of a few ms),
+    // each kept busy by two clients: each of its runs was a thread on the cores.
+    let hogs = 2 * cores;
+    for i in 0..hogs {
+        let path = format!("/control/v1/models/heavy-{i}");
+        let (code, body) = server.send(Method::PUT, &path, EVIL, onnx::slow_compute(192, 5 + i)).await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/own", VICTIM, onnx::slow_compute(192, 4)).await;
+    assert_eq!(code, 201, "{body}");
+    let request = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.001] }] });
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..2 * hogs)
+        .map(|client| {
+            let (server, stop, request) = (server.clone(), stop.clone(), request.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    server.infer(&format!("heavy-{}", client % hogs), EVIL, &request).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The victim calls its own heavy model, one call at a time, while the evil tenant's runs
+    // are sampled: never more than the cores, and the victim's runs never wait for a place.
+    let mut most = 0.0f64;
+    for _ in 0..20 {
+        let (code, body) = server.infer("own", VICTIM, &request).await;
+        assert_eq!(code, 200, "{body}");
+        let scrape = Scrape::of(&server).await;
+        most = most.max(scrape.sum(TENANT_ENGINE_RUNS, &[("tenant", "evil")]));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.expect("a client");
+    }
+    assert!(most >= 1.0 && most <= cores as f64, "the evil tenant ran {most} at once on {cores} cores");
+    let scrape = Scrape::of(&server).await;
+    assert!(scrape.sum(TENANT_CORE_WAIT, &[("tenant", "evil")]) > 0.0, "its runs over its share waited");
+    assert_eq!(scrape.sum(TENANT_CORE_WAIT, &[("tenant", "victim")]), 0.0, "the victim's never did");
+    assert_eq!(scrape.sum(TENANT_ENGINE_RUNS, &[]), 0.0, "every place went back");
+}

@@ -385,6 +385,7 @@ impl graph::Host for NnView<'_> {
             instances: 1,
             padding: None,
             autoscale: None,
+            cores: super::scheduler::cores::process_gate(),
         };
         let model = Arc::new(ModelCopy::start(
             RAW_LOAD,

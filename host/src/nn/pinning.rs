@@ -103,6 +103,11 @@ impl Graph for PinnedGraph {
         self.graph.device()
     }
 
+    /// Its runs take the cores it is pinned to, which the operator gave it.
+    fn shares_cores(&self) -> bool {
+        false
+    }
+
     fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
         let gone = || BackendError::InvalidInput("the instance's pinned thread is gone".to_string());
         let (reply, answer) = mpsc::sync_channel(1);

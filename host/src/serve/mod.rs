@@ -277,6 +277,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let registry = Registry::load(&config.tenants_dir)
         .with_context(|| format!("cannot load tenants from {}", config.tenants_dir.display()))?;
 
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    crate::nn::scheduler::cores::serve_cores(cores, config.backend_threads);
     let backends = backend::available(&BackendSettings {
         onnxruntime_library: config.onnxruntime_library.clone(),
         threads: config.backend_threads,

@@ -28,6 +28,8 @@ pub mod names {
     pub const GUEST_TRAPS: &str = "sluice_guest_traps_total";
     pub const NN_COMPUTE_CALLS: &str = "sluice_nn_compute_calls_total";
     pub const TENANT_COMPUTE: &str = "sluice_tenant_compute_seconds_total";
+    pub const TENANT_ENGINE_RUNS: &str = "sluice_tenant_engine_runs";
+    pub const TENANT_CORE_WAIT: &str = "sluice_tenant_core_wait_seconds_total";
     pub const QUEUE_WAIT: &str = "sluice_queue_wait_seconds";
     pub const QUEUE_DEPTH: &str = "sluice_queue_depth";
     pub const BATCH_ROWS: &str = "sluice_batch_rows";
@@ -300,6 +302,8 @@ pub struct Metrics {
     store_errors: IntCounter,
     degraded: IntCounterVec,
     response_cache: IntCounterVec,
+    engine_runs: IntGaugeVec,
+    core_wait: CounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -426,6 +430,18 @@ impl Metrics {
                 RESPONSE_CACHE,
                 "Requests to models and apps with a response cache, by whether the tenant's cache held the answer.",
                 &["tenant", "model", "outcome"],
+            ),
+            engine_runs: int_gauge(
+                &registry,
+                TENANT_ENGINE_RUNS,
+                "A tenant's engine runs on the host's shared cores now (a batch of several tenants counts for each).",
+                &["tenant"],
+            ),
+            core_wait: float_counter(
+                &registry,
+                TENANT_CORE_WAIT,
+                "Time a tenant's engine runs waited for its weighted share of the host's cores.",
+                &["tenant"],
             ),
             open_connections,
             refused_connections: counter(
@@ -621,6 +637,20 @@ impl Metrics {
         }
     }
 
+    /// `tenant`'s engine runs on the shared cores now.
+    pub fn engine_runs(&self, tenant: &str, runs: usize) {
+        if self.on() {
+            self.engine_runs.with_label_values(&[tenant]).set(i64::try_from(runs).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A run of `tenant`'s waited `waited` for its share of the cores.
+    pub fn core_wait(&self, tenant: &str, waited: Duration) {
+        if self.on() {
+            self.core_wait.with_label_values(&[tenant]).inc_by(waited.as_secs_f64());
+        }
+    }
+
     /// A request to a model or app with a response cache: `hit` or not.
     pub fn response_cache(&self, tenant: &str, model: &str, hit: bool) {
         if self.on() {
@@ -782,7 +812,7 @@ impl Metrics {
     /// life of the process. `served` is asked after the series are read, so a name made in
     /// between is never taken for a gone one. Returns how many series left.
     pub fn sweep(&self, served: impl FnOnce() -> Served) -> usize {
-        let families: [&dyn SweptFamily; 13] = [
+        let families: [&dyn SweptFamily; 15] = [
             &self.requests,
             &self.request_duration,
             &self.inflight,
@@ -796,6 +826,8 @@ impl Metrics {
             &self.slo_burn,
             &self.degraded,
             &self.response_cache,
+            &self.engine_runs,
+            &self.core_wait,
         ];
         let seen: Vec<_> = families.iter().map(|family| family.series()).collect();
         let served = served();

@@ -114,6 +114,12 @@ pub trait Graph: Send + Sync {
         DeviceId::Cpu
     }
 
+    /// Whether its runs take the host's shared cores (not a GPU's, nor cores of their own):
+    /// tenants share those by weight across every model.
+    fn shares_cores(&self) -> bool {
+        self.device() == DeviceId::Cpu
+    }
+
     /// Run on named inputs already checked against the signature; outputs in signature order,
     /// where the engine left them if it can ([`Output`]). `stop` may end the run early from
     /// another thread (backends that cannot stop a run ignore it). The inputs are left as they

@@ -18,6 +18,7 @@
 pub mod admission;
 pub mod autoscale;
 mod buffers;
+pub mod cores;
 pub mod padding;
 pub mod queue;
 
@@ -41,6 +42,7 @@ use crate::tensor::{Tensor, TensorView};
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use buffers::StackBuffers;
+use cores::{CoreGate, Place, Runners};
 use padding::PaddingRule;
 use queue::{BatchQueue, FirstShape, QueuePolicy, Queued};
 pub use queue::{Bill, Share};
@@ -302,6 +304,9 @@ pub struct QueueSettings {
     pub padding: Option<PaddingRule>,
     /// Grow and shrink the instances between bounds; `None`: always `instances`.
     pub autoscale: Option<AutoscaleSettings>,
+    /// The host's cores, which its runs there share with every other model's by tenant
+    /// ([`cores`]); `None`: they take them unchecked.
+    pub cores: Option<Arc<CoreGate>>,
 }
 
 /// One of the autoscaler's changes, as the control API shows it.
@@ -383,6 +388,8 @@ impl ModelQueue {
             last_use: last_use.clone(),
             row_time: RowTime::default(),
             answered_at: Mutex::new(None),
+            cores: settings.cores.clone(),
+            seating: AtomicUsize::new(0),
         };
         let (instances, events) = (execution.instances.clone(), execution.events.clone());
         #[cfg(test)]
@@ -569,11 +576,16 @@ struct Execution {
     last_use: Arc<LastUse>,
     /// How long a row and a run of this model take, lately: whether a batch runs in place.
     row_time: RowTime,
-    /// When a batch last ended: a job that expires with none ended since it came waited on
-    /// a model that answered nobody, not behind the load.
+    /// When a batch last ended (or waited for its tenants' share of the cores): a job that
+    /// expires with none ended since it came waited on a model that answered nobody, not
+    /// behind the load.
     answered_at: Mutex<Option<std::time::Instant>>,
     /// Buffers its large batches were stacked into, for the next ones.
     buffers: Arc<StackBuffers>,
+    /// The host's cores its runs there take a place on, if checked.
+    cores: Option<Arc<CoreGate>>,
+    /// Its batches waiting for a place on the cores now.
+    seating: AtomicUsize,
 }
 
 /// Longest a batch may be expected to run on the async runtime's thread, in place, rather
@@ -652,7 +664,12 @@ impl RowTime {
 }
 
 impl Execution {
+    /// When it last answered a batch, for judging whether it stalled. While one of its batches
+    /// waits for its tenants' share of the cores, now: that is the load, not the model.
     fn answered_at(&self) -> Option<std::time::Instant> {
+        if self.seating.load(Ordering::Relaxed) > 0 {
+            return Some(std::time::Instant::now());
+        }
         *self.answered_at.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -1223,19 +1240,7 @@ async fn run_queue(
             let follow_on = FollowOn::open();
             threads.retain(|(_, follow_on)| !follow_on.is_closed());
             threads.push((device, follow_on.clone()));
-            let runtime = tokio::runtime::Handle::current();
-            running.spawn(async move {
-                let began = std::time::Instant::now();
-                let (instance, thread) = (graph.clone(), follow_on.clone());
-                match tokio::task::spawn_blocking(move || thread.run_from(&*instance, first, &runtime)).await {
-                    Ok(last) => last.answer_here_unless_large(),
-                    // A panic outside the engine's run (which is caught) leaves that batch's
-                    // callers without an answer (their channels close); one handed on behind
-                    // it is answered. The instance stays.
-                    Err(_) => follow_on.close().into_iter().for_each(ReadyRun::answer_failed),
-                }
-                (graph, began.elapsed())
-            });
+            running.spawn(run_on_thread(execution, graph, follow_on, first));
         }
         // Every instance runs and a full batch waits: an instance's thread takes it as its run
         // ends. Only a full one, so no batch is cut smaller than it would have been.
@@ -1282,6 +1287,57 @@ async fn run_queue(
     }
 }
 
+/// Run `first` on `graph`'s blocking thread, and what `follow_on` hands it meanwhile; where
+/// its runs take places on the cores, each waits for one here first, never on the thread.
+/// Returns the instance, with how long it was busy (its waits for places excluded).
+async fn run_on_thread(
+    execution: Arc<Execution>,
+    graph: Arc<dyn Graph>,
+    follow_on: Arc<FollowOn>,
+    first: ReadyRun,
+) -> (Arc<dyn Graph>, Duration) {
+    let began = std::time::Instant::now();
+    let cores = execution.cores.clone().filter(|_| graph.shares_cores());
+    let runtime = tokio::runtime::Handle::current();
+    let mut waited = Duration::ZERO;
+    let mut next = Some(first);
+    while let Some(ready) = next.take() {
+        let place = match cores.as_ref().map(|cores| (cores, cores.try_enter(ready.runners()))) {
+            None => None,
+            Some((_, Ok(place))) => Some(place),
+            Some((cores, Err(runners))) => {
+                let asked = std::time::Instant::now();
+                execution.seating.fetch_add(1, Ordering::Relaxed);
+                let place = cores.enter(runners, ready.watch.deadline.into()).await;
+                // Waiting for the cores is the load's doing, as good as an answer for
+                // judging whether the model stalled (marked before the wait stops counting).
+                execution.answered(std::time::Instant::now());
+                execution.seating.fetch_sub(1, Ordering::Relaxed);
+                waited += asked.elapsed();
+                if place.is_none() {
+                    ready.answer_unseated();
+                    next = follow_on.next_or_close();
+                    continue;
+                }
+                place
+            }
+        };
+        let (instance, thread, cores, runtime) = (graph.clone(), follow_on.clone(), cores.clone(), runtime.clone());
+        let run = move || thread.run_from(&*instance, (ready, place), cores.as_ref(), &runtime);
+        match tokio::task::spawn_blocking(run).await {
+            Ok((last, waits)) => {
+                last.answer_here_unless_large();
+                next = waits;
+            }
+            // A panic outside the engine's run (which is caught) leaves that batch's callers
+            // without an answer (their channels close); one handed on behind it is answered.
+            // The instance stays.
+            Err(_) => follow_on.close().into_iter().for_each(ReadyRun::answer_failed),
+        }
+    }
+    (graph, began.elapsed().saturating_sub(waited))
+}
+
 async fn sleep_until_due(due: Option<std::time::Instant>) {
     if let Some(due) = due {
         tokio::time::sleep_until(due.into()).await;
@@ -1295,6 +1351,9 @@ enum Ran {
     Ended(Vec<Run>),
     /// Every caller's deadline passed while it waited for the instance: not run.
     Expired,
+    /// Every caller's deadline passed while it waited for its tenants' share of the cores:
+    /// not run, and not for the model's stalling.
+    Unseated,
     /// The thread that was to run it panicked outside the engine's run.
     Panicked,
     /// The jobs' inputs did not stack into one batch: not run.
@@ -1396,6 +1455,8 @@ struct Prepared {
     /// The most bytes of outputs each job's caller can take.
     output_limits: Vec<usize>,
     tenants: Vec<Arc<str>>,
+    /// Its tenants, each once, with their weights, where its run takes a place on the cores.
+    runners: Runners,
     /// Each job's caller's name for the model (see [`Share::model`]).
     models: Vec<Arc<str>>,
     bills: Vec<Bill>,
@@ -1431,6 +1492,13 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let output_limits: Vec<usize> = batch.iter().map(|j| j.share.max_output_bytes).collect();
     let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
+    let runners = match execution.cores {
+        Some(_) => sum_per(batch.iter().map(|j| (&j.share.tenant, j.share.weight)), |_, _| {})
+            .into_iter()
+            .map(|(tenant, weight)| (tenant.clone(), weight))
+            .collect(),
+        None => Vec::new(),
+    };
     let models: Vec<Arc<str>> = batch.iter().map(|j| j.share.model.clone()).collect();
     let bills: Vec<Bill> = batch.iter().map(|j| j.share.bill.clone()).collect();
     let enqueued: Vec<std::time::Instant> = batch.iter().map(|j| j.enqueued).collect();
@@ -1455,6 +1523,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
         rows,
         output_limits,
         tenants,
+        runners,
         models,
         bills,
         waits,
@@ -1627,6 +1696,16 @@ impl ReadyRun {
         self.not_run(Ran::Expired).answer();
     }
 
+    /// Answer its jobs as expired waiting for their tenants' share of the cores.
+    fn answer_unseated(self) {
+        self.not_run(Ran::Unseated).answer();
+    }
+
+    /// Its tenants, to take a place on the cores for.
+    fn runners(&self) -> Runners {
+        self.prepared.runners.clone()
+    }
+
     /// Answer its jobs with the failure of the thread that was to run it.
     fn answer_failed(self) {
         self.not_run(Ran::Panicked).answer();
@@ -1747,20 +1826,41 @@ impl FollowOn {
         next.as_ref().is_some_and(|ready| ready.watch.stop.is_stopped()).then(|| next.take()).flatten()
     }
 
-    /// On the instance's blocking thread: run `first`, then each batch handed on meanwhile.
-    /// Each batch but the last is answered from `runtime` as the next one runs (one wake from
-    /// this thread, not one a caller; see [`Computed::answer_on`]); the last is returned, for
-    /// the task that waits on this thread to answer.
-    fn run_from(&self, graph: &dyn Graph, first: ReadyRun, runtime: &tokio::runtime::Handle) -> Computed {
+    /// The batch handed on, if any; if none, it closes (its thread goes back).
+    fn next_or_close(&self) -> Option<ReadyRun> {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = slot.as_mut().and_then(Option::take);
+        if next.is_none() {
+            *slot = None;
+        }
+        next
+    }
+
+    /// On the instance's blocking thread: run `first` (on `place` where the cores are
+    /// checked), then each batch handed on meanwhile that gets a place at once. Each batch but
+    /// the last is answered from `runtime` as the next one runs (one wake from this thread,
+    /// not one a caller; see [`Computed::answer_on`]); the last is returned, for the task that
+    /// waits on this thread to answer, with the next batch where it must wait for a place
+    /// (there, not on this thread).
+    fn run_from(
+        &self,
+        graph: &dyn Graph,
+        (first, mut place): (ReadyRun, Option<Place>),
+        cores: Option<&Arc<CoreGate>>,
+        runtime: &tokio::runtime::Handle,
+    ) -> (Computed, Option<ReadyRun>) {
         let mut current = first;
         loop {
             let computed = current.compute(graph);
-            let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(next) = slot.as_mut().and_then(Option::take) else {
-                *slot = None;
-                return computed;
-            };
-            drop(slot);
+            // Its place goes back before the next batch asks for one.
+            drop(place.take());
+            let Some(next) = self.next_or_close() else { return (computed, None) };
+            if let Some(cores) = cores {
+                match cores.try_enter(next.runners()) {
+                    Ok(taken) => place = Some(taken),
+                    Err(_) => return (computed, Some(next)),
+                }
+            }
             computed.answer_on(runtime);
             current = next;
         }
@@ -1852,6 +1952,12 @@ fn finish(
             for (reply, enqueued) in replies.into_iter().zip(enqueued) {
                 let stalled = answered_before.is_none_or(|answered| answered < enqueued);
                 let _ = reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string(), stalled }));
+            }
+            return;
+        }
+        Ran::Unseated => {
+            for reply in replies {
+                let _ = reply.send(Err(ComputeError::DeadlineExceeded { model: model.to_string(), stalled: false }));
             }
             return;
         }
@@ -2050,6 +2156,7 @@ mod tests {
             instances: 1,
             padding: None,
             autoscale: None,
+            cores: None,
         }
     }
 
@@ -2752,5 +2859,89 @@ mod tests {
         assert!(first.is_ok(), "{first:?}");
         assert_eq!(stalled(&behind), Some(true), "the model answered nobody in time: {behind:?}");
         assert!(answered_after < Duration::from_millis(400), "answered after {answered_after:?}, not at its deadline");
+    }
+
+    /// A graph whose runs take 30 ms, counting in `going` the runs of every graph that shares
+    /// it now, and in `most` the most seen at once.
+    struct Counted {
+        signature: Signature,
+        going: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
+    }
+
+    impl Graph for Counted {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
+            let now = self.going.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(30));
+            self.going.fetch_sub(1, Ordering::SeqCst);
+            Ok(Output::all(inputs.clone()))
+        }
+    }
+
+    /// A queue of one instance of [`Counted`] running one-row batches, whose runs there take
+    /// places on `cores`.
+    fn counted_queue(
+        model: &str,
+        cores: &Arc<CoreGate>,
+        (going, most): (&Arc<AtomicUsize>, &Arc<AtomicUsize>),
+    ) -> ModelQueue {
+        let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
+        let signature = Signature { inputs: vec![spec.clone()], outputs: vec![spec] };
+        let graph = Counted { signature, going: going.clone(), most: most.clone() };
+        let loaded = Loaded { graphs: vec![Arc::new(graph)], memory: Vec::new() };
+        let settings = QueueSettings { max_batch_rows: 1, cores: Some(cores.clone()), ..settings() };
+        ModelQueue::start(model, "none", (loaded, Residence::default()), true, settings, Arc::default())
+    }
+
+    fn tenant(name: &str) -> Share {
+        Share::new(name.into(), 1)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_tenants_models_hold_its_share_of_the_cores_and_anothers_run_goes_in_at_once() {
+        // Two cores; the hog's four models, four one-row jobs each, all sent at once.
+        let cores = CoreGate::new(2);
+        let counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let hogs: Vec<ModelQueue> =
+            (0..4).map(|i| counted_queue(&format!("hog-{i}"), &cores, (&counts.0, &counts.1))).collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let hog_jobs = hogs.iter().flat_map(|queue| (0..4).map(move |_| queue.compute(row(), deadline, tenant("hog"))));
+        // Beside them, another tenant's model: its run goes in at once, under its share.
+        let victim_counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let victim = counted_queue("victim", &cores, (&victim_counts.0, &victim_counts.1));
+        let beside = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let sent = std::time::Instant::now();
+            let answered = victim.compute(row(), deadline, tenant("victim")).await;
+            (answered, sent.elapsed())
+        };
+        let (results, (answered, took)) = tokio::join!(futures::future::join_all(hog_jobs), beside);
+        assert!(answered.is_ok(), "{answered:?}");
+        assert!(took < Duration::from_millis(55), "a 30 ms run waited: {took:?}");
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(counts.1.load(Ordering::SeqCst), 2, "the hog's runs held the two cores, no more");
+        assert_eq!(cores.held(), 0, "every place went back");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_whose_deadline_passes_while_their_tenant_waits_for_its_share_are_not_the_models_fault() {
+        // The one core held by another of the hog's runs: one job's batch waits for a place,
+        // the other behind it, until their deadline.
+        let cores = CoreGate::new(1);
+        let other_run = cores.try_enter(vec![("hog".into(), 1)]).expect("the core is free");
+        let counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let queue = counted_queue("hog-0", &cores, (&counts.0, &counts.1));
+        let deadline = Instant::now() + Duration::from_millis(60);
+        let results = futures::future::join_all((0..2).map(|_| queue.compute(row(), deadline, tenant("hog")))).await;
+        assert!(results.iter().all(|result| stalled(result) == Some(false)), "{results:?}");
+        assert_eq!(counts.1.load(Ordering::SeqCst), 0, "nothing ran");
+        drop(other_run);
+        let answered = queue.compute(row(), Instant::now() + Duration::from_secs(10), tenant("hog")).await;
+        assert!(answered.is_ok(), "{answered:?}");
     }
 }

@@ -1,0 +1,394 @@
+//! Each tenant's share of the host's cores across every model's queue. A queue shares one
+//! model's batches fairly between tenants, but different models share no queue: each busy
+//! model ran its batches on a thread of its own and the OS shares cores per thread, so a tenant
+//! with sixteen busy heavy models had sixteen threads on two cores beside another tenant's one
+//! (that tenant's p99 1.2 -> 29 ms: BENCHMARKS.md, heavy models beside a light one).
+//!
+//! So an engine run on the shared cores holds a place here. While fewer places are held than
+//! there are cores, any run takes one; beyond that, a run takes one only while one of its
+//! tenants holds fewer than its weighted share of the cores (`compute_weight` over the weights
+//! of tenants with runs held or waiting; at least one, so a tenant's first run never waits for
+//! another tenant's), and otherwise waits. A freed place goes to a waiter under its share first,
+//! else, while places are free, to the waiter whose tenant holds the fewest for its weight.
+//! Runs that go on are never stopped: one that enters under its share shares the cores with
+//! what is left of the others', and the next runs of tenants over their share wait. A tenant
+//! alone uses every core.
+//!
+//! In: a run's tenants with their weights. Out: a [`Place`], held while the run lasts. Imports
+//! the metrics only; the queue's actor waits for a place, an instance's thread only tries.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use tokio::sync::oneshot;
+
+use crate::telemetry::metrics::metrics;
+
+/// The tenants of one run (each once) with their compute weights.
+pub type Runners = Vec<(Arc<str>, u32)>;
+
+/// One tenant's runs: holding places, and waiting for one.
+#[derive(Debug)]
+struct Holding {
+    held: usize,
+    waiting: usize,
+    weight: u32,
+}
+
+/// The places' state: a plain struct, driven under the lock of [`CoreGate`].
+#[derive(Debug)]
+pub struct Places<W> {
+    cores: usize,
+    held: usize,
+    /// Tenants with runs held or waiting.
+    tenants: HashMap<Arc<str>, Holding>,
+    /// The sum of those tenants' weights.
+    weight: u64,
+    /// Runs waiting, oldest first, with what wakes each.
+    waiting: VecDeque<(u64, Runners, W)>,
+}
+
+impl<W> Places<W> {
+    pub fn new(cores: usize) -> Self {
+        Self { cores: cores.max(1), held: 0, tenants: HashMap::new(), weight: 0, waiting: VecDeque::new() }
+    }
+
+    /// Places held now, by runs of any tenant.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Places `tenant`'s runs hold.
+    pub fn held_by(&self, tenant: &str) -> usize {
+        self.tenants.get(tenant).map_or(0, |holding| holding.held)
+    }
+
+    /// The places `tenant`'s weight gives it among the tenants with runs held or waiting.
+    fn share(&self, holding: &Holding) -> usize {
+        let share = self.cores as u64 * u64::from(holding.weight) / self.weight.max(1);
+        usize::try_from(share).unwrap_or(usize::MAX).max(1)
+    }
+
+    fn under_share(&self, runners: &Runners) -> bool {
+        runners
+            .iter()
+            .filter_map(|(tenant, _)| self.tenants.get(tenant))
+            .any(|holding| holding.held < self.share(holding))
+    }
+
+    /// How many places the neediest of a run's tenants holds for its weight (lower goes first).
+    fn need(&self, runners: &Runners) -> f64 {
+        let held_per_weight = |holding: &Holding| holding.held as f64 / f64::from(holding.weight.max(1));
+        runners.iter().filter_map(|(tenant, _)| self.tenants.get(tenant)).map(held_per_weight).fold(f64::MAX, f64::min)
+    }
+
+    fn join(&mut self, runners: &Runners) {
+        for (tenant, weight) in runners {
+            let weight = (*weight).max(1);
+            if !self.tenants.contains_key(tenant) {
+                self.tenants.insert(tenant.clone(), Holding { held: 0, waiting: 0, weight });
+                self.weight += u64::from(weight);
+            }
+        }
+    }
+
+    /// Forget tenants with nothing held or waiting: their weight no longer counts.
+    fn part(&mut self, runners: &Runners) {
+        for (tenant, _) in runners {
+            if let Some(holding) = self.tenants.get(tenant).filter(|h| h.held == 0 && h.waiting == 0) {
+                self.weight -= u64::from(holding.weight);
+                self.tenants.remove(tenant);
+            }
+        }
+    }
+
+    fn count(&mut self, runners: &Runners, held: isize, waiting: isize) {
+        for (tenant, _) in runners {
+            if let Some(holding) = self.tenants.get_mut(tenant) {
+                holding.held = holding.held.saturating_add_signed(held);
+                holding.waiting = holding.waiting.saturating_add_signed(waiting);
+            }
+        }
+        self.held = self.held.saturating_add_signed(held);
+    }
+
+    /// A run asks for a place: whether it took one (if not, nothing changed).
+    pub fn enter(&mut self, runners: &Runners) -> bool {
+        self.join(runners);
+        let enters = self.held < self.cores || self.under_share(runners);
+        match enters {
+            true => self.count(runners, 1, 0),
+            false => self.part(runners),
+        }
+        enters
+    }
+
+    /// A run that could not enter waits, as `waiter` (`id`: its own, to give up by).
+    pub fn wait(&mut self, id: u64, runners: Runners, waiter: W) {
+        self.join(&runners);
+        self.count(&runners, 0, 1);
+        self.waiting.push_back((id, runners, waiter));
+    }
+
+    /// A run's place is free: the waiting runs that take places now, with their waiters.
+    pub fn leave(&mut self, runners: &Runners) -> Vec<(Runners, W)> {
+        self.count(runners, -1, 0);
+        self.part(runners);
+        self.admit()
+    }
+
+    /// A waiting run's deadline passed: `None` if it had been given a place meanwhile, else
+    /// the runs that take places now (its tenants' weight may no longer count).
+    pub fn give_up(&mut self, id: u64) -> Option<Vec<(Runners, W)>> {
+        let at = self.waiting.iter().position(|(waiting, ..)| *waiting == id)?;
+        let (_, runners, _) = self.waiting.remove(at)?;
+        self.count(&runners, 0, -1);
+        self.part(&runners);
+        Some(self.admit())
+    }
+
+    fn admit(&mut self) -> Vec<(Runners, W)> {
+        let mut admitted = Vec::new();
+        loop {
+            let under_share = self.waiting.iter().position(|(_, runners, _)| self.under_share(runners));
+            let neediest = || {
+                let needs = self.waiting.iter().enumerate().map(|(at, (_, runners, _))| (at, self.need(runners)));
+                // The first of the neediest: among equals, the oldest.
+                needs.fold(None, |best: Option<(usize, f64)>, (at, need)| match best {
+                    Some((_, least)) if least <= need => best,
+                    _ => Some((at, need)),
+                })
+            };
+            let next = under_share.or_else(|| (self.held < self.cores).then(neediest).flatten().map(|(at, _)| at));
+            let Some((_, runners, waiter)) = next.and_then(|at| self.waiting.remove(at)) else { break };
+            self.count(&runners, 1, -1);
+            admitted.push((runners, waiter));
+        }
+        admitted
+    }
+}
+
+/// The host's cores, shared by every CPU run of every model.
+pub struct CoreGate {
+    places: Mutex<Places<oneshot::Sender<Place>>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for CoreGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreGate").field("cores", &self.lock().cores).finish_non_exhaustive()
+    }
+}
+
+/// A run's place on the cores, given back when dropped.
+pub struct Place {
+    gate: Arc<CoreGate>,
+    runners: Runners,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let admitted = {
+            let mut places = self.gate.lock();
+            let admitted = places.leave(&self.runners);
+            show(&places, std::iter::once(&self.runners).chain(admitted.iter().map(|(runners, _)| runners)));
+            admitted
+        };
+        self.gate.wake(admitted);
+    }
+}
+
+impl CoreGate {
+    /// Places for `cores` runs at once (more while tenants under their share come in).
+    pub fn new(cores: usize) -> Arc<Self> {
+        Arc::new(Self { places: Mutex::new(Places::new(cores)), next_id: Default::default() })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Places<oneshot::Sender<Place>>> {
+        self.places.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Places held now.
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.lock().held()
+    }
+
+    /// A place for a run of `runners` if one may be had now (an instance's thread going on to
+    /// its next batch, which must not block).
+    pub fn try_enter(self: &Arc<Self>, runners: Runners) -> Result<Place, Runners> {
+        let mut places = self.lock();
+        if !places.enter(&runners) {
+            return Err(runners);
+        }
+        show(&places, [&runners]);
+        Ok(Place { gate: self.clone(), runners })
+    }
+
+    /// A place for a run of `runners`, waiting for it until `deadline` at most (`None`: it
+    /// passed first). The time waited is charged to the run's tenants.
+    pub async fn enter(self: &Arc<Self>, runners: Runners, deadline: tokio::time::Instant) -> Option<Place> {
+        let runners = match self.try_enter(runners) {
+            Ok(place) => return Some(place),
+            Err(runners) => runners,
+        };
+        let started = std::time::Instant::now();
+        let tenants: Vec<Arc<str>> = runners.iter().map(|(tenant, _)| tenant.clone()).collect();
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (sender, mut receiver) = oneshot::channel();
+        self.lock().wait(id, runners, sender);
+        let place = match tokio::time::timeout_at(deadline, &mut receiver).await {
+            Ok(place) => place.ok(),
+            Err(_) => {
+                let given_up = {
+                    let mut places = self.lock();
+                    let given_up = places.give_up(id);
+                    show(&places, given_up.iter().flatten().map(|(runners, _)| runners));
+                    given_up
+                };
+                match given_up {
+                    Some(admitted) => self.wake(admitted),
+                    // Given a place as the deadline passed: it is on its way, and goes back.
+                    None => drop(receiver.await),
+                }
+                None
+            }
+        };
+        for tenant in &tenants {
+            metrics().core_wait(tenant, started.elapsed());
+        }
+        place
+    }
+
+    /// Hand places to the runs admitted, outside the lock; a run whose waiter has gone gives
+    /// its place back (the place's drop).
+    fn wake(self: &Arc<Self>, admitted: Vec<(Runners, oneshot::Sender<Place>)>) {
+        for (runners, waiter) in admitted {
+            drop(waiter.send(Place { gate: self.clone(), runners }));
+        }
+    }
+}
+
+/// The places the tenants of `runs` hold, in their gauges (under the lock, so each is the
+/// latest).
+fn show<'a, W>(places: &Places<W>, runs: impl IntoIterator<Item = &'a Runners>) {
+    for (tenant, _) in runs.into_iter().flatten() {
+        metrics().engine_runs(tenant, places.held_by(tenant));
+    }
+}
+
+/// The server's gate for CPU runs, once it has set one ([`serve_cores`]); none in a process
+/// that serves nothing (tests of the scheduler alone give their queues their own).
+pub fn process_gate() -> Option<Arc<CoreGate>> {
+    PROCESS_GATE.get().cloned()
+}
+
+static PROCESS_GATE: OnceLock<Arc<CoreGate>> = OnceLock::new();
+
+/// Set the server's gate: `cores` cores, each run taking `threads_per_run` of them (its
+/// engine's intra-op threads; 0, the engine's choice, is every core).
+pub fn serve_cores(cores: usize, threads_per_run: usize) {
+    let threads = if threads_per_run == 0 { cores } else { threads_per_run };
+    let _ = PROCESS_GATE.set(CoreGate::new((cores / threads.max(1)).max(1)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(tenant: &str) -> Runners {
+        vec![(tenant.into(), 1)]
+    }
+
+    #[test]
+    fn a_tenant_alone_takes_every_core_and_its_next_run_waits() {
+        let mut places: Places<&str> = Places::new(2);
+        assert!(places.enter(&run("hog")) && places.enter(&run("hog")));
+        assert!(!places.enter(&run("hog")), "two cores, two runs");
+        places.wait(1, run("hog"), "third");
+        let admitted = places.leave(&run("hog"));
+        assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["third"]);
+        assert_eq!(places.held(), 2);
+    }
+
+    #[test]
+    fn another_tenants_first_run_never_waits_and_the_busy_one_drops_to_its_share() {
+        let mut places: Places<&str> = Places::new(2);
+        assert!(places.enter(&run("hog")) && places.enter(&run("hog")));
+        places.wait(1, run("hog"), "hog-3");
+        places.wait(2, run("hog"), "hog-4");
+        assert!(places.enter(&run("victim")), "under its share: in at once, beside the two");
+        assert_eq!(places.held(), 3);
+        // A hog run ends: the hog holds one, its share of two cores beside the victim.
+        assert!(places.leave(&run("hog")).is_empty());
+        assert_eq!((places.held_by("hog"), places.held_by("victim")), (1, 1));
+        assert!(!places.enter(&run("hog")));
+        // The victim's run ends and it has no more: the hog takes both cores again.
+        let admitted = places.leave(&run("victim"));
+        assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["hog-3"]);
+        assert_eq!(places.held_by("hog"), 2);
+        assert_eq!(places.weight, 1, "the victim's weight left with it");
+    }
+
+    #[test]
+    fn freed_places_go_to_the_tenant_holding_fewest_for_its_weight() {
+        let mut places: Places<&str> = Places::new(4);
+        let heavy = vec![(Arc::<str>::from("heavy"), 3)];
+        for _ in 0..3 {
+            assert!(places.enter(&heavy));
+        }
+        assert!(places.enter(&run("light")));
+        // Shares of four cores: heavy 3, light 1. Both have more waiting.
+        places.wait(1, heavy.clone(), "heavy");
+        places.wait(2, run("light"), "light");
+        // A heavy run ends: heavy holds 2 of its 3, and its waiter takes the place, not
+        // light's (at its share of one).
+        let admitted = places.leave(&heavy);
+        assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["heavy"]);
+        // A light one ends: light's waiter, under its share again.
+        let admitted = places.leave(&run("light"));
+        assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["light"]);
+    }
+
+    #[test]
+    fn a_run_of_several_tenants_enters_on_the_share_of_any_of_them() {
+        let mut places: Places<&str> = Places::new(1);
+        assert!(places.enter(&run("hog")));
+        let shared = vec![(Arc::<str>::from("hog"), 1), (Arc::<str>::from("victim"), 1)];
+        assert!(places.enter(&shared), "the victim holds nothing: the batch it is in runs");
+        assert_eq!((places.held(), places.held_by("hog"), places.held_by("victim")), (2, 2, 1));
+        assert!(places.leave(&shared).is_empty());
+        assert_eq!((places.held(), places.held_by("victim")), (1, 0));
+    }
+
+    #[test]
+    fn a_waiter_that_gives_up_is_forgotten_and_one_given_a_place_keeps_it() {
+        let mut places: Places<&str> = Places::new(1);
+        assert!(places.enter(&run("a")));
+        places.wait(1, run("a"), "late");
+        places.wait(2, run("a"), "kept");
+        assert!(places.give_up(1).is_some_and(|admitted| admitted.is_empty()));
+        let admitted = places.leave(&run("a"));
+        assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["kept"]);
+        assert!(places.give_up(2).is_none(), "it was given a place as its deadline passed");
+        assert_eq!(places.held_by("a"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_run_gets_a_freed_place_or_gives_up_at_its_deadline() {
+        let gate = CoreGate::new(1);
+        let held = gate.try_enter(run("a")).expect("a free core");
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(20);
+        assert!(gate.enter(run("a"), soon).await.is_none(), "the core stayed taken");
+        let later = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let waiting = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.enter(run("a"), later).await.is_some() }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        drop(held);
+        assert!(waiting.await.expect("the waiter"), "given the freed core");
+        assert_eq!(gate.lock().held(), 0, "and gave it back as its run ended");
+        assert_eq!(gate.lock().weight, 0);
+    }
+}
