@@ -39,9 +39,13 @@
 //!   the kernel's socket. The row is the process's CPU less the client thread's.
 //!
 //! - the metrics: one scrape rendered, and one sweep of the series of deleted names, with
-//!   2,000 request series.
+//!   2,000 request series;
+//! - the cores' share: one tenant's runs of 2 ms of CPU on four models a core, two callers
+//!   each, with its runs taking places on the cores (as in the server) and unchecked: the runs
+//!   a second against what the cores can do, and another tenant's 2 ms run, one at a time,
+//!   meanwhile.
 //!
-//! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler metrics`: only
+//! Run: `cargo bench --bench layers` (or `-- wire queue backend sandbox handler metrics cores`: only
 //! those groups; `ROWS=text` picks among the queue rows too (`between runs`, `images`);
 //! `TASKS=N`: the handler rows from N tasks instead of 64 (Sluice's concurrent
 //! rows print their rows per batch, as `scripts/bench_overhead.sh` prints an end-to-end run's:
@@ -266,6 +270,84 @@ impl Graph for Waits {
     }
 }
 
+/// A graph whose runs take its time of the thread's CPU (so runs that share a core take longer)
+/// and count themselves.
+struct Spends(Signature, Duration, Arc<AtomicUsize>);
+
+impl Graph for Spends {
+    fn signature(&self) -> &Signature {
+        &self.0
+    }
+
+    fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
+        let started = thread_cpu();
+        while thread_cpu().saturating_sub(started) < self.1 {
+            std::hint::spin_loop();
+        }
+        self.2.fetch_add(1, Ordering::Relaxed);
+        Ok(Output::all(inputs.clone()))
+    }
+}
+
+/// One tenant's runs of 2 ms of CPU on four models a core, two callers each, for 2 s, with
+/// its runs taking places on the cores and unchecked (twice each, alternately): its runs a
+/// second against the cores' 500 a second each, and the p50 / p99 of another tenant's run of
+/// 2 ms, called one at a time meanwhile.
+async fn cores_layers() {
+    const RUN: Duration = Duration::from_millis(2);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
+    let signature = || Signature { inputs: vec![spec.clone()], outputs: vec![spec.clone()] };
+    for checked in [true, false, true, false] {
+        let places = sluice::nn::scheduler::cores::places_for(cores, 1);
+        let gate = checked.then(|| sluice::nn::scheduler::cores::CoreGate::new(places));
+        let settings = QueueSettings { max_batch_rows: 1, cores: gate, ..queue_settings() };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let models: Vec<ModelQueue> = (0..4 * cores)
+            .map(|i| queue_of(&format!("busy-{i}"), Arc::new(Spends(signature(), RUN, runs.clone())), settings.clone()))
+            .collect();
+        let other = queue_of("other", Arc::new(Spends(signature(), RUN, Arc::default())), settings);
+        let stop = Arc::new(AtomicBool::new(false));
+        let callers: Vec<_> = (0..2 * models.len())
+            .map(|caller| {
+                let (queue, stop) = (models[caller % models.len()].clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                        queue.compute(digits_row(), deadline, Share::new("busy".into(), 1)).await.expect("answered");
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (before, started, cpu_before) = (runs.load(Ordering::Relaxed), Instant::now(), process_cpu());
+        let mut took = Vec::new();
+        while started.elapsed() < Duration::from_secs(2) {
+            let (deadline, sent) = (tokio::time::Instant::now() + Duration::from_secs(10), Instant::now());
+            other.compute(digits_row(), deadline, Share::new("other".into(), 1)).await.expect("answered");
+            took.push(sent.elapsed());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let per_second = (runs.load(Ordering::Relaxed) - before) as f64 / started.elapsed().as_secs_f64();
+        let busy = (process_cpu() - cpu_before).as_secs_f64() / started.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        for caller in callers {
+            caller.await.expect("a caller");
+        }
+        let (p50, p99) = percentiles(std::sync::Mutex::new(took));
+        let (p50, p99) = (p50 / 1e3, p99 / 1e3);
+        println!(
+            "{:<100} {per_second:>8.0} runs/s of {} possible, the process {busy:.2} cores busy; another tenant's 2 ms run p50 {p50:.2} / p99 {p99:.2} ms",
+            format!(
+                "one tenant's 2 ms runs on {} models, {}",
+                4 * cores,
+                if checked { "the cores shared" } else { "unchecked" }
+            ),
+            cores as f64 / RUN.as_secs_f64(),
+        );
+    }
+}
+
 fn queue_settings() -> QueueSettings {
     // The manifest's defaults (`Batching::default`).
     QueueSettings {
@@ -326,6 +408,9 @@ fn main() -> anyhow::Result<()> {
     }
     if wanted("metrics") {
         metrics_layers();
+    }
+    if wanted("cores") {
+        runtime.block_on(runtime.spawn(cores_layers()))?;
     }
     println!();
     Ok(())

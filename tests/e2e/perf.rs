@@ -89,7 +89,8 @@ async fn an_alternating_tenant_splits_the_others_report_into_periods_without_and
 }
 
 /// A measurement for BENCHMARKS.md, not a check (`--ignored` runs it): a victim calls
-/// `digits-mlp` 300 times, one at a time and 5 ms apart, alone and then beside a hog tenant
+/// `digits-mlp` (with `VICTIM_SIZE` set, a heavy model of its own, `onnx::slow_compute(
+/// VICTIM_SIZE, 4)`) 300 times, one at a time and 5 ms apart, alone and then beside a hog tenant
 /// whose `HOG_MODELS` (default 8) uploaded heavy models (`onnx::slow_compute(HOG_SIZE, 4 + i)`,
 /// `HOG_SIZE` default 384: MatMul chains, each its own copy) two client tasks each keep busy.
 /// Prints the victim's p50 and p99 both ways and the hog's requests a second:
@@ -102,24 +103,39 @@ async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
     use std::time::{Duration, Instant};
 
     let setting = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-    let (models, size) = (setting("HOG_MODELS", 8), setting("HOG_SIZE", 384));
+    let (models, size, victim_size) = (setting("HOG_MODELS", 8), setting("HOG_SIZE", 384), setting("VICTIM_SIZE", 0));
     let tenants = Tenants::new();
     let victim = tenant_header("victim", "key-victim", "") + &model_entry("digits-mlp", &digits_model(), None);
     tenants.write("victim.toml", &victim);
     tenants.write("hog.toml", &tenant_header("hog", "key-hog", "guest_deadline_ms = 60000"));
     let server = Arc::new(Server::start(tenants.path(), &[]));
+    let (victim_model, row) = match victim_size {
+        0 => {
+            let row = serde_json::json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] });
+            ("digits-mlp", row)
+        }
+        size => {
+            let weights = crate::onnx::slow_compute(size as i64, 4);
+            let (status, body) =
+                server.send(reqwest::Method::PUT, "/control/v1/models/own", "key-victim", weights).await;
+            assert_eq!(status, 201, "{body}");
+            (
+                "own",
+                serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.001] }] }),
+            )
+        }
+    };
     for i in 0..models {
         let weights = crate::onnx::slow_compute(size as i64, 4 + i);
         let (status, body) =
             server.send(reqwest::Method::PUT, &format!("/control/v1/models/hog-{i}"), "key-hog", weights).await;
         assert_eq!(status, 201, "{body}");
     }
-    let row = serde_json::json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] });
     let victim_run = || async {
         let mut times = Vec::new();
         for _ in 0..300 {
             let started = Instant::now();
-            assert_eq!(server.infer("digits-mlp", "key-victim", &row).await.0, 200);
+            assert_eq!(server.infer(victim_model, "key-victim", &row).await.0, 200);
             times.push(started.elapsed().as_secs_f64() * 1000.0);
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

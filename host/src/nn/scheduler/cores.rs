@@ -14,13 +14,12 @@
 //! what is left of the others', and the next runs of tenants over their share wait. A tenant
 //! alone uses every core.
 //!
-//! In: a run's tenants with their weights. Out: a [`Place`], held while the run lasts. Imports
-//! the metrics only; the queue's actor waits for a place, an instance's thread only tries.
+//! In: a run's tenants with their weights, and the run. Out: a [`Place`], held while the run
+//! lasts; a run that must wait is run by the thread that frees a place. Imports the metrics
+//! only.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-
-use tokio::sync::oneshot;
 
 use crate::telemetry::metrics::metrics;
 
@@ -138,13 +137,14 @@ impl<W> Places<W> {
     }
 
     /// A waiting run's deadline passed: `None` if it had been given a place meanwhile, else
-    /// the runs that take places now (its tenants' weight may no longer count).
-    pub fn give_up(&mut self, id: u64) -> Option<Vec<(Runners, W)>> {
+    /// it, and the runs that take places now (its tenants' weight may no longer count).
+    #[allow(clippy::type_complexity)]
+    pub fn give_up(&mut self, id: u64) -> Option<(Runners, W, Vec<(Runners, W)>)> {
         let at = self.waiting.iter().position(|(waiting, ..)| *waiting == id)?;
-        let (_, runners, _) = self.waiting.remove(at)?;
+        let (_, runners, waiter) = self.waiting.remove(at)?;
         self.count(&runners, 0, -1);
         self.part(&runners);
-        Some(self.admit())
+        Some((runners, waiter, self.admit()))
     }
 
     fn admit(&mut self) -> Vec<(Runners, W)> {
@@ -168,9 +168,53 @@ impl<W> Places<W> {
     }
 }
 
+/// A run waiting for a place. The thread whose run gives a place back runs the waiter it goes
+/// to, next: no thread waits for a place, and no wake-up lies between one run's end and the
+/// next's start (a hand-off through the waiter's task and a new blocking thread left one
+/// tenant's runs on eight models 7-19% short of two cores).
+pub trait Seated: Send {
+    /// Run on `place`, on the thread that called; returns the runs it gave places to as it gave
+    /// `place` back, for this thread to run next.
+    fn run(self: Box<Self>, place: Place) -> Vec<Admitted>;
+
+    /// Its deadline passed before it was given a place: answer it so.
+    fn unseated(self: Box<Self>);
+}
+
+/// A waiting run, with the place it was given.
+pub type Admitted = (Box<dyn Seated>, Place);
+
+/// Run `admitted` on this thread, then each run it gives a place to; more admitted at once
+/// than the first go to blocking threads of their own.
+pub fn run_admitted(admitted: Vec<Admitted>) {
+    let mut next = admitted;
+    while !next.is_empty() {
+        let (seat, place) = next.remove(0);
+        spawn_admitted(std::mem::take(&mut next));
+        next = seat.run(place);
+    }
+}
+
+/// Run each of `admitted` on a blocking thread of its own (on this thread where there is no
+/// runtime).
+fn spawn_admitted(admitted: Vec<Admitted>) {
+    for run in admitted {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || run_admitted(vec![run]))),
+            Err(_) => run_admitted(vec![run]),
+        }
+    }
+}
+
+/// A waiting run and when it began to wait.
+struct Waiter {
+    seat: Box<dyn Seated>,
+    since: std::time::Instant,
+}
+
 /// The host's cores, shared by every CPU run of every model.
 pub struct CoreGate {
-    places: Mutex<Places<oneshot::Sender<Place>>>,
+    places: Mutex<Places<Waiter>>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
@@ -180,22 +224,33 @@ impl std::fmt::Debug for CoreGate {
     }
 }
 
-/// A run's place on the cores, given back when dropped.
+/// A run's place on the cores. Given back by [`Place::give_back`] (the runs it goes to are
+/// the caller's to run) or when dropped (they go to blocking threads).
 pub struct Place {
-    gate: Arc<CoreGate>,
+    gate: Option<Arc<CoreGate>>,
     runners: Runners,
+}
+
+impl Place {
+    /// Give it back: the waiting runs it went to, with their places, for the caller to run.
+    pub fn give_back(mut self) -> Vec<Admitted> {
+        self.gate.take().map_or_else(Vec::new, |gate| gate.leave(&self.runners))
+    }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let admitted = {
-            let mut places = self.gate.lock();
-            let admitted = places.leave(&self.runners);
-            show(&places, std::iter::once(&self.runners).chain(admitted.iter().map(|(runners, _)| runners)));
-            admitted
-        };
-        self.gate.wake(admitted);
+        if let Some(gate) = self.gate.take() {
+            spawn_admitted(gate.leave(&self.runners));
+        }
     }
+}
+
+/// Whether a run took a place at once or waits for one.
+pub enum Entry {
+    Taken(Admitted),
+    /// It waits; give it up by this id.
+    Waits(u64),
 }
 
 impl CoreGate {
@@ -204,7 +259,7 @@ impl CoreGate {
         Arc::new(Self { places: Mutex::new(Places::new(cores)), next_id: Default::default() })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Places<oneshot::Sender<Place>>> {
+    fn lock(&self) -> MutexGuard<'_, Places<Waiter>> {
         self.places.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -214,58 +269,68 @@ impl CoreGate {
         self.lock().held()
     }
 
+    fn place(self: &Arc<Self>, runners: Runners) -> Place {
+        Place { gate: Some(self.clone()), runners }
+    }
+
     /// A place for a run of `runners` if one may be had now (an instance's thread going on to
-    /// its next batch, which must not block).
+    /// its next batch, which must not wait).
     pub fn try_enter(self: &Arc<Self>, runners: Runners) -> Result<Place, Runners> {
         let mut places = self.lock();
         if !places.enter(&runners) {
             return Err(runners);
         }
         show(&places, [&runners]);
-        Ok(Place { gate: self.clone(), runners })
+        Ok(self.place(runners))
     }
 
-    /// A place for a run of `runners`, waiting for it until `deadline` at most (`None`: it
-    /// passed first). The time waited is charged to the run's tenants.
-    pub async fn enter(self: &Arc<Self>, runners: Runners, deadline: tokio::time::Instant) -> Option<Place> {
-        let runners = match self.try_enter(runners) {
-            Ok(place) => return Some(place),
-            Err(runners) => runners,
-        };
-        let started = std::time::Instant::now();
-        let tenants: Vec<Arc<str>> = runners.iter().map(|(tenant, _)| tenant.clone()).collect();
+    /// `seat`, a run of `runners`, takes a place now, or waits for one: the thread that gives
+    /// one to it runs it.
+    pub fn enter(self: &Arc<Self>, runners: Runners, seat: Box<dyn Seated>) -> Entry {
+        let mut places = self.lock();
+        if places.enter(&runners) {
+            show(&places, [&runners]);
+            return Entry::Taken((seat, self.place(runners)));
+        }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (sender, mut receiver) = oneshot::channel();
-        self.lock().wait(id, runners, sender);
-        let place = match tokio::time::timeout_at(deadline, &mut receiver).await {
-            Ok(place) => place.ok(),
-            Err(_) => {
-                let given_up = {
-                    let mut places = self.lock();
-                    let given_up = places.give_up(id);
-                    show(&places, given_up.iter().flatten().map(|(runners, _)| runners));
-                    given_up
-                };
-                match given_up {
-                    Some(admitted) => self.wake(admitted),
-                    // Given a place as the deadline passed: it is on its way, and goes back.
-                    None => drop(receiver.await),
-                }
-                None
-            }
-        };
-        for tenant in &tenants {
-            metrics().core_wait(tenant, started.elapsed());
-        }
-        place
+        places.wait(id, runners, Waiter { seat, since: std::time::Instant::now() });
+        Entry::Waits(id)
     }
 
-    /// Hand places to the runs admitted, outside the lock; a run whose waiter has gone gives
-    /// its place back (the place's drop).
-    fn wake(self: &Arc<Self>, admitted: Vec<(Runners, oneshot::Sender<Place>)>) {
-        for (runners, waiter) in admitted {
-            drop(waiter.send(Place { gate: self.clone(), runners }));
-        }
+    /// A waiting run's deadline passed: it, unless it was given a place meanwhile (then it
+    /// runs, or ran, as any other).
+    pub fn give_up(self: &Arc<Self>, id: u64) -> Option<Box<dyn Seated>> {
+        let mut places = self.lock();
+        let (runners, waiter, admitted) = places.give_up(id)?;
+        charge_wait(&runners, waiter.since);
+        let admitted = self.admitted(&places, admitted);
+        drop(places);
+        spawn_admitted(admitted);
+        Some(waiter.seat)
+    }
+
+    fn leave(self: &Arc<Self>, runners: &Runners) -> Vec<Admitted> {
+        let mut places = self.lock();
+        let admitted = places.leave(runners);
+        show(&places, [runners]);
+        self.admitted(&places, admitted)
+    }
+
+    /// Runs given places: their waits charged, their gauges shown.
+    fn admitted(self: &Arc<Self>, places: &Places<Waiter>, admitted: Vec<(Runners, Waiter)>) -> Vec<Admitted> {
+        show(places, admitted.iter().map(|(runners, _)| runners));
+        let admitted = admitted.into_iter().map(|(runners, waiter)| {
+            charge_wait(&runners, waiter.since);
+            (waiter.seat, self.place(runners))
+        });
+        admitted.collect()
+    }
+}
+
+/// The time a run waited, to each of its tenants.
+fn charge_wait(runners: &Runners, since: std::time::Instant) {
+    for (tenant, _) in runners {
+        metrics().core_wait(tenant, since.elapsed());
     }
 }
 
@@ -286,10 +351,18 @@ pub fn process_gate() -> Option<Arc<CoreGate>> {
 static PROCESS_GATE: OnceLock<Arc<CoreGate>> = OnceLock::new();
 
 /// Set the server's gate: `cores` cores, each run taking `threads_per_run` of them (its
-/// engine's intra-op threads; 0, the engine's choice, is every core).
+/// engine's intra-op threads; 0, the engine's choice, is every core). One run more than the
+/// cores hold: a run that takes a place starts on a thread that must first wake, and with
+/// exactly as many runs as cores a core idled meanwhile (10-13% of the CPU with another
+/// tenant's runs coming and going; `cargo bench --bench layers -- cores`).
 pub fn serve_cores(cores: usize, threads_per_run: usize) {
+    let _ = PROCESS_GATE.set(CoreGate::new(places_for(cores, threads_per_run)));
+}
+
+/// The places of the server's gate (see [`serve_cores`]).
+pub fn places_for(cores: usize, threads_per_run: usize) -> usize {
     let threads = if threads_per_run == 0 { cores } else { threads_per_run };
-    let _ = PROCESS_GATE.set(CoreGate::new((cores / threads.max(1)).max(1)));
+    (cores / threads.max(1)).max(1) + 1
 }
 
 #[cfg(test)]
@@ -367,28 +440,40 @@ mod tests {
         assert!(places.enter(&run("a")));
         places.wait(1, run("a"), "late");
         places.wait(2, run("a"), "kept");
-        assert!(places.give_up(1).is_some_and(|admitted| admitted.is_empty()));
+        let (_, late, admitted) = places.give_up(1).expect("still waiting");
+        assert!(late == "late" && admitted.is_empty());
         let admitted = places.leave(&run("a"));
         assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["kept"]);
         assert!(places.give_up(2).is_none(), "it was given a place as its deadline passed");
         assert_eq!(places.held_by("a"), 1);
     }
 
-    #[tokio::test]
-    async fn a_waiting_run_gets_a_freed_place_or_gives_up_at_its_deadline() {
+    /// A run that notes the thread it ran on and, as it gives its place back, what it admitted.
+    struct Noted(std::sync::mpsc::Sender<std::thread::ThreadId>);
+
+    impl Seated for Noted {
+        fn run(self: Box<Self>, place: Place) -> Vec<Admitted> {
+            let _ = self.0.send(std::thread::current().id());
+            place.give_back()
+        }
+
+        fn unseated(self: Box<Self>) {}
+    }
+
+    #[test]
+    fn a_waiting_run_runs_on_the_thread_that_frees_a_place_or_is_given_up() {
         let gate = CoreGate::new(1);
         let held = gate.try_enter(run("a")).expect("a free core");
-        let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(20);
-        assert!(gate.enter(run("a"), soon).await.is_none(), "the core stayed taken");
-        let later = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        let waiting = tokio::spawn({
-            let gate = gate.clone();
-            async move { gate.enter(run("a"), later).await.is_some() }
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        drop(held);
-        assert!(waiting.await.expect("the waiter"), "given the freed core");
-        assert_eq!(gate.lock().held(), 0, "and gave it back as its run ended");
+        let (noted, ran_on) = std::sync::mpsc::channel();
+        let Entry::Waits(given_up) = gate.enter(run("a"), Box::new(Noted(noted.clone()))) else { panic!("it ran") };
+        assert!(gate.give_up(given_up).is_some(), "still waiting: given back to its caller");
+        let Entry::Waits(waits) = gate.enter(run("a"), Box::new(Noted(noted))) else { panic!("it ran") };
+        let admitted = held.give_back();
+        assert_eq!(admitted.len(), 1, "the freed core went to the waiting run");
+        assert!(gate.give_up(waits).is_none(), "given a place: it runs");
+        run_admitted(admitted);
+        assert_eq!(ran_on.try_iter().collect::<Vec<_>>(), [std::thread::current().id()], "on this thread, once");
+        assert_eq!(gate.held(), 0, "and gave its place back");
         assert_eq!(gate.lock().weight, 0);
     }
 }

@@ -23,7 +23,7 @@ pub mod padding;
 pub mod queue;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ use crate::tensor::{Tensor, TensorView};
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use buffers::StackBuffers;
-use cores::{CoreGate, Place, Runners};
+use cores::{Admitted, CoreGate, Entry, Place, Runners, Seated, run_admitted};
 use padding::PaddingRule;
 use queue::{BatchQueue, FirstShape, QueuePolicy, Queued};
 pub use queue::{Bill, Share};
@@ -1287,9 +1287,10 @@ async fn run_queue(
     }
 }
 
-/// Run `first` on `graph`'s blocking thread, and what `follow_on` hands it meanwhile; where
-/// its runs take places on the cores, each waits for one here first, never on the thread.
-/// Returns the instance, with how long it was busy (its waits for places excluded).
+/// Run `first` on a blocking thread, and what `follow_on` hands that thread meanwhile. Where
+/// its runs take places on the cores, a batch that must wait for one is run by the thread
+/// that frees one ([`cores::Seated`]), and this task waits, not a thread. Returns the
+/// instance, with how long it was busy (its batches' waits for places excluded).
 async fn run_on_thread(
     execution: Arc<Execution>,
     graph: Arc<dyn Graph>,
@@ -1302,30 +1303,34 @@ async fn run_on_thread(
     let mut waited = Duration::ZERO;
     let mut next = Some(first);
     while let Some(ready) = next.take() {
-        let place = match cores.as_ref().map(|cores| (cores, cores.try_enter(ready.runners()))) {
-            None => None,
-            Some((_, Ok(place))) => Some(place),
-            Some((cores, Err(runners))) => {
-                let asked = std::time::Instant::now();
-                execution.seating.fetch_add(1, Ordering::Relaxed);
-                let place = cores.enter(runners, ready.watch.deadline.into()).await;
-                // Waiting for the cores is the load's doing, as good as an answer for
-                // judging whether the model stalled (marked before the wait stops counting).
-                execution.answered(std::time::Instant::now());
-                execution.seating.fetch_sub(1, Ordering::Relaxed);
-                waited += asked.elapsed();
-                if place.is_none() {
-                    ready.answer_unseated();
+        let (report, reported) = oneshot::channel();
+        let asked = std::time::Instant::now();
+        let run = ThreadRun {
+            ready,
+            graph: graph.clone(),
+            follow_on: follow_on.clone(),
+            cores: cores.clone(),
+            runtime: runtime.clone(),
+            report,
+            waiting: Arc::new(AtomicBool::new(false)),
+        };
+        let reported = match &cores {
+            None => {
+                drop(tokio::task::spawn_blocking(move || Box::new(run).run_unchecked()));
+                reported.await
+            }
+            Some(cores) => match seat(&execution, cores, run, reported).await {
+                Some(reported) => reported,
+                None => {
+                    waited += asked.elapsed();
                     next = follow_on.next_or_close();
                     continue;
                 }
-                place
-            }
+            },
         };
-        let (instance, thread, cores, runtime) = (graph.clone(), follow_on.clone(), cores.clone(), runtime.clone());
-        let run = move || thread.run_from(&*instance, (ready, place), cores.as_ref(), &runtime);
-        match tokio::task::spawn_blocking(run).await {
-            Ok((last, waits)) => {
+        match reported {
+            Ok(Report { last, next: waits, began }) => {
+                waited += began.saturating_duration_since(asked);
                 last.answer_here_unless_large();
                 next = waits;
             }
@@ -1336,6 +1341,103 @@ async fn run_on_thread(
         }
     }
     (graph, began.elapsed().saturating_sub(waited))
+}
+
+/// `run` takes a place on `cores`, or waits for one until its deadline: what its thread
+/// reported, or `None` where the deadline passed first (its jobs answered so).
+async fn seat(
+    execution: &Execution,
+    cores: &Arc<CoreGate>,
+    run: ThreadRun,
+    mut reported: oneshot::Receiver<Report>,
+) -> Option<Result<Report, oneshot::error::RecvError>> {
+    let deadline = run.ready.watch.deadline;
+    let runners = run.ready.runners();
+    // Counted as waiting from before it may be given a place until its run begins (or it is
+    // given up), so that no run can begin before it is counted.
+    let waiting = run.waiting.clone();
+    waiting.store(true, Ordering::Relaxed);
+    execution.seating.fetch_add(1, Ordering::Relaxed);
+    match cores.enter(runners, Box::new(run)) {
+        Entry::Taken(admitted) => {
+            waiting.store(false, Ordering::Relaxed);
+            execution.seating.fetch_sub(1, Ordering::Relaxed);
+            drop(tokio::task::spawn_blocking(move || run_admitted(vec![admitted])));
+        }
+        Entry::Waits(id) => match tokio::time::timeout_at(deadline.into(), &mut reported).await {
+            Ok(reported) => return Some(reported),
+            // Given a place as its deadline passed, it runs (or ran): its report comes.
+            Err(_) => {
+                if let Some(unseated) = cores.give_up(id) {
+                    // Waiting for the cores is the load's doing, as good as an answer for
+                    // judging whether the model stalled (marked before the wait stops
+                    // counting; a batch given a place marks it as its run begins).
+                    execution.answered(std::time::Instant::now());
+                    execution.seating.fetch_sub(1, Ordering::Relaxed);
+                    unseated.unseated();
+                    return None;
+                }
+            }
+        },
+    }
+    Some(reported.await)
+}
+
+/// A batch for an instance's blocking thread, and the task it reports to.
+struct ThreadRun {
+    ready: ReadyRun,
+    graph: Arc<dyn Graph>,
+    follow_on: Arc<FollowOn>,
+    cores: Option<Arc<CoreGate>>,
+    runtime: tokio::runtime::Handle,
+    report: oneshot::Sender<Report>,
+    /// Whether it waits for a place (its model's `seating` counts it).
+    waiting: Arc<AtomicBool>,
+}
+
+/// What a thread tells the task its batch came from: the last batch it ran, to answer there,
+/// the batch handed on that must wait for a place, and when its first run began.
+struct Report {
+    last: Computed,
+    next: Option<ReadyRun>,
+    began: std::time::Instant,
+}
+
+impl ThreadRun {
+    /// Run it on this thread (and what is handed on), on `place` where the cores are checked;
+    /// the runs its place went to as it was given back, for this thread to run next.
+    fn run_on(self, place: Option<Place>) -> Vec<Admitted> {
+        let Self { ready, graph, follow_on, cores, runtime, report, .. } = self;
+        let began = std::time::Instant::now();
+        let (last, next, admitted) = follow_on.run_from(&*graph, (ready, place), cores.as_ref(), &runtime);
+        if let Err(Report { last, next, .. }) = report.send(Report { last, next, began }) {
+            // Its task is gone (the runtime shuts down): answered here.
+            last.answer();
+            next.into_iter().for_each(ReadyRun::answer_failed);
+        }
+        admitted
+    }
+
+    /// Run it where the cores are not checked.
+    fn run_unchecked(self: Box<Self>) {
+        self.run_on(None);
+    }
+}
+
+impl Seated for ThreadRun {
+    fn run(self: Box<Self>, place: Place) -> Vec<Admitted> {
+        if self.waiting.swap(false, Ordering::Relaxed) {
+            // Its wait ends: see run_on_thread.
+            let execution = &self.ready.execution;
+            execution.answered(std::time::Instant::now());
+            execution.seating.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.run_on(Some(place))
+    }
+
+    fn unseated(self: Box<Self>) {
+        self.ready.answer_unseated();
+    }
 }
 
 async fn sleep_until_due(due: Option<std::time::Instant>) {
@@ -1840,25 +1942,28 @@ impl FollowOn {
     /// checked), then each batch handed on meanwhile that gets a place at once. Each batch but
     /// the last is answered from `runtime` as the next one runs (one wake from this thread,
     /// not one a caller; see [`Computed::answer_on`]); the last is returned, for the task that
-    /// waits on this thread to answer, with the next batch where it must wait for a place
-    /// (there, not on this thread).
+    /// waits on this thread to answer, with the next batch where it must wait for a place,
+    /// and the runs the last place went to, which this thread runs next.
     fn run_from(
         &self,
         graph: &dyn Graph,
         (first, mut place): (ReadyRun, Option<Place>),
         cores: Option<&Arc<CoreGate>>,
         runtime: &tokio::runtime::Handle,
-    ) -> (Computed, Option<ReadyRun>) {
+    ) -> (Computed, Option<ReadyRun>, Vec<Admitted>) {
         let mut current = first;
         loop {
             let computed = current.compute(graph);
             // Its place goes back before the next batch asks for one.
-            drop(place.take());
-            let Some(next) = self.next_or_close() else { return (computed, None) };
+            let admitted = place.take().map_or_else(Vec::new, Place::give_back);
+            let Some(next) = self.next_or_close() else { return (computed, None, admitted) };
             if let Some(cores) = cores {
+                if !admitted.is_empty() {
+                    return (computed, Some(next), admitted);
+                }
                 match cores.try_enter(next.runners()) {
                     Ok(taken) => place = Some(taken),
-                    Err(_) => return (computed, Some(next)),
+                    Err(_) => return (computed, Some(next), admitted),
                 }
             }
             computed.answer_on(runtime);
@@ -2648,7 +2753,7 @@ mod tests {
         let copy = (stacked - began).min(thread_cpu() - stacked);
 
         let jobs: Vec<NamedTensors> = (0..24).map(job).collect();
-        let ticking = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let ticking = Arc::new(AtomicBool::new(true));
         let ticker = tokio::spawn({
             let ticking = ticking.clone();
             // The runtime's thread's CPU time between ticks: what it ran meanwhile, however
