@@ -435,7 +435,8 @@ async fn one_tenants_busy_models_take_at_most_the_cores_and_anothers_runs_never_
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let tenants = Tenants::new();
     tenants.write("victim.toml", &tenant_header("victim", VICTIM, ""));
-    tenants.write("evil.toml", &tenant_header("evil", EVIL, "guest_deadline_ms = 60000"));
+    // As many models as a machine with many cores needs (32 by default).
+    tenants.write("evil.toml", &tenant_header("evil", EVIL, "guest_deadline_ms = 60000\nmax_models = 1024"));
     let server = Arc::new(Server::start(tenants.path(), &[]));
     // Twice as many heavy models as the host has cores, and two more (each its own copy, runs
     // of a few ms), each kept busy by two clients: each of its runs was a thread on the cores.
