@@ -299,9 +299,9 @@ async fn cores_layers() {
     let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
     let signature = || Signature { inputs: vec![spec.clone()], outputs: vec![spec.clone()] };
     for checked in [true, false, true, false] {
-        let places = sluice::nn::scheduler::cores::places_for(cores, 1);
-        let gate = checked.then(|| sluice::nn::scheduler::cores::CoreGate::new(places));
-        let settings = QueueSettings { max_batch_rows: 1, cores: gate, ..queue_settings() };
+        let places = sluice::nn::scheduler::places::places_for(cores, 1);
+        let gates = checked.then(|| sluice::nn::scheduler::places::DeviceGates::new(places, 1));
+        let settings = QueueSettings { max_batch_rows: 1, places: gates, ..queue_settings() };
         let runs = Arc::new(AtomicUsize::new(0));
         let models: Vec<ModelQueue> = (0..4 * cores)
             .map(|i| queue_of(&format!("busy-{i}"), Arc::new(Spends(signature(), RUN, runs.clone())), settings.clone()))
@@ -359,8 +359,9 @@ fn queue_settings() -> QueueSettings {
         padding: None,
         autoscale: None,
         // As the server's queues: runs on the host's cores take places there.
-        cores: Some(sluice::nn::scheduler::cores::CoreGate::new(
+        places: Some(sluice::nn::scheduler::places::DeviceGates::new(
             std::thread::available_parallelism().map_or(1, usize::from),
+            1,
         )),
     }
 }

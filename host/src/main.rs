@@ -141,6 +141,11 @@ struct ServeArgs {
     /// add execution instances (`[models.X.batching] instances`) to run batches in parallel.
     #[arg(long, env = "SLUICE_BACKEND_THREADS", default_value_t = 1)]
     backend_threads: usize,
+    /// Model runs each GPU (and the WebGPU adapter) takes at once, of every tenant's models;
+    /// beyond that a tenant's run starts only while the tenant runs fewer than its weighted
+    /// share of them, and otherwise waits for one to end. Two: one computing, the next ready.
+    #[arg(long, env = "SLUICE_GPU_RUNS", default_value_t = 2)]
+    gpu_runs: usize,
     /// Seconds without a call after which a model leaves memory (the next call loads it
     /// again) where its manifest sets no `idle_unload_s`; 0: models stay resident.
     #[arg(long, env = "SLUICE_IDLE_UNLOAD_S", default_value_t = 0)]
@@ -297,6 +302,7 @@ fn main() -> anyhow::Result<()> {
                 webgpu_library: args.webgpu_ep_lib,
                 cuda_options: args.cuda_options,
                 backend_threads: args.backend_threads,
+                gpu_runs: args.gpu_runs.max(1),
                 max_instances: args.max_instances,
                 epoch_tick: Duration::from_millis(args.epoch_tick_ms.max(1)),
                 cpu_turns: args.cpu_turns,

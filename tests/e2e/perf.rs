@@ -104,6 +104,7 @@ async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
 
     let setting = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let (models, size, victim_size) = (setting("HOG_MODELS", 8), setting("HOG_SIZE", 384), setting("VICTIM_SIZE", 0));
+    let clients = setting("HOG_CLIENTS", 2 * models);
     let tenants = Tenants::new();
     let victim = tenant_header("victim", "key-victim", "") + &model_entry("digits-mlp", &digits_model(), None);
     tenants.write("victim.toml", &victim);
@@ -144,7 +145,7 @@ async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
     };
     let alone = victim_run().await;
     let (stop, served) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-    let hogs: Vec<_> = (0..2 * models)
+    let hogs: Vec<_> = (0..clients)
         .map(|task| {
             let (server, stop, served) = (server.clone(), stop.clone(), served.clone());
             tokio::spawn(async move {

@@ -428,7 +428,7 @@ async fn a_stream_whose_answers_are_not_read_reads_no_more_requests() {
 #[tokio::test]
 async fn one_tenants_busy_models_take_at_most_the_cores_and_anothers_runs_never_wait_for_them() {
     use crate::metrics::Scrape;
-    use sluice::telemetry::metrics::names::{TENANT_CORE_WAIT, TENANT_ENGINE_RUNS};
+    use sluice::telemetry::metrics::names::{TENANT_ENGINE_RUNS, TENANT_RUN_WAIT};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -476,10 +476,81 @@ async fn one_tenants_busy_models_take_at_most_the_cores_and_anothers_runs_never_
         client.await.expect("a client");
     }
     // The server's places: one run a core (`--backend-threads 1`), and one more.
-    let places = sluice::nn::scheduler::cores::places_for(cores, 1);
+    let places = sluice::nn::scheduler::places::places_for(cores, 1);
     assert!(most >= 1.0 && most <= places as f64, "the evil tenant ran {most} at once on {cores} cores");
     let scrape = Scrape::of(&server).await;
-    assert!(scrape.sum(TENANT_CORE_WAIT, &[("tenant", "evil")]) > 0.0, "its runs over its share waited");
-    assert_eq!(scrape.sum(TENANT_CORE_WAIT, &[("tenant", "victim")]), 0.0, "the victim's never did");
+    assert!(scrape.sum(TENANT_RUN_WAIT, &[("tenant", "evil")]) > 0.0, "its runs over its share waited");
+    assert_eq!(scrape.sum(TENANT_RUN_WAIT, &[("tenant", "victim")]), 0.0, "the victim's never did");
+    assert_eq!(scrape.sum(TENANT_ENGINE_RUNS, &[]), 0.0, "every place went back");
+}
+
+#[tokio::test]
+async fn one_tenants_busy_models_on_the_webgpu_adapter_run_one_at_a_time_and_the_server_stays_up() {
+    use crate::metrics::Scrape;
+    use sluice::telemetry::metrics::names::{TENANT_ENGINE_RUNS, TENANT_RUN_WAIT};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    // ONNX Runtime's WebGPU provider shares one context among its sessions: two runs at once
+    // crashed the server (SIGSEGV), every tenant's requests with it.
+    let (flags, env) = software_webgpu();
+    let tenants = Tenants::new();
+    let on_webgpu = |name: &str, steps: usize| {
+        let path = tenants.path().join(format!("{name}.onnx"));
+        std::fs::write(&path, onnx::slow_compute(64, steps)).expect("a model file");
+        model_entry(name, &path, Some("onnxruntime"))
+            + &format!("on_missing_device = \"refuse\"\n[[models.{name}.instances]]\nkind = \"webgpu\"\n\n")
+    };
+    let hogs = 3;
+    let mut evil = tenant_header("evil", EVIL, "guest_deadline_ms = 60000");
+    for i in 0..hogs {
+        evil += &on_webgpu(&format!("heavy-{i}"), 5 + i);
+    }
+    tenants.write("evil.toml", &evil);
+    tenants
+        .write("victim.toml", &(tenant_header("victim", VICTIM, "guest_deadline_ms = 60000") + &on_webgpu("own", 4)));
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let server = Arc::new(Server::start_with_env(tenants.path(), &args, &env));
+
+    // Two clients keep each of the evil tenant's models busy.
+    let request = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.001] }] });
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..2 * hogs)
+        .map(|client| {
+            let (server, stop, request) = (server.clone(), stop.clone(), request.clone());
+            tokio::spawn(async move {
+                let mut served = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let (code, body) = server.infer(&format!("heavy-{}", client % hogs), EVIL, &request).await;
+                    assert_eq!(code, 200, "{body}");
+                    served += 1;
+                }
+                served
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The victim calls its own model there, one call at a time, while the runs on the adapter
+    // are sampled: one at a time, and none of them took a place on the cores.
+    let webgpu = |tenant| [("tenant", tenant), ("device", "webgpu")];
+    let mut most = 0.0f64;
+    for _ in 0..20 {
+        let (code, body) = server.infer("own", VICTIM, &request).await;
+        assert_eq!(code, 200, "{body}");
+        let scrape = Scrape::of(&server).await;
+        let runs = scrape.sum(TENANT_ENGINE_RUNS, &[("device", "webgpu")]);
+        assert!(runs <= 1.0, "{runs} runs at once on the adapter");
+        most = most.max(scrape.sum(TENANT_ENGINE_RUNS, &webgpu("evil")));
+        assert_eq!(scrape.sum(TENANT_ENGINE_RUNS, &[("device", "cpu")]), 0.0, "no run took the cores' places");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        assert!(client.await.expect("a client") > 0, "every model of the evil tenant's was served");
+    }
+    assert_eq!(most, 1.0, "the evil tenant's runs were seen on the adapter");
+    let scrape = Scrape::of(&server).await;
+    assert!(scrape.sum(TENANT_RUN_WAIT, &webgpu("evil")) > 0.0, "its runs waited their turns");
     assert_eq!(scrape.sum(TENANT_ENGINE_RUNS, &[]), 0.0, "every place went back");
 }

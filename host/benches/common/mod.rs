@@ -57,6 +57,7 @@ pub fn digits_config(tenants: &Path, data: &Path) -> anyhow::Result<ServeConfig>
         webgpu_library: None,
         cuda_options: Vec::new(),
         backend_threads: 1,
+        gpu_runs: 2,
         max_instances: 64,
         epoch_tick: Duration::from_millis(5),
         cpu_turns: 0,

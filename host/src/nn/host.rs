@@ -385,7 +385,7 @@ impl graph::Host for NnView<'_> {
             instances: 1,
             padding: None,
             autoscale: None,
-            cores: super::scheduler::cores::process_gate(),
+            places: super::scheduler::places::process_gates(),
         };
         let model = Arc::new(ModelCopy::start(
             RAW_LOAD,

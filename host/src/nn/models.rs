@@ -514,7 +514,7 @@ impl ModelStore {
                     window: Duration::from_millis(autoscale.window_ms),
                     scale_down_utilisation: autoscale.scale_down_utilisation,
                 }),
-                cores: super::scheduler::cores::process_gate(),
+                places: super::scheduler::places::process_gates(),
             };
             let footprints: Footprints =
                 memory.iter().map(|reservation| (reservation.device().clone(), reservation.bytes())).collect();

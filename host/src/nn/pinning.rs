@@ -104,8 +104,8 @@ impl Graph for PinnedGraph {
     }
 
     /// Its runs take the cores it is pinned to, which the operator gave it.
-    fn shares_cores(&self) -> bool {
-        false
+    fn shared_device(&self) -> Option<DeviceId> {
+        None
     }
 
     fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {

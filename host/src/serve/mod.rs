@@ -74,6 +74,8 @@ pub struct ServeConfig {
     /// Options of ONNX Runtime's CUDA execution provider, as the admin gave them.
     pub cuda_options: Vec<(String, String)>,
     pub backend_threads: usize,
+    /// Runs a GPU takes at once before a tenant's next one waits for its share of them.
+    pub gpu_runs: usize,
     pub max_instances: u32,
     pub epoch_tick: Duration,
     /// Requests worked on at once (0: one per CPU); see `tenancy::turn_state`.
@@ -278,7 +280,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         .with_context(|| format!("cannot load tenants from {}", config.tenants_dir.display()))?;
 
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    crate::nn::scheduler::cores::serve_cores(cores, config.backend_threads);
+    crate::nn::scheduler::places::serve_places(cores, config.backend_threads, config.gpu_runs);
     let backends = backend::available(&BackendSettings {
         onnxruntime_library: config.onnxruntime_library.clone(),
         threads: config.backend_threads,

@@ -29,7 +29,7 @@ pub mod names {
     pub const NN_COMPUTE_CALLS: &str = "sluice_nn_compute_calls_total";
     pub const TENANT_COMPUTE: &str = "sluice_tenant_compute_seconds_total";
     pub const TENANT_ENGINE_RUNS: &str = "sluice_tenant_engine_runs";
-    pub const TENANT_CORE_WAIT: &str = "sluice_tenant_core_wait_seconds_total";
+    pub const TENANT_RUN_WAIT: &str = "sluice_tenant_run_wait_seconds_total";
     pub const QUEUE_WAIT: &str = "sluice_queue_wait_seconds";
     pub const QUEUE_DEPTH: &str = "sluice_queue_depth";
     pub const BATCH_ROWS: &str = "sluice_batch_rows";
@@ -303,7 +303,7 @@ pub struct Metrics {
     degraded: IntCounterVec,
     response_cache: IntCounterVec,
     engine_runs: IntGaugeVec,
-    core_wait: CounterVec,
+    run_wait: CounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -434,14 +434,14 @@ impl Metrics {
             engine_runs: int_gauge(
                 &registry,
                 TENANT_ENGINE_RUNS,
-                "A tenant's engine runs on the host's shared cores now (a batch of several tenants counts for each).",
-                &["tenant"],
+                "A tenant's engine runs on a shared device (the host's cores, a GPU) now (a batch of several tenants counts for each).",
+                &["tenant", "device"],
             ),
-            core_wait: float_counter(
+            run_wait: float_counter(
                 &registry,
-                TENANT_CORE_WAIT,
-                "Time a tenant's engine runs waited for its weighted share of the host's cores.",
-                &["tenant"],
+                TENANT_RUN_WAIT,
+                "Time a tenant's engine runs waited for its weighted share of a device's runs.",
+                &["tenant", "device"],
             ),
             open_connections,
             refused_connections: counter(
@@ -637,17 +637,17 @@ impl Metrics {
         }
     }
 
-    /// `tenant`'s engine runs on the shared cores now.
-    pub fn engine_runs(&self, tenant: &str, runs: usize) {
+    /// `tenant`'s engine runs on the shared `device` now.
+    pub fn engine_runs(&self, tenant: &str, device: &str, runs: usize) {
         if self.on() {
-            self.engine_runs.with_label_values(&[tenant]).set(i64::try_from(runs).unwrap_or(i64::MAX));
+            self.engine_runs.with_label_values(&[tenant, device]).set(i64::try_from(runs).unwrap_or(i64::MAX));
         }
     }
 
-    /// A run of `tenant`'s waited `waited` for its share of the cores.
-    pub fn core_wait(&self, tenant: &str, waited: Duration) {
+    /// A run of `tenant`'s waited `waited` for its share of `device`'s runs.
+    pub fn run_wait(&self, tenant: &str, device: &str, waited: Duration) {
         if self.on() {
-            self.core_wait.with_label_values(&[tenant]).inc_by(waited.as_secs_f64());
+            self.run_wait.with_label_values(&[tenant, device]).inc_by(waited.as_secs_f64());
         }
     }
 
@@ -827,7 +827,7 @@ impl Metrics {
             &self.degraded,
             &self.response_cache,
             &self.engine_runs,
-            &self.core_wait,
+            &self.run_wait,
         ];
         let seen: Vec<_> = families.iter().map(|family| family.series()).collect();
         let served = served();

@@ -114,10 +114,17 @@ pub trait Graph: Send + Sync {
         DeviceId::Cpu
     }
 
-    /// Whether its runs take the host's shared cores (not a GPU's, nor cores of their own):
-    /// tenants share those by weight across every model.
-    fn shares_cores(&self) -> bool {
-        self.device() == DeviceId::Cpu
+    /// The device whose runs tenants share by weight across every model (the host's cores, a
+    /// GPU): its own, unless it has that device to itself (an instance pinned to cores of its
+    /// own).
+    fn shared_device(&self) -> Option<DeviceId> {
+        Some(self.device())
+    }
+
+    /// Whether its device must run one run at a time, of every graph there (its engine shares
+    /// one context among them): their runs then wait their turns by tenant, not at the engine.
+    fn runs_alone(&self) -> bool {
+        false
     }
 
     /// Run on named inputs already checked against the signature; outputs in signature order,

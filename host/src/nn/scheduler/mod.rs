@@ -18,8 +18,8 @@
 pub mod admission;
 pub mod autoscale;
 mod buffers;
-pub mod cores;
 pub mod padding;
+pub mod places;
 pub mod queue;
 
 use std::collections::VecDeque;
@@ -42,8 +42,8 @@ use crate::tensor::{Tensor, TensorView};
 use admission::{Backlog, Verdict};
 use autoscale::{AutoscaleSettings, Autoscaler, Sample, Scale};
 use buffers::StackBuffers;
-use cores::{Admitted, CoreGate, Entry, Place, Runners, Seated, run_admitted};
 use padding::PaddingRule;
+use places::{Admitted, DeviceGate, DeviceGates, Entry, Place, Runners, Seated, run_admitted};
 use queue::{BatchQueue, FirstShape, QueuePolicy, Queued};
 pub use queue::{Bill, Share};
 
@@ -304,9 +304,9 @@ pub struct QueueSettings {
     pub padding: Option<PaddingRule>,
     /// Grow and shrink the instances between bounds; `None`: always `instances`.
     pub autoscale: Option<AutoscaleSettings>,
-    /// The host's cores, which its runs there share with every other model's by tenant
-    /// ([`cores`]); `None`: they take them unchecked.
-    pub cores: Option<Arc<CoreGate>>,
+    /// The shared devices (the host's cores, each GPU), whose runs its runs there share with
+    /// every other model's by tenant ([`places`]); `None`: they take them unchecked.
+    pub places: Option<Arc<DeviceGates>>,
 }
 
 /// One of the autoscaler's changes, as the control API shows it.
@@ -388,7 +388,7 @@ impl ModelQueue {
             last_use: last_use.clone(),
             row_time: RowTime::default(),
             answered_at: Mutex::new(None),
-            cores: settings.cores.clone(),
+            places: settings.places.clone(),
             seating: AtomicUsize::new(0),
         };
         let (instances, events) = (execution.instances.clone(), execution.events.clone());
@@ -576,15 +576,15 @@ struct Execution {
     last_use: Arc<LastUse>,
     /// How long a row and a run of this model take, lately: whether a batch runs in place.
     row_time: RowTime,
-    /// When a batch last ended (or waited for its tenants' share of the cores): a job that
+    /// When a batch last ended (or waited for its tenants' share of a device): a job that
     /// expires with none ended since it came waited on a model that answered nobody, not
     /// behind the load.
     answered_at: Mutex<Option<std::time::Instant>>,
     /// Buffers its large batches were stacked into, for the next ones.
     buffers: Arc<StackBuffers>,
-    /// The host's cores its runs there take a place on, if checked.
-    cores: Option<Arc<CoreGate>>,
-    /// Its batches waiting for a place on the cores now.
+    /// The shared devices its runs take a place on, if checked.
+    places: Option<Arc<DeviceGates>>,
+    /// Its batches waiting for a place on a device now.
     seating: AtomicUsize,
 }
 
@@ -665,7 +665,7 @@ impl RowTime {
 
 impl Execution {
     /// When it last answered a batch, for judging whether it stalled. While one of its batches
-    /// waits for its tenants' share of the cores, now: that is the load, not the model.
+    /// waits for its tenants' share of a device, now: that is the load, not the model.
     fn answered_at(&self) -> Option<std::time::Instant> {
         if self.seating.load(Ordering::Relaxed) > 0 {
             return Some(std::time::Instant::now());
@@ -1216,7 +1216,9 @@ async fn run_queue(
                 continue;
             };
             let rows = prepared.rows.iter().sum();
+            // A graph whose device runs one run at a time may wait there: never on the runtime.
             let in_place = no_job_waits
+                && !graph.runs_alone()
                 && match sparse {
                     true => execution.row_time.runs_within(rows, RUN_IN_PLACE_MAX),
                     false => execution.row_time.runs_of_any_size_within(rows, RUN_IN_PLACE_WHILE_BUSY_MAX),
@@ -1288,8 +1290,8 @@ async fn run_queue(
 }
 
 /// Run `first` on a blocking thread, and what `follow_on` hands that thread meanwhile. Where
-/// its runs take places on the cores, a batch that must wait for one is run by the thread
-/// that frees one ([`cores::Seated`]), and this task waits, not a thread. Returns the
+/// its runs take places on a shared device, a batch that must wait for one is run by the
+/// thread that frees one ([`places::Seated`]), and this task waits, not a thread. Returns the
 /// instance, with how long it was busy (its batches' waits for places excluded).
 async fn run_on_thread(
     execution: Arc<Execution>,
@@ -1298,7 +1300,11 @@ async fn run_on_thread(
     first: ReadyRun,
 ) -> (Arc<dyn Graph>, Duration) {
     let began = std::time::Instant::now();
-    let cores = execution.cores.clone().filter(|_| graph.shares_cores());
+    let gate = execution
+        .places
+        .as_ref()
+        .zip(graph.shared_device())
+        .map(|(gates, device)| gates.of(device, graph.runs_alone()));
     let runtime = tokio::runtime::Handle::current();
     let mut waited = Duration::ZERO;
     let mut next = Some(first);
@@ -1309,17 +1315,17 @@ async fn run_on_thread(
             ready,
             graph: graph.clone(),
             follow_on: follow_on.clone(),
-            cores: cores.clone(),
+            gate: gate.clone(),
             runtime: runtime.clone(),
             report,
             waiting: Arc::new(AtomicBool::new(false)),
         };
-        let reported = match &cores {
+        let reported = match &gate {
             None => {
                 drop(tokio::task::spawn_blocking(move || Box::new(run).run_unchecked()));
                 reported.await
             }
-            Some(cores) => match seat(&execution, cores, run, reported).await {
+            Some(gate) => match seat(&execution, gate, run, reported).await {
                 Some(reported) => reported,
                 None => {
                     waited += asked.elapsed();
@@ -1343,11 +1349,11 @@ async fn run_on_thread(
     (graph, began.elapsed().saturating_sub(waited))
 }
 
-/// `run` takes a place on `cores`, or waits for one until its deadline: what its thread
+/// `run` takes a place of `gate`, or waits for one until its deadline: what its thread
 /// reported, or `None` where the deadline passed first (its jobs answered so).
 async fn seat(
     execution: &Execution,
-    cores: &Arc<CoreGate>,
+    gate: &Arc<DeviceGate>,
     run: ThreadRun,
     mut reported: oneshot::Receiver<Report>,
 ) -> Option<Result<Report, oneshot::error::RecvError>> {
@@ -1358,7 +1364,7 @@ async fn seat(
     let waiting = run.waiting.clone();
     waiting.store(true, Ordering::Relaxed);
     execution.seating.fetch_add(1, Ordering::Relaxed);
-    match cores.enter(runners, Box::new(run)) {
+    match gate.enter(runners, Box::new(run)) {
         Entry::Taken(admitted) => {
             waiting.store(false, Ordering::Relaxed);
             execution.seating.fetch_sub(1, Ordering::Relaxed);
@@ -1368,8 +1374,8 @@ async fn seat(
             Ok(reported) => return Some(reported),
             // Given a place as its deadline passed, it runs (or ran): its report comes.
             Err(_) => {
-                if let Some(unseated) = cores.give_up(id) {
-                    // Waiting for the cores is the load's doing, as good as an answer for
+                if let Some(unseated) = gate.give_up(id) {
+                    // Waiting for a place is the load's doing, as good as an answer for
                     // judging whether the model stalled (marked before the wait stops
                     // counting; a batch given a place marks it as its run begins).
                     execution.answered(std::time::Instant::now());
@@ -1388,7 +1394,7 @@ struct ThreadRun {
     ready: ReadyRun,
     graph: Arc<dyn Graph>,
     follow_on: Arc<FollowOn>,
-    cores: Option<Arc<CoreGate>>,
+    gate: Option<Arc<DeviceGate>>,
     runtime: tokio::runtime::Handle,
     report: oneshot::Sender<Report>,
     /// Whether it waits for a place (its model's `seating` counts it).
@@ -1404,12 +1410,12 @@ struct Report {
 }
 
 impl ThreadRun {
-    /// Run it on this thread (and what is handed on), on `place` where the cores are checked;
-    /// the runs its place went to as it was given back, for this thread to run next.
+    /// Run it on this thread (and what is handed on), on `place` where its device's runs are
+    /// checked; the runs its place went to as it was given back, for this thread to run next.
     fn run_on(self, place: Option<Place>) -> Vec<Admitted> {
-        let Self { ready, graph, follow_on, cores, runtime, report, .. } = self;
+        let Self { ready, graph, follow_on, gate, runtime, report, .. } = self;
         let began = std::time::Instant::now();
-        let (last, next, admitted) = follow_on.run_from(&*graph, (ready, place), cores.as_ref(), &runtime);
+        let (last, next, admitted) = follow_on.run_from(&*graph, (ready, place), gate.as_ref(), &runtime);
         if let Err(Report { last, next, .. }) = report.send(Report { last, next, began }) {
             // Its task is gone (the runtime shuts down): answered here.
             last.answer();
@@ -1418,7 +1424,7 @@ impl ThreadRun {
         admitted
     }
 
-    /// Run it where the cores are not checked.
+    /// Run it where its device's runs are not checked.
     fn run_unchecked(self: Box<Self>) {
         self.run_on(None);
     }
@@ -1453,7 +1459,7 @@ enum Ran {
     Ended(Vec<Run>),
     /// Every caller's deadline passed while it waited for the instance: not run.
     Expired,
-    /// Every caller's deadline passed while it waited for its tenants' share of the cores:
+    /// Every caller's deadline passed while it waited for its tenants' share of the device:
     /// not run, and not for the model's stalling.
     Unseated,
     /// The thread that was to run it panicked outside the engine's run.
@@ -1557,7 +1563,7 @@ struct Prepared {
     /// The most bytes of outputs each job's caller can take.
     output_limits: Vec<usize>,
     tenants: Vec<Arc<str>>,
-    /// Its tenants, each once, with their weights, where its run takes a place on the cores.
+    /// Its tenants, each once, with their weights, where its run takes a place on a device.
     runners: Runners,
     /// Each job's caller's name for the model (see [`Share::model`]).
     models: Vec<Arc<str>>,
@@ -1594,7 +1600,7 @@ fn prepare(execution: &Execution, batch: Vec<Queued<Job>>) -> Prepared {
     let rows: Vec<usize> = batch.iter().map(|j| j.rows).collect();
     let output_limits: Vec<usize> = batch.iter().map(|j| j.share.max_output_bytes).collect();
     let tenants: Vec<Arc<str>> = batch.iter().map(|j| j.share.tenant.clone()).collect();
-    let runners = match execution.cores {
+    let runners = match execution.places {
         Some(_) => sum_per(batch.iter().map(|j| (&j.share.tenant, j.share.weight)), |_, _| {})
             .into_iter()
             .map(|(tenant, weight)| (tenant.clone(), weight))
@@ -1798,12 +1804,12 @@ impl ReadyRun {
         self.not_run(Ran::Expired).answer();
     }
 
-    /// Answer its jobs as expired waiting for their tenants' share of the cores.
+    /// Answer its jobs as expired waiting for their tenants' share of the device.
     fn answer_unseated(self) {
         self.not_run(Ran::Unseated).answer();
     }
 
-    /// Its tenants, to take a place on the cores for.
+    /// Its tenants, to take a place on the device for.
     fn runners(&self) -> Runners {
         self.prepared.runners.clone()
     }
@@ -1938,7 +1944,7 @@ impl FollowOn {
         next
     }
 
-    /// On the instance's blocking thread: run `first` (on `place` where the cores are
+    /// On the instance's blocking thread: run `first` (on `place` where its device's runs are
     /// checked), then each batch handed on meanwhile that gets a place at once. Each batch but
     /// the last is answered from `runtime` as the next one runs (one wake from this thread,
     /// not one a caller; see [`Computed::answer_on`]); the last is returned, for the task that
@@ -1948,7 +1954,7 @@ impl FollowOn {
         &self,
         graph: &dyn Graph,
         (first, mut place): (ReadyRun, Option<Place>),
-        cores: Option<&Arc<CoreGate>>,
+        gate: Option<&Arc<DeviceGate>>,
         runtime: &tokio::runtime::Handle,
     ) -> (Computed, Option<ReadyRun>, Vec<Admitted>) {
         let mut current = first;
@@ -1957,11 +1963,11 @@ impl FollowOn {
             // Its place goes back before the next batch asks for one.
             let admitted = place.take().map_or_else(Vec::new, Place::give_back);
             let Some(next) = self.next_or_close() else { return (computed, None, admitted) };
-            if let Some(cores) = cores {
+            if let Some(gate) = gate {
                 if !admitted.is_empty() {
                     return (computed, Some(next), admitted);
                 }
-                match cores.try_enter(next.runners()) {
+                match gate.try_enter(next.runners()) {
                     Ok(taken) => place = Some(taken),
                     Err(_) => return (computed, Some(next), admitted),
                 }
@@ -2261,7 +2267,7 @@ mod tests {
             instances: 1,
             padding: None,
             autoscale: None,
-            cores: None,
+            places: None,
         }
     }
 
@@ -2531,12 +2537,17 @@ mod tests {
         assert_eq!(slow, Some(1));
     }
 
-    /// A graph that answers at once and counts its runs on the thread that made it.
-    struct CountsItsThread(Signature, std::thread::ThreadId, AtomicUsize, AtomicUsize);
+    /// A graph that answers at once and counts its runs on the thread that made it (and
+    /// elsewhere); its device runs one run at a time if the last is true.
+    struct CountsItsThread(Signature, std::thread::ThreadId, AtomicUsize, AtomicUsize, bool);
 
     impl Graph for CountsItsThread {
         fn signature(&self) -> &Signature {
             &self.0
+        }
+
+        fn runs_alone(&self) -> bool {
+            self.4
         }
 
         fn run(&self, inputs: &mut NamedTensors, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
@@ -2546,25 +2557,37 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn short_batches_run_in_place_even_when_jobs_come_close_together() {
-        // One caller in a closed loop: a job every few µs, too close together for runs of up to
-        // RUN_IN_PLACE_MAX, but each run far shorter than handing it off to a blocking thread.
+    /// One caller in a closed loop: a job every few µs, too close together for runs of up to
+    /// RUN_IN_PLACE_MAX, but each run far shorter than handing it off to a blocking thread.
+    /// The runs in place and on another thread.
+    async fn closed_loop_of_short_runs(runs_alone: bool) -> (usize, usize) {
         let spec = TensorSpec { name: "x".to_string(), ty: ElementType::F32, dims: vec![None, Some(4)] };
         let signature = Signature { inputs: vec![spec.clone()], outputs: vec![spec] };
         let here = std::thread::current().id();
-        let graph = Arc::new(CountsItsThread(signature, here, AtomicUsize::new(0), AtomicUsize::new(0)));
+        let graph = Arc::new(CountsItsThread(signature, here, AtomicUsize::new(0), AtomicUsize::new(0), runs_alone));
         let loaded = Loaded { graphs: vec![graph.clone()], memory: Vec::new() };
         let queue =
             ModelQueue::start("short", "none", (loaded, Residence::default()), true, settings(), Arc::default());
         let deadline = Instant::now() + Duration::from_secs(10);
-        let started = std::time::Instant::now();
         for _ in 0..500 {
             queue.compute(row(), deadline, share()).await.expect("answered");
         }
+        (graph.2.load(Ordering::SeqCst), graph.3.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn short_batches_run_in_place_even_when_jobs_come_close_together() {
+        let started = std::time::Instant::now();
+        let (in_place, handed_off) = closed_loop_of_short_runs(false).await;
         assert!(started.elapsed() < RUN_IN_PLACE_MAX * 500, "the jobs came closer together than that");
-        let (in_place, handed_off) = (graph.2.load(Ordering::SeqCst), graph.3.load(Ordering::SeqCst));
         assert!(in_place >= 400, "{in_place} runs in place, {handed_off} handed off to a blocking thread");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn short_batches_of_a_device_that_runs_one_at_a_time_never_run_in_place() {
+        // Its runs may wait there for another model's: a runtime thread must not.
+        let (in_place, handed_off) = closed_loop_of_short_runs(true).await;
+        assert_eq!((in_place, handed_off), (0, 500));
     }
 
     #[tokio::test]
@@ -2966,10 +2989,11 @@ mod tests {
         assert!(answered_after < Duration::from_millis(400), "answered after {answered_after:?}, not at its deadline");
     }
 
-    /// A graph whose runs take 30 ms, counting in `going` the runs of every graph that shares
-    /// it now, and in `most` the most seen at once.
+    /// A graph on `device` whose runs take 30 ms, counting in `going` the runs of every graph
+    /// that shares it now, and in `most` the most seen at once.
     struct Counted {
         signature: Signature,
+        device: DeviceId,
         going: Arc<AtomicUsize>,
         most: Arc<AtomicUsize>,
     }
@@ -2977,6 +3001,10 @@ mod tests {
     impl Graph for Counted {
         fn signature(&self) -> &Signature {
             &self.signature
+        }
+
+        fn device(&self) -> DeviceId {
+            self.device
         }
 
         fn run(&self, inputs: &mut Vec<(String, Tensor)>, _stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
@@ -2988,18 +3016,18 @@ mod tests {
         }
     }
 
-    /// A queue of one instance of [`Counted`] running one-row batches, whose runs there take
-    /// places on `cores`.
+    /// A queue of one instance of [`Counted`] on `device` running one-row batches, whose runs
+    /// there take places of `gates`.
     fn counted_queue(
-        model: &str,
-        cores: &Arc<CoreGate>,
+        (model, device): (&str, DeviceId),
+        gates: &Arc<DeviceGates>,
         (going, most): (&Arc<AtomicUsize>, &Arc<AtomicUsize>),
     ) -> ModelQueue {
         let spec = TensorSpec { name: "X".to_string(), ty: ElementType::F32, dims: vec![None, Some(64)] };
         let signature = Signature { inputs: vec![spec.clone()], outputs: vec![spec] };
-        let graph = Counted { signature, going: going.clone(), most: most.clone() };
+        let graph = Counted { signature, device, going: going.clone(), most: most.clone() };
         let loaded = Loaded { graphs: vec![Arc::new(graph)], memory: Vec::new() };
-        let settings = QueueSettings { max_batch_rows: 1, cores: Some(cores.clone()), ..settings() };
+        let settings = QueueSettings { max_batch_rows: 1, places: Some(gates.clone()), ..settings() };
         ModelQueue::start(model, "none", (loaded, Residence::default()), true, settings, Arc::default())
     }
 
@@ -3007,18 +3035,24 @@ mod tests {
         Share::new(name.into(), 1)
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_tenants_models_hold_its_share_of_the_cores_and_anothers_run_goes_in_at_once() {
-        // Two cores; the hog's four models, four one-row jobs each, all sent at once.
-        let cores = CoreGate::new(2);
+    /// The hog's four models on `device`, whose gate has two places, four one-row jobs each,
+    /// all sent at once, and beside them a run of another tenant's: the hog's runs hold the
+    /// two places and no more, and the other's goes in at once. The gate of the `other` device
+    /// has one place, held by a third tenant's run all along: a run that took a place there
+    /// would find the hog over its share.
+    async fn one_tenants_models_hold_its_share_of(device: DeviceId, other: DeviceId) {
+        let gates = match device {
+            DeviceId::Cpu => DeviceGates::new(2, 1),
+            _ => DeviceGates::new(1, 2),
+        };
+        let elsewhere = gates.of(other, false).try_enter(vec![("third".into(), 1)]).expect("a free place");
         let counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let hogs: Vec<ModelQueue> =
-            (0..4).map(|i| counted_queue(&format!("hog-{i}"), &cores, (&counts.0, &counts.1))).collect();
+            (0..4).map(|i| counted_queue((&format!("hog-{i}"), device), &gates, (&counts.0, &counts.1))).collect();
         let deadline = Instant::now() + Duration::from_secs(10);
         let hog_jobs = hogs.iter().flat_map(|queue| (0..4).map(move |_| queue.compute(row(), deadline, tenant("hog"))));
-        // Beside them, another tenant's model: its run goes in at once, under its share.
         let victim_counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let victim = counted_queue("victim", &cores, (&victim_counts.0, &victim_counts.1));
+        let victim = counted_queue(("victim", device), &gates, (&victim_counts.0, &victim_counts.1));
         let beside = async {
             tokio::time::sleep(Duration::from_millis(10)).await;
             let sent = std::time::Instant::now();
@@ -3029,18 +3063,31 @@ mod tests {
         assert!(answered.is_ok(), "{answered:?}");
         assert!(took < Duration::from_millis(55), "a 30 ms run waited: {took:?}");
         assert!(results.iter().all(Result::is_ok), "{results:?}");
-        assert_eq!(counts.1.load(Ordering::SeqCst), 2, "the hog's runs held the two cores, no more");
-        assert_eq!(cores.held(), 0, "every place went back");
+        assert_eq!(counts.1.load(Ordering::SeqCst), 2, "the hog's runs held the two places of {device:?}, no more");
+        assert_eq!(gates.of(device, false).held(), 0, "every place went back");
+        assert_eq!(gates.of(other, false).held(), 1, "no run took a place of {other:?}");
+        drop(elsewhere);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_tenants_models_hold_its_share_of_the_cores_and_anothers_run_goes_in_at_once() {
+        one_tenants_models_hold_its_share_of(DeviceId::Cpu, DeviceId::Cuda(0)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_tenants_models_hold_its_share_of_a_gpu_and_not_of_the_cores_or_another_gpu() {
+        one_tenants_models_hold_its_share_of(DeviceId::Cuda(0), DeviceId::Cpu).await;
+        one_tenants_models_hold_its_share_of(DeviceId::Cuda(1), DeviceId::Cuda(0)).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_whose_deadline_passes_while_their_tenant_waits_for_its_share_are_not_the_models_fault() {
         // The one core held by another of the hog's runs: one job's batch waits for a place,
         // the other behind it, until their deadline.
-        let cores = CoreGate::new(1);
-        let other_run = cores.try_enter(vec![("hog".into(), 1)]).expect("the core is free");
+        let gates = DeviceGates::new(1, 1);
+        let other_run = gates.of(DeviceId::Cpu, false).try_enter(vec![("hog".into(), 1)]).expect("the core is free");
         let counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let queue = counted_queue("hog-0", &cores, (&counts.0, &counts.1));
+        let queue = counted_queue(("hog-0", DeviceId::Cpu), &gates, (&counts.0, &counts.1));
         let deadline = Instant::now() + Duration::from_millis(60);
         let results = futures::future::join_all((0..2).map(|_| queue.compute(row(), deadline, tenant("hog")))).await;
         assert!(results.iter().all(|result| stalled(result) == Some(false)), "{results:?}");

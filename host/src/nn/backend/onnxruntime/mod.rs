@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ort::ep::{ArbitrarilyConfigurableExecutionProvider, ExecutionProvider};
 use ort::session::builder::GraphOptimizationLevel;
@@ -116,15 +116,17 @@ impl Backend for OnnxRuntime {
     }
 
     fn load(&self, onnx: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
+        let mut builder = self.builder(OPTIMIZED, placement)?;
         let session =
-            self.builder(OPTIMIZED, placement)?.commit_from_memory(onnx).map_err(|e| load_error(e.to_string()))?;
+            alone_on(placement.device, || builder.commit_from_memory(onnx)).map_err(|e| load_error(e.to_string()))?;
         graph(session, placement.device)
     }
 
     fn load_file(&self, model_file: &Path, placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
         // From a file, ONNX Runtime reads external data relative to the file's directory.
-        let session =
-            self.builder(OPTIMIZED, placement)?.commit_from_file(model_file).map_err(|e| load_error(e.to_string()))?;
+        let mut builder = self.builder(OPTIMIZED, placement)?;
+        let session = alone_on(placement.device, || builder.commit_from_file(model_file))
+            .map_err(|e| load_error(e.to_string()))?;
         graph(session, placement.device)
     }
 
@@ -146,12 +148,23 @@ impl Backend for OnnxRuntime {
     }
 
     fn load_optimized(&self, optimized: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
-        let session = self
-            .builder(GraphOptimizationLevel::Disable, placement)?
-            .commit_from_memory(optimized)
+        let mut builder = self.builder(GraphOptimizationLevel::Disable, placement)?;
+        let session = alone_on(placement.device, || builder.commit_from_memory(optimized))
             .map_err(|e| load_error(e.to_string()))?;
         graph(session, placement.device)
     }
+}
+
+/// Held by whatever ONNX Runtime does on the WebGPU adapter: its provider shares one context
+/// among every session there, and two runs at once crashed the process (SIGSEGV inside the
+/// provider; e2e `resources::one_tenants_busy_models_take_at_most_a_gpus_places_and_anothers_runs_never_wait_for_them`
+/// on the build before this lock). Loads, runs and releases of sessions there go one at a time.
+static ON_WEBGPU: Mutex<()> = Mutex::new(());
+
+/// `work` on `device`, alone where the device's sessions must not work at once.
+fn alone_on<T>(device: DeviceId, work: impl FnOnce() -> T) -> T {
+    let _alone = (device == DeviceId::WebGpu).then(|| ON_WEBGPU.lock().unwrap_or_else(PoisonError::into_inner));
+    work()
 }
 
 /// Every graph optimisation, layout changes for this machine's CPU included (so an
@@ -263,13 +276,13 @@ fn graph(session: Session, device: DeviceId) -> Result<Box<dyn Graph>, BackendEr
             .map_err(load_error)?,
     };
     let arena = ENVIRONMENT.get().and_then(|e| e.as_ref().ok()).and_then(|engine| engine.arena.as_ref());
-    Ok(Box::new(OrtGraph { session: Mutex::new(session), signature, device, arena }))
+    Ok(Box::new(OrtGraph { session: Mutex::new(Some(session)), signature, device, arena }))
 }
 
 struct OrtGraph {
     // `Session::run` needs `&mut`; the scheduler runs one batch per graph at a time, so the
-    // lock is uncontended.
-    session: Mutex<Session>,
+    // lock is uncontended. Taken out only as the graph is dropped (see `alone_on`).
+    session: Mutex<Option<Session>>,
     signature: Signature,
     device: DeviceId,
     arena: Option<&'static CappedArena>,
@@ -282,6 +295,10 @@ impl Graph for OrtGraph {
 
     fn device(&self) -> DeviceId {
         self.device
+    }
+
+    fn runs_alone(&self) -> bool {
+        self.device == DeviceId::WebGpu
     }
 
     fn run(&self, inputs: &mut Vec<(String, Tensor)>, stop: &Stop) -> Result<Vec<(String, Output)>, BackendError> {
@@ -301,7 +318,8 @@ impl Graph for OrtGraph {
             .collect::<Result<Vec<(&str, SessionInputValue)>, _>>()
             .map_err(run_error)?;
         let mut session = self.session.lock().map_err(|_| run_error("session lock poisoned".to_string()))?;
-        let outputs = session.run_with_options(values, &options);
+        let session = session.as_mut().ok_or_else(|| run_error("the session is released".to_string()))?;
+        let outputs = alone_on(self.device, || session.run_with_options(values, &options));
         stop.clear();
         if stop.is_stopped() {
             return Err(run_error("stopped: every request in the batch had passed its deadline".into()));
@@ -320,6 +338,13 @@ impl Graph for OrtGraph {
             })
             .collect::<Result<_, String>>()
             .map_err(run_error)
+    }
+}
+
+impl Drop for OrtGraph {
+    fn drop(&mut self) {
+        let session = self.session.get_mut().unwrap_or_else(PoisonError::into_inner).take();
+        alone_on(self.device, || drop(session));
     }
 }
 

@@ -1,26 +1,32 @@
-//! Each tenant's share of the host's cores across every model's queue. A queue shares one
-//! model's batches fairly between tenants, but different models share no queue: each busy
-//! model ran its batches on a thread of its own and the OS shares cores per thread, so a tenant
-//! with sixteen busy heavy models had sixteen threads on two cores beside another tenant's one
-//! (that tenant's p99 1.2 -> 29 ms: BENCHMARKS.md, heavy models beside a light one).
+//! Each tenant's share of a device's runs across every model's queue: the host's shared
+//! cores, and each GPU. A queue shares one model's batches fairly between tenants, but
+//! different models share no queue: each busy model ran its batches on a thread of its own and
+//! the OS shares cores per thread, so a tenant with sixteen busy heavy models had sixteen
+//! threads on two cores beside another tenant's one (that tenant's p99 1.2 -> 29 ms:
+//! BENCHMARKS.md, heavy models beside a light one). A GPU runs what its callers give it, in
+//! turn, just as blindly.
 //!
-//! So an engine run on the shared cores holds a place here. While fewer places are held than
-//! there are cores, any run takes one; beyond that, a run takes one only while one of its
-//! tenants holds fewer than its weighted share of the cores (`compute_weight` over the weights
-//! of tenants with runs held or waiting; at least one, so a tenant's first run never waits for
-//! another tenant's), and otherwise waits. A freed place goes to a waiter under its share first,
-//! else, while places are free, to the waiter whose tenant holds the fewest for its weight.
-//! Runs that go on are never stopped: one that enters under its share shares the cores with
+//! So an engine run on a shared device holds a place of that device's gate. While fewer places
+//! are held than the gate has, any run takes one; beyond that, a run takes one only while one
+//! of its tenants holds fewer than its weighted share of the places (`compute_weight` over the
+//! weights of tenants with runs held or waiting; at least one, so a tenant's first run never
+//! waits for another tenant's), and otherwise waits. A freed place goes to a waiter under its
+//! share first, else, while places are free, to the waiter whose tenant holds the fewest for
+//! its weight; among equals, to the tenant least recently given a place, then the oldest.
+//! Runs that go on are never stopped: one that enters under its share shares the device with
 //! what is left of the others', and the next runs of tenants over their share wait. A tenant
-//! alone uses every core.
+//! alone uses every place. A device whose engine must run one run at a time (ONNX Runtime's
+//! WebGPU provider) has one place and no more: a run waits for the one going on, and the next
+//! place goes by the same order, so tenants take turns there.
 //!
-//! In: a run's tenants with their weights, and the run. Out: a [`Place`], held while the run
-//! lasts; a run that must wait is run by the thread that frees a place. Imports the metrics
-//! only.
+//! In: a run's device, its tenants with their weights, and the run. Out: a [`Place`], held
+//! while the run lasts; a run that must wait is run by the thread that frees a place. Imports
+//! the metrics and device names only.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
+use crate::registry::placement::DeviceId;
 use crate::telemetry::metrics::metrics;
 
 /// The tenants of one run (each once) with their compute weights.
@@ -32,13 +38,21 @@ struct Holding {
     held: usize,
     waiting: usize,
     weight: u32,
+    /// When one of its runs last took a place (the gate's count of places taken); 0: none
+    /// since it came.
+    last_turn: u64,
 }
 
-/// The places' state: a plain struct, driven under the lock of [`CoreGate`].
+/// The places' state: a plain struct, driven under the lock of [`DeviceGate`].
 #[derive(Debug)]
 pub struct Places<W> {
-    cores: usize,
+    capacity: usize,
+    /// No run beyond the capacity, whatever its tenants' share: the device runs so many at
+    /// once or fails.
+    hard: bool,
     held: usize,
+    /// Places taken so far.
+    turns: u64,
     /// Tenants with runs held or waiting.
     tenants: HashMap<Arc<str>, Holding>,
     /// The sum of those tenants' weights.
@@ -48,8 +62,15 @@ pub struct Places<W> {
 }
 
 impl<W> Places<W> {
-    pub fn new(cores: usize) -> Self {
-        Self { cores: cores.max(1), held: 0, tenants: HashMap::new(), weight: 0, waiting: VecDeque::new() }
+    pub fn new(capacity: usize) -> Self {
+        let waiting = VecDeque::new();
+        Self { capacity: capacity.max(1), hard: false, held: 0, turns: 0, tenants: HashMap::new(), weight: 0, waiting }
+    }
+
+    /// One run at a time, whatever the tenants' shares; the next place goes to the waiter
+    /// under its share first, as any freed place does.
+    pub fn one_at_a_time() -> Self {
+        Self { hard: true, ..Self::new(1) }
     }
 
     /// Places held now, by runs of any tenant.
@@ -64,7 +85,7 @@ impl<W> Places<W> {
 
     /// The places `tenant`'s weight gives it among the tenants with runs held or waiting.
     fn share(&self, holding: &Holding) -> usize {
-        let share = self.cores as u64 * u64::from(holding.weight) / self.weight.max(1);
+        let share = self.capacity as u64 * u64::from(holding.weight) / self.weight.max(1);
         usize::try_from(share).unwrap_or(usize::MAX).max(1)
     }
 
@@ -75,17 +96,20 @@ impl<W> Places<W> {
             .any(|holding| holding.held < self.share(holding))
     }
 
-    /// How many places the neediest of a run's tenants holds for its weight (lower goes first).
-    fn need(&self, runners: &Runners) -> f64 {
+    /// How many places the neediest of a run's tenants holds for its weight, and when the one
+    /// least recently given a place last was: the lower goes first.
+    fn need(&self, runners: &Runners) -> (f64, u64) {
+        let holdings = || runners.iter().filter_map(|(tenant, _)| self.tenants.get(tenant));
         let held_per_weight = |holding: &Holding| holding.held as f64 / f64::from(holding.weight.max(1));
-        runners.iter().filter_map(|(tenant, _)| self.tenants.get(tenant)).map(held_per_weight).fold(f64::MAX, f64::min)
+        let held = holdings().map(held_per_weight).fold(f64::MAX, f64::min);
+        (held, holdings().map(|holding| holding.last_turn).min().unwrap_or(0))
     }
 
     fn join(&mut self, runners: &Runners) {
         for (tenant, weight) in runners {
             let weight = (*weight).max(1);
             if !self.tenants.contains_key(tenant) {
-                self.tenants.insert(tenant.clone(), Holding { held: 0, waiting: 0, weight });
+                self.tenants.insert(tenant.clone(), Holding { held: 0, waiting: 0, weight, last_turn: 0 });
                 self.weight += u64::from(weight);
             }
         }
@@ -102,10 +126,16 @@ impl<W> Places<W> {
     }
 
     fn count(&mut self, runners: &Runners, held: isize, waiting: isize) {
+        if held > 0 {
+            self.turns += 1;
+        }
         for (tenant, _) in runners {
             if let Some(holding) = self.tenants.get_mut(tenant) {
                 holding.held = holding.held.saturating_add_signed(held);
                 holding.waiting = holding.waiting.saturating_add_signed(waiting);
+                if held > 0 {
+                    holding.last_turn = self.turns;
+                }
             }
         }
         self.held = self.held.saturating_add_signed(held);
@@ -114,7 +144,7 @@ impl<W> Places<W> {
     /// A run asks for a place: whether it took one (if not, nothing changed).
     pub fn enter(&mut self, runners: &Runners) -> bool {
         self.join(runners);
-        let enters = self.held < self.cores || self.under_share(runners);
+        let enters = self.held < self.capacity || (!self.hard && self.under_share(runners));
         match enters {
             true => self.count(runners, 1, 0),
             false => self.part(runners),
@@ -147,19 +177,28 @@ impl<W> Places<W> {
         Some((runners, waiter, self.admit()))
     }
 
+    /// Where the neediest of the waiters `eligible` lies: fewest places held for its weight,
+    /// then least recently given one (so tenants take turns on a device of one place), then
+    /// the oldest.
+    fn neediest(&self, eligible: impl Fn(&Runners) -> bool) -> Option<usize> {
+        let needs = self.waiting.iter().enumerate().filter(|(_, (_, runners, _))| eligible(runners));
+        let needs = needs.map(|(at, (_, runners, _))| (at, self.need(runners)));
+        let least = needs.min_by(|(a_at, (a_held, a_turn)), (b_at, (b_held, b_turn))| {
+            a_held.total_cmp(b_held).then(a_turn.cmp(b_turn)).then(a_at.cmp(b_at))
+        });
+        least.map(|(at, _)| at)
+    }
+
     fn admit(&mut self) -> Vec<(Runners, W)> {
         let mut admitted = Vec::new();
         loop {
-            let under_share = self.waiting.iter().position(|(_, runners, _)| self.under_share(runners));
-            let neediest = || {
-                let needs = self.waiting.iter().enumerate().map(|(at, (_, runners, _))| (at, self.need(runners)));
-                // The first of the neediest: among equals, the oldest.
-                needs.fold(None, |best: Option<(usize, f64)>, (at, need)| match best {
-                    Some((_, least)) if least <= need => best,
-                    _ => Some((at, need)),
-                })
+            let free = self.held < self.capacity;
+            let under_share = |runners: &Runners| self.under_share(runners);
+            // Waiters under their share while any may enter, else any waiter while a place is free.
+            let next = match (free || !self.hard).then(|| self.neediest(under_share)).flatten() {
+                None if free => self.neediest(|_| true),
+                next => next,
             };
-            let next = under_share.or_else(|| (self.held < self.cores).then(neediest).flatten().map(|(at, _)| at));
             let Some((_, runners, waiter)) = next.and_then(|at| self.waiting.remove(at)) else { break };
             self.count(&runners, 1, -1);
             admitted.push((runners, waiter));
@@ -212,22 +251,28 @@ struct Waiter {
     since: std::time::Instant,
 }
 
-/// The host's cores, shared by every CPU run of every model.
-pub struct CoreGate {
+/// One shared device's places (the host's cores, a GPU), taken by every run of every model
+/// there.
+pub struct DeviceGate {
+    /// Its name, as metrics label it.
+    device: Arc<str>,
     places: Mutex<Places<Waiter>>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
-impl std::fmt::Debug for CoreGate {
+impl std::fmt::Debug for DeviceGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoreGate").field("cores", &self.lock().cores).finish_non_exhaustive()
+        f.debug_struct("DeviceGate")
+            .field("device", &self.device)
+            .field("capacity", &self.lock().capacity)
+            .finish_non_exhaustive()
     }
 }
 
-/// A run's place on the cores. Given back by [`Place::give_back`] (the runs it goes to are
+/// A run's place on a device. Given back by [`Place::give_back`] (the runs it goes to are
 /// the caller's to run) or when dropped (they go to blocking threads).
 pub struct Place {
-    gate: Option<Arc<CoreGate>>,
+    gate: Option<Arc<DeviceGate>>,
     runners: Runners,
 }
 
@@ -253,10 +298,20 @@ pub enum Entry {
     Waits(u64),
 }
 
-impl CoreGate {
-    /// Places for `cores` runs at once (more while tenants under their share come in).
-    pub fn new(cores: usize) -> Arc<Self> {
-        Arc::new(Self { places: Mutex::new(Places::new(cores)), next_id: Default::default() })
+impl DeviceGate {
+    /// Places for `capacity` runs at once on `device` (more while tenants under their share
+    /// come in).
+    pub fn new(device: DeviceId, capacity: usize) -> Arc<Self> {
+        Self::of_places(device, Places::new(capacity))
+    }
+
+    /// One run at a time on `device` (see [`Places::one_at_a_time`]).
+    pub fn one_at_a_time(device: DeviceId) -> Arc<Self> {
+        Self::of_places(device, Places::one_at_a_time())
+    }
+
+    fn of_places(device: DeviceId, places: Places<Waiter>) -> Arc<Self> {
+        Arc::new(Self { device: device.label().into(), places: Mutex::new(places), next_id: Default::default() })
     }
 
     fn lock(&self) -> MutexGuard<'_, Places<Waiter>> {
@@ -280,7 +335,7 @@ impl CoreGate {
         if !places.enter(&runners) {
             return Err(runners);
         }
-        show(&places, [&runners]);
+        self.show(&places, [&runners]);
         Ok(self.place(runners))
     }
 
@@ -289,7 +344,7 @@ impl CoreGate {
     pub fn enter(self: &Arc<Self>, runners: Runners, seat: Box<dyn Seated>) -> Entry {
         let mut places = self.lock();
         if places.enter(&runners) {
-            show(&places, [&runners]);
+            self.show(&places, [&runners]);
             return Entry::Taken((seat, self.place(runners)));
         }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -302,7 +357,7 @@ impl CoreGate {
     pub fn give_up(self: &Arc<Self>, id: u64) -> Option<Box<dyn Seated>> {
         let mut places = self.lock();
         let (runners, waiter, admitted) = places.give_up(id)?;
-        charge_wait(&runners, waiter.since);
+        self.charge_wait(&runners, waiter.since);
         let admitted = self.admitted(&places, admitted);
         drop(places);
         spawn_admitted(admitted);
@@ -312,54 +367,86 @@ impl CoreGate {
     fn leave(self: &Arc<Self>, runners: &Runners) -> Vec<Admitted> {
         let mut places = self.lock();
         let admitted = places.leave(runners);
-        show(&places, [runners]);
+        self.show(&places, [runners]);
         self.admitted(&places, admitted)
     }
 
     /// Runs given places: their waits charged, their gauges shown.
     fn admitted(self: &Arc<Self>, places: &Places<Waiter>, admitted: Vec<(Runners, Waiter)>) -> Vec<Admitted> {
-        show(places, admitted.iter().map(|(runners, _)| runners));
+        self.show(places, admitted.iter().map(|(runners, _)| runners));
         let admitted = admitted.into_iter().map(|(runners, waiter)| {
-            charge_wait(&runners, waiter.since);
+            self.charge_wait(&runners, waiter.since);
             (waiter.seat, self.place(runners))
         });
         admitted.collect()
     }
-}
 
-/// The time a run waited, to each of its tenants.
-fn charge_wait(runners: &Runners, since: std::time::Instant) {
-    for (tenant, _) in runners {
-        metrics().core_wait(tenant, since.elapsed());
+    /// The time a run waited, to each of its tenants.
+    fn charge_wait(&self, runners: &Runners, since: std::time::Instant) {
+        for (tenant, _) in runners {
+            metrics().run_wait(tenant, &self.device, since.elapsed());
+        }
+    }
+
+    /// The places the tenants of `runs` hold, in their gauges (under the lock, so each is the
+    /// latest).
+    fn show<'a, W>(&self, places: &Places<W>, runs: impl IntoIterator<Item = &'a Runners>) {
+        for (tenant, _) in runs.into_iter().flatten() {
+            metrics().engine_runs(tenant, &self.device, places.held_by(tenant));
+        }
     }
 }
 
-/// The places the tenants of `runs` hold, in their gauges (under the lock, so each is the
-/// latest).
-fn show<'a, W>(places: &Places<W>, runs: impl IntoIterator<Item = &'a Runners>) {
-    for (tenant, _) in runs.into_iter().flatten() {
-        metrics().engine_runs(tenant, places.held_by(tenant));
+/// The server's gates: the host's shared cores', and each GPU's, made as its first run comes.
+#[derive(Debug)]
+pub struct DeviceGates {
+    cpu: Arc<DeviceGate>,
+    /// The places of a GPU's gate.
+    gpu_places: usize,
+    gpus: Mutex<HashMap<DeviceId, Arc<DeviceGate>>>,
+}
+
+impl DeviceGates {
+    /// Gates of `cpu_places` runs on the host's cores and `gpu_places` on each GPU.
+    pub fn new(cpu_places: usize, gpu_places: usize) -> Arc<Self> {
+        let cpu = DeviceGate::new(DeviceId::Cpu, cpu_places);
+        Arc::new(Self { cpu, gpu_places, gpus: Mutex::default() })
+    }
+
+    /// The gate of runs on `device`; one run at a time there where `alone` (its engine's runs
+    /// must not go on at once: see `Graph::runs_alone`).
+    pub fn of(&self, device: DeviceId, alone: bool) -> Arc<DeviceGate> {
+        if device == DeviceId::Cpu {
+            return self.cpu.clone();
+        }
+        let mut gpus = self.gpus.lock().unwrap_or_else(PoisonError::into_inner);
+        let gate = || match alone {
+            true => DeviceGate::one_at_a_time(device),
+            false => DeviceGate::new(device, self.gpu_places),
+        };
+        gpus.entry(device).or_insert_with(gate).clone()
     }
 }
 
-/// The server's gate for CPU runs, once it has set one ([`serve_cores`]); none in a process
-/// that serves nothing (tests of the scheduler alone give their queues their own).
-pub fn process_gate() -> Option<Arc<CoreGate>> {
-    PROCESS_GATE.get().cloned()
+/// The server's gates, once it has set them ([`serve_places`]); none in a process that serves
+/// nothing (tests of the scheduler alone give their queues their own).
+pub fn process_gates() -> Option<Arc<DeviceGates>> {
+    PROCESS_GATES.get().cloned()
 }
 
-static PROCESS_GATE: OnceLock<Arc<CoreGate>> = OnceLock::new();
+static PROCESS_GATES: OnceLock<Arc<DeviceGates>> = OnceLock::new();
 
-/// Set the server's gate: `cores` cores, each run taking `threads_per_run` of them (its
-/// engine's intra-op threads; 0, the engine's choice, is every core). One run more than the
-/// cores hold: a run that takes a place starts on a thread that must first wake, and with
-/// exactly as many runs as cores a core idled meanwhile (10-13% of the CPU with another
-/// tenant's runs coming and going; `cargo bench --bench layers -- cores`).
-pub fn serve_cores(cores: usize, threads_per_run: usize) {
-    let _ = PROCESS_GATE.set(CoreGate::new(places_for(cores, threads_per_run)));
+/// Set the server's gates: `cores` cores, each run taking `threads_per_run` of them (its
+/// engine's intra-op threads; 0, the engine's choice, is every core), and `gpu_runs` places on
+/// each GPU. One run more than the cores hold: a run that takes a place starts on a thread
+/// that must first wake, and with exactly as many runs as cores a core idled meanwhile (10-13%
+/// of the CPU with another tenant's runs coming and going; `cargo bench --bench layers --
+/// cores`).
+pub fn serve_places(cores: usize, threads_per_run: usize, gpu_runs: usize) {
+    let _ = PROCESS_GATES.set(DeviceGates::new(places_for(cores, threads_per_run), gpu_runs));
 }
 
-/// The places of the server's gate (see [`serve_cores`]).
+/// The places of the server's gate of the cores (see [`serve_places`]).
 pub fn places_for(cores: usize, threads_per_run: usize) -> usize {
     let threads = if threads_per_run == 0 { cores } else { threads_per_run };
     (cores / threads.max(1)).max(1) + 1
@@ -424,6 +511,23 @@ mod tests {
     }
 
     #[test]
+    fn one_at_a_time_no_run_goes_beside_another_and_the_next_goes_to_a_tenant_under_its_share() {
+        let mut places: Places<&str> = Places::one_at_a_time();
+        assert!(places.enter(&run("hog")));
+        places.wait(1, run("hog"), "hog-2");
+        places.wait(2, run("hog"), "hog-3");
+        assert!(!places.enter(&run("victim")), "under its share, yet the one place is taken");
+        places.wait(3, run("victim"), "victim");
+        // The hog's run ends: the victim's goes next, ahead of the hog's older waiters.
+        let admitted = places.leave(&run("hog"));
+        assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["victim"]);
+        assert_eq!(places.held(), 1);
+        let admitted = places.leave(&run("victim"));
+        assert_eq!(admitted.iter().map(|(_, waiter)| *waiter).collect::<Vec<_>>(), ["hog-2"]);
+        assert_eq!(places.held(), 1);
+    }
+
+    #[test]
     fn a_run_of_several_tenants_enters_on_the_share_of_any_of_them() {
         let mut places: Places<&str> = Places::new(1);
         assert!(places.enter(&run("hog")));
@@ -462,7 +566,7 @@ mod tests {
 
     #[test]
     fn a_waiting_run_runs_on_the_thread_that_frees_a_place_or_is_given_up() {
-        let gate = CoreGate::new(1);
+        let gate = DeviceGate::new(DeviceId::Cpu, 1);
         let held = gate.try_enter(run("a")).expect("a free core");
         let (noted, ran_on) = std::sync::mpsc::channel();
         let Entry::Waits(given_up) = gate.enter(run("a"), Box::new(Noted(noted.clone()))) else { panic!("it ran") };
