@@ -92,8 +92,9 @@ async fn an_alternating_tenant_splits_the_others_report_into_periods_without_and
 /// `digits-mlp` (with `VICTIM_SIZE` set, a heavy model of its own, `onnx::slow_compute(
 /// VICTIM_SIZE, 4)`) 300 times, one at a time and 5 ms apart, alone and then beside a hog tenant
 /// whose `HOG_MODELS` (default 8) uploaded heavy models (`onnx::slow_compute(HOG_SIZE, 4 + i)`,
-/// `HOG_SIZE` default 384: MatMul chains, each its own copy) two client tasks each keep busy.
-/// Prints the victim's p50 and p99 both ways and the hog's requests a second:
+/// `HOG_SIZE` default 384: MatMul chains, each its own copy) two client tasks each keep busy
+/// (`HOG_CLIENTS` in all, if set). Prints the victim's p50 and p99 both ways and the hog's
+/// requests a second:
 /// `HOG_MODELS=16 cargo test --release -p sluice --test e2e -- --ignored --nocapture heavy_models`.
 #[tokio::test]
 #[ignore = "a measurement: run with --ignored"]
@@ -132,17 +133,7 @@ async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
             server.send(reqwest::Method::PUT, &format!("/control/v1/models/hog-{i}"), "key-hog", weights).await;
         assert_eq!(status, 201, "{body}");
     }
-    let victim_run = || async {
-        let mut times = Vec::new();
-        for _ in 0..300 {
-            let started = Instant::now();
-            assert_eq!(server.infer(victim_model, "key-victim", &row).await.0, 200);
-            times.push(started.elapsed().as_secs_f64() * 1000.0);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        times.sort_by(f64::total_cmp);
-        (times[150], times[297])
-    };
+    let victim_run = || victim_calls(&server, (victim_model, "key-victim"), &row, 300);
     let alone = victim_run().await;
     let (stop, served) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
     let hogs: Vec<_> = (0..clients)
@@ -168,6 +159,89 @@ async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
     }
     println!(
         "| {models} ({size}) | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {rate:.0} |",
+        alone.0, alone.1, beside.0, beside.1
+    );
+}
+
+/// `calls` calls of `model` with `key`, one at a time and 5 ms apart: their p50 and p99 (ms).
+async fn victim_calls(
+    server: &Server,
+    (model, key): (&str, &str),
+    body: &serde_json::Value,
+    calls: usize,
+) -> (f64, f64) {
+    let mut times = Vec::new();
+    for _ in 0..calls {
+        let started = std::time::Instant::now();
+        let (code, answer) = server.infer(model, key, body).await;
+        assert_eq!(code, 200, "{answer}");
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    times.sort_by(f64::total_cmp);
+    (times[calls / 2], times[calls * 99 / 100])
+}
+
+/// A measurement for BENCHMARKS.md, not a check (`--ignored` runs it): on the software WebGPU
+/// adapter, which runs one run at a time, a victim calls its own model (`onnx::slow_compute(64,
+/// 4)`) 300 times, one at a time and 5 ms apart, alone and then beside a hog tenant whose
+/// `HOG_MODELS` (default 3) models there (`slow_compute(64, 5 + i)`) two client tasks each keep
+/// busy. Prints the victim's p50 and p99 both ways, the hog's requests a second, and the
+/// time one run of the victim's model takes alone:
+/// `cargo test --release -p sluice --test e2e -- --ignored --nocapture webgpu_turns`.
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored"]
+async fn webgpu_turns_of_one_tenants_models_beside_anothers() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    let models = std::env::var("HOG_MODELS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let (flags, env) = software_webgpu();
+    let tenants = Tenants::new();
+    let on_webgpu = |name: &str, steps: usize| {
+        let path = tenants.path().join(format!("{name}.onnx"));
+        std::fs::write(&path, crate::onnx::slow_compute(64, steps)).expect("a model file");
+        model_entry(name, &path, Some("onnxruntime"))
+            + &format!("on_missing_device = \"refuse\"\n[[models.{name}.instances]]\nkind = \"webgpu\"\n\n")
+    };
+    let mut hog = tenant_header("hog", "key-hog", "guest_deadline_ms = 60000");
+    for i in 0..models {
+        hog += &on_webgpu(&format!("hog-{i}"), 5 + i);
+    }
+    tenants.write("hog.toml", &hog);
+    tenants.write("victim.toml", &(tenant_header("victim", "key-victim", "") + &on_webgpu("own", 4)));
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let server = Arc::new(Server::start_with_env(tenants.path(), &args, &env));
+    let body = serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.001] }] });
+
+    let alone = victim_calls(&server, ("own", "key-victim"), &body, 300).await;
+    let run_ms = 1000.0 * server.metric("sluice_compute_seconds_sum{backend=\"onnxruntime\",model=\"own\"}").await
+        / server.metric("sluice_compute_seconds_count{backend=\"onnxruntime\",model=\"own\"}").await;
+    let (stop, served) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let hogs: Vec<_> = (0..2 * models)
+        .map(|client| {
+            let (server, stop, served, body) = (server.clone(), stop.clone(), served.clone(), body.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if server.infer(&format!("hog-{}", client % models), "key-hog", &body).await.0 == 200 {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (before, started) = (served.load(Ordering::Relaxed), Instant::now());
+    let beside = victim_calls(&server, ("own", "key-victim"), &body, 300).await;
+    let rate = (served.load(Ordering::Relaxed) - before) as f64 / started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for hog in hogs {
+        hog.await.expect("a hog client");
+    }
+    println!(
+        "| {models} | {run_ms:.2} ms | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {rate:.0} |",
         alone.0, alone.1, beside.0, beside.1
     );
 }
