@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with an NVIDIA GPU and no network (under 8 minutes): unpack what
 # scripts/gpu-pack.sh made, find the machine's CUDA 13 and cuDNN 9 libraries (its PyTorch's
-# nvidia-* packages), and run the parts named in GPU_CHECK_PARTS (default all three), each
+# nvidia-* packages), and run the parts named in GPU_CHECK_PARTS (default all four), each
 # printing markdown tables for BENCHMARKS.md:
 #   check     scripts/gpu_check.py: every example model on CUDA against the CPU, Sluice's
 #             batched throughput against the engine alone, eviction under a GPU memory budget;
+#   share     scripts/gpu_share.py: one tenant's busy models beside another's on the GPU, its
+#             runs shared by tenant (--gpu-runs 2) against unchecked;
 #   settings  scripts/gpu_settings.py: the CUDA provider's settings against Sluice's batches;
 #   tract     tract-cuda-bench: tract's CUDA backend on the same models (the other engine).
 #
@@ -14,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 pieces=${1:-target/gpu-pack}
 seconds=${2:-5}
-parts=,${GPU_CHECK_PARTS:-check,settings,tract},
+parts=,${GPU_CHECK_PARTS:-check,share,settings,tract},
 unpacked=target/gpu-check
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -51,6 +53,9 @@ done
 status=0
 if [[ $parts == *,check,* ]]; then
     "$python" scripts/gpu_check.py "$unpacked/pack" "$seconds" || status=1
+fi
+if [[ $parts == *,share,* ]]; then
+    "$python" scripts/gpu_share.py "$unpacked/pack" "$seconds" || status=1
 fi
 if [[ $parts == *,settings,* ]]; then
     "$python" scripts/gpu_settings.py "$unpacked/pack" 2 || status=1

@@ -78,9 +78,9 @@ def metric_sum(prefix):
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def manifest(models, lines):
+def manifest(models, lines, tenant="gpu", key=KEY):
     """A tenant serving each (name, path, extra TOML lines) model on ONNX Runtime."""
-    text = f'version = 1\nid = "gpu"\napi_key_sha256 = ["{hashlib.sha256(KEY.encode()).hexdigest()}"]\n\n'
+    text = f'version = 1\nid = "{tenant}"\napi_key_sha256 = ["{hashlib.sha256(key.encode()).hexdigest()}"]\n\n'
     text += "[quotas]\nmax_concurrent_requests = 256\nguest_deadline_ms = 60000\nmax_request_bytes = 268435456\n"
     text += "max_response_bytes = 268435456\nmax_tensor_elements = 67108864\nmax_resident_model_mib = 65536\n\n"
     for name, path in models:
@@ -112,9 +112,12 @@ def process_gpu_mib(pid):
 
 
 class Server:
-    def __init__(self, pack, models, extra=(), lines=on_gpu):
+    def __init__(self, pack, models, extra=(), lines=on_gpu, tenants=()):
+        """Serves `models` to the tenant "gpu", and `tenants` (manifest file name and text)."""
         self.directory = tempfile.mkdtemp()
         open(os.path.join(self.directory, "gpu.toml"), "w").write(manifest(models, lines))
+        for file, text in tenants:
+            open(os.path.join(self.directory, file), "w").write(text)
         library = sorted(p for p in os.listdir(f"{pack}/onnxruntime/capi") if p.startswith("libonnxruntime.so."))[-1]
         self.log_path = os.path.join(self.directory, "server.log")
         command = [f"{pack}/bin/sluice", "serve", "--http", HTTP, "--grpc", GRPC, "--metrics", METRICS,

@@ -189,7 +189,7 @@ fn the_gpu_check_scripts_pass_shellcheck() {
     let scripts = ["scripts/gpu-pack.sh", "scripts/gpu-check.sh"];
     let output = Command::new(&shellcheck).args(scripts).current_dir(repo_root()).output().expect("runs shellcheck");
     assert!(output.status.success(), "shellcheck:\n{}", String::from_utf8_lossy(&output.stdout));
-    for script in ["scripts/gpu_check.py", "scripts/gpu_settings.py"] {
+    for script in ["scripts/gpu_check.py", "scripts/gpu_settings.py", "scripts/gpu_share.py"] {
         let compiled = Command::new("python3")
             .args(["-c", &format!("import ast; ast.parse(open('{script}').read())")])
             .current_dir(repo_root())
