@@ -75,7 +75,7 @@ use sluice::api::grpc::proto::model_infer_request::InferInputTensor;
 use sluice::api::grpc_body::BodyLimits;
 use sluice::api::http::HttpService;
 use sluice::nn::backend::{
-    self, Backend, BackendError, BackendKind, BackendSettings, Graph, Output, Signature, Stop, TensorSpec,
+    self, Author, Backend, BackendError, BackendKind, BackendSettings, Graph, Output, Signature, Stop, TensorSpec,
 };
 use sluice::nn::models::{ModelCopy, TenantModels};
 use sluice::nn::scheduler::{Loaded, ModelQueue, NamedTensors, QueueSettings, Residence, Share};
@@ -382,7 +382,7 @@ fn main() -> anyhow::Result<()> {
     let onnxruntime =
         backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("{:?}", backends.unavailable))?;
     let model_bytes = std::fs::read(root().join("examples/digits/model/digits.onnx"))?;
-    let graph: Arc<dyn Graph> = onnxruntime.load(&model_bytes, &Placement::CPU)?.into();
+    let graph: Arc<dyn Graph> = onnxruntime.load(&model_bytes, &Placement::CPU, Author::Operator)?.into();
     let outputs = Output::into_tensors(graph.run(&mut digits_row(), &Stop::default())?)?;
 
     println!("### Layers (`cargo bench --bench layers`)\n");
@@ -694,7 +694,7 @@ fn backend_layers(onnxruntime: &dyn Backend, graph: &dyn Graph) -> anyhow::Resul
     // An engine call that reads tens of MB and computes little, as a GPU's does on the host:
     // what handing a batch of images to the engine costs beside the engine's own read of it
     // (each call copies the batch first, as each batch is stacked).
-    let pool = onnxruntime.load(&on_images("GlobalAveragePool", [1, 1]), &Placement::CPU)?;
+    let pool = onnxruntime.load(&on_images("GlobalAveragePool", [1, 1]), &Placement::CPU, Author::Operator)?;
     let images = vec![("X".to_string(), Tensor::new(ElementType::F32, vec![32, 3, 224, 224], vec![7; 32 * 602_112])?)];
     measure(3_200, 32, || drop(pool.run(&mut images.clone(), &Stop::default()).expect("runs")))
         .row("backend call: per image of a batch of 32 (19 MB) averaged per channel, on ONNX Runtime");
@@ -720,7 +720,8 @@ fn on_images(operator: &str, [height, width]: [i64; 2]) -> Vec<u8> {
 async fn large_outputs(onnxruntime: Arc<dyn Backend>) -> anyhow::Result<()> {
     const ROWS: usize = 64;
     const IMAGES: usize = 40 * ROWS;
-    let graph: Arc<dyn Graph> = onnxruntime.load(&on_images("Relu", [224, 224]), &Placement::CPU)?.into();
+    let graph: Arc<dyn Graph> =
+        onnxruntime.load(&on_images("Relu", [224, 224]), &Placement::CPU, Author::Operator)?.into();
     let settings = QueueSettings { max_batch_rows: ROWS, ..queue_settings() };
     let queue = Arc::new(queue_of("relu", graph, settings));
     let image = Tensor::new(ElementType::F32, vec![1, 3, 224, 224], vec![7; 3 * 224 * 224 * 4])?;

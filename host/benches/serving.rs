@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::nn::backend::{self, BackendKind, BackendSettings, Graph, Stop};
+use sluice::nn::backend::{self, Author, BackendKind, BackendSettings, Graph, Stop};
 use sluice::nn::models::TenantModels;
 use sluice::registry::placement::Placement;
 use sluice::runtime::{InferRequest, Prepared, Runtime};
@@ -162,7 +162,7 @@ fn backend_throughput() -> anyhow::Result<()> {
             let Some(backend) = backends.get(kind) else {
                 continue;
             };
-            let graph = backend.load(&onnx, &Placement::CPU)?;
+            let graph = backend.load(&onnx, &Placement::CPU, Author::Operator)?;
             let b1 = throughput(graph.as_ref(), &batch_input(&model, 1), 1)?;
             let b32 = throughput(graph.as_ref(), &batch_input(&model, 32), 32)?;
             println!("| {} | {kind} | {b1:.0} | {b32:.0} |", model.name);
@@ -185,7 +185,7 @@ fn raw_throughput(name: &str, batches: &[usize]) -> anyhow::Result<()> {
         run_memory: Some(sluice::nn::device::Device::default_run_memory()),
     });
     let backend = backends.preferred().ok_or_else(|| anyhow::anyhow!("no backend: {:?}", backends.unavailable))?;
-    let graph = backend.load(&std::fs::read(&model.path)?, &Placement::CPU)?;
+    let graph = backend.load(&std::fs::read(&model.path)?, &Placement::CPU, Author::Operator)?;
     println!("| model | backend | batch | raw throughput (inf/s) |\n| --- | --- | --- | --- |");
     for &batch in batches {
         let rate = throughput(graph.as_ref(), &batch_input(&model, batch), batch)?;
@@ -241,10 +241,11 @@ async fn end_to_end() -> anyhow::Result<()> {
         cuda_options: Vec::new(),
         run_memory: Some(sluice::nn::device::Device::default_run_memory()),
     });
-    let graph = backends
-        .get(BackendKind::Onnxruntime)
-        .ok_or_else(|| anyhow::anyhow!("onnxruntime missing"))?
-        .load(&std::fs::read(&model)?, &Placement::CPU)?;
+    let graph = backends.get(BackendKind::Onnxruntime).ok_or_else(|| anyhow::anyhow!("onnxruntime missing"))?.load(
+        &std::fs::read(&model)?,
+        &Placement::CPU,
+        Author::Operator,
+    )?;
     let input = common::digits_row();
     let mut raw = Vec::with_capacity(E2E_CALLS);
     for i in 0..(E2E_CALLS + 200) {

@@ -409,3 +409,27 @@ pub fn passes_through_named(input: &str, output: &str) -> Vec<u8> {
         output: vec![value(output, FLOAT, &[None, Some(4)])],
     })
 }
+
+/// A graph whose work depends on nothing the caller sends, so an engine may do it at load:
+/// a `size`×`size` matrix of ones (made from a shape initializer, a few bytes) multiplied by
+/// itself `steps` times and summed, plus `x` (FP32 [1, 1]) into `sum` (FP32 [1, 1]).
+pub fn computes_from_constants(size: i64, steps: usize) -> Vec<u8> {
+    let shape = tensor("shape", INT64, &[2], [size, size].iter().flat_map(|v| v.to_le_bytes()).collect());
+    let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
+    let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
+    let mut nodes = vec![node("ConstantOfShape", &["shape"], &["m0"], vec![fill])];
+    for step in 1..=steps {
+        let (previous, next) = (format!("m{}", step - 1), format!("m{step}"));
+        nodes.push(node("MatMul", &[&previous, "m0"], &[&next], Vec::new()));
+    }
+    let last = format!("m{steps}");
+    nodes.push(node("ReduceSum", &[&last], &["total"], vec![int_attribute("keepdims", 0)]));
+    nodes.push(node("Add", &["total", "x"], &["sum"], Vec::new()));
+    model(GraphProto {
+        node: nodes,
+        name: "computes-from-constants".into(),
+        initializer: vec![shape],
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+    })
+}

@@ -245,3 +245,52 @@ async fn webgpu_turns_of_one_tenants_models_beside_anothers() {
         alone.0, alone.1, beside.0, beside.1
     );
 }
+
+/// A measurement for BENCHMARKS.md, not a check (`--ignored` runs it): what a tenant's model
+/// loses by computing nothing from its constants at load (`backend::Author`). The same weights
+/// (magika, the digits MLP) as an operator's manifest model and as a tenant's upload, on one
+/// server: each called `CALLS` times (default 300) with `ROWS` rows (default 8), one at a time,
+/// alternately; prints the mean engine time a run of each (`sluice_compute_seconds`):
+/// `cargo test --release -p sluice --test e2e -- --ignored --nocapture uploads_compute`.
+#[tokio::test]
+#[ignore = "a measurement: run with --ignored"]
+async fn uploads_compute_as_the_operators_models_do() {
+    let setting = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let (calls, rows) = (setting("CALLS", 300), setting("ROWS", 8));
+    let tenants = Tenants::new();
+    let mut manifest = tenant_header("acme", "key-acme", "guest_deadline_ms = 60000");
+    manifest += &model_entry("magika", &magika_model(), Some("onnxruntime"));
+    manifest += &model_entry("digits", &digits_model(), Some("onnxruntime"));
+    tenants.write("acme.toml", &manifest);
+    let server = Server::start(tenants.path(), &[]);
+    for (name, path) in [("magika", magika_model()), ("digits", digits_model())] {
+        // Its own digest (a `doc_string`, ModelProto field 6), so its own copy: identical
+        // weights would share the manifest's.
+        let weights = [std::fs::read(path).expect("weights"), vec![0x32, 1, b'u']].concat();
+        let (code, body) =
+            server.send(reqwest::Method::PUT, &format!("/control/v1/models/{name}-up"), "key-acme", weights).await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let magika = serde_json::json!({ "inputs": [{ "name": "bytes", "shape": [rows, 2048], "datatype": "INT32",
+        "data": (0..rows * 2048).map(|i| (i * 7 % 256) as i32).collect::<Vec<_>>() }] });
+    let digits = serde_json::json!({ "inputs": [{ "name": "X", "shape": [rows, 64], "datatype": "FP32",
+        "data": vec![0.5f32; rows * 64] }] });
+    for (model, body) in [("magika", &magika), ("digits", &digits)] {
+        for _ in 0..calls {
+            for name in [model.to_string(), format!("{model}-up")] {
+                let (code, answer) = server.infer(&name, "key-acme", body).await;
+                assert_eq!(code, 200, "{answer}");
+            }
+        }
+        let mean_us = |name: &str| {
+            let labels = format!("{{backend=\"onnxruntime\",model=\"{name}\"}}");
+            let server = &server;
+            async move {
+                let sum = server.metric(&format!("sluice_compute_seconds_sum{labels}")).await;
+                1e6 * sum / server.metric(&format!("sluice_compute_seconds_count{labels}")).await
+            }
+        };
+        let (operators, tenants) = (mean_us(model).await, mean_us(&format!("{model}-up")).await);
+        println!("| {model}, {rows} rows | {operators:.1} µs | {tenants:.1} µs | {:.2} |", tenants / operators);
+    }
+}

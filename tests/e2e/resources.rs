@@ -218,6 +218,48 @@ async fn a_model_that_computes_past_every_deadline_is_stopped() {
 }
 
 #[tokio::test]
+async fn a_graph_that_computes_from_its_constants_does_it_when_it_runs_under_a_deadline_not_at_its_upload() {
+    let tenants = tenants("max_model_bytes = 1000000\nguest_deadline_ms = 800");
+    let server = Server::start(tenants.path(), &[]);
+    // A 2048² matrix of ones multiplied by itself 200 times: 3.4 TFLOP from 5 KB of graph, all
+    // of it from constants. ONNX Runtime's constant folding did it as the upload loaded: the
+    // server's CPU for tens of seconds, outside any deadline or share, the upload answered only
+    // after.
+    let (cpu, started) = (server.cpu_time(), Instant::now());
+    let model = onnx::computes_from_constants(2048, 200);
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/folds", EVIL, model).await;
+    assert_eq!(code, 201, "{body}");
+    let spent = server.cpu_time().saturating_sub(cpu);
+    assert!(spent < Duration::from_secs(2), "the upload took {spent:?} of CPU, {:?} in all", started.elapsed());
+    // Its runs do the work, under their callers' deadlines: stopped there.
+    let request = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] }] });
+    let started = Instant::now();
+    let (code, body) = server.infer("folds", EVIL, &request).await;
+    assert_eq!(code, 504, "{body}");
+    assert!(started.elapsed() < Duration::from_millis(1500), "answered after {:?}", started.elapsed());
+    victim_served(&server).await;
+}
+
+#[tokio::test]
+async fn a_guests_raw_load_of_a_graph_computes_nothing_from_its_constants() {
+    let tenants = tenants("allow_raw_model_load = true\nguest_deadline_ms = 60000");
+    let server = Server::start(tenants.path(), &[]);
+    // The graph above, loaded from the guest's bytes: folded, the load held a blocking thread
+    // and a core for tens of seconds while the guest waited (without its turn).
+    let graph = onnx::computes_from_constants(2048, 200);
+    let request = json!({
+        "inputs": [{ "name": "graph", "shape": [graph.len()], "datatype": "UINT8", "data": graph }],
+        "parameters": { "mode": "load-bytes" },
+    });
+    let (cpu, started) = (server.cpu_time(), Instant::now());
+    let (status, body) = server.infer("hostile", EVIL, &request).await;
+    assert_eq!(status, 200, "{body}");
+    let spent = server.cpu_time().saturating_sub(cpu);
+    assert!(spent < Duration::from_secs(2), "the load took {spent:?} of CPU, {:?} in all", started.elapsed());
+    victim_served(&server).await;
+}
+
+#[tokio::test]
 async fn what_a_guest_makes_the_host_hold_counts_against_its_memory() {
     let tenants = tenants("guest_memory_mib = 32");
     let server = Server::start(tenants.path(), &[]);

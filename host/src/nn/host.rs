@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 
-use super::backend::Backend;
+use super::backend::{Author, Backend};
 use super::models::{ModelCopy, ModelPins, TenantModels};
 use super::scheduler::{ComputeError, CpuBoundGuest, Loaded, QueueSettings, Residence, Share};
 use crate::registry::placement::Placement;
@@ -367,9 +367,10 @@ impl graph::Host for NnView<'_> {
         let bytes = bytes.clone();
         // Building the graph runs on a blocking thread: the request waits without its turn.
         self.ctx.turn.pause();
-        let loaded =
-            tokio::task::spawn_blocking(move || backend.load(&bytes, &Placement::CPU).map(|g| (backend.kind(), g)))
-                .await;
+        let loaded = tokio::task::spawn_blocking(move || {
+            backend.load(&bytes, &Placement::CPU, Author::Tenant).map(|g| (backend.kind(), g))
+        })
+        .await;
         self.ctx.turn.resume().await;
         let loaded = loaded?;
         let (kind, graph) = match loaded {

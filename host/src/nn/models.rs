@@ -13,7 +13,7 @@ use sha2::Digest;
 use tracing::Instrument;
 
 use super::backend::{
-    Backend, BackendError, BackendKind, Backends, Graph, MAX_TENSOR_NAME_BYTES, Signature, Stop, TensorSpec,
+    Author, Backend, BackendError, BackendKind, Backends, Graph, MAX_TENSOR_NAME_BYTES, Signature, Stop, TensorSpec,
 };
 use super::breaker::{Breakers, Outcome};
 use super::device::{Device, NoRoom, Reservation, mib};
@@ -390,6 +390,7 @@ impl ModelStore {
                 check_external_data_within(&spec.bytes, &spec.path).map_err(refused)?.then(|| spec.path.clone())
             }
         };
+        let author = author_of(spec.origin);
         let mut reasons = Vec::new();
         for backend in candidates {
             let placed = defaults
@@ -429,7 +430,9 @@ impl ModelStore {
                 let mut memory = reserve_all(&estimates, Device::reserve_evicting)?;
                 let loaded = (|| {
                     let optimized = match &target {
-                        Some(target) if loader.writes_optimized() => save_optimized(&*loader, &bytes, target)?,
+                        Some(target) if loader.writes_optimized() => {
+                            save_optimized(&*loader, (&bytes, author), target)?
+                        }
                         _ => None,
                     };
                     // Measured apart from the optimising load (its session held more than one
@@ -443,8 +446,9 @@ impl ModelStore {
                     for device in &measured_devices {
                         device.prime_once(loader.kind(), || prime(&*loader, device.id()));
                     }
-                    let (graphs, grown) =
-                        measured(&measured_devices, || load_instances(&*loader, (&placements, &warmup), source));
+                    let (graphs, grown) = measured(&measured_devices, || {
+                        load_instances(&*loader, (&placements, &warmup), (source, author))
+                    });
                     Ok::<_, BackendError>((graphs?, optimized.map(|(optimized, _)| optimized), grown))
                 })();
                 if let Ok((_, _, grown)) = &loaded {
@@ -575,12 +579,21 @@ const PRIMER: &[u8] = include_bytes!("../../../examples/digits/model/digits_smal
 /// whichever model loads first: see [`Device::prime_once`].
 fn prime(backend: &dyn Backend, device: DeviceId) {
     let primed = backend
-        .load(PRIMER, &Placement { device, cpus: None })
+        .load(PRIMER, &Placement { device, cpus: None }, Author::Operator)
         .map_err(|err| err.to_string())
-        .and_then(|graph| run_on_zeros(&*graph, 1));
+        .and_then(|graph| run_on_zeros(&*graph, 1, &Stop::default()));
     match primed {
         Ok(()) => tracing::info!(backend = %backend.kind(), %device, "the backend was primed on the device"),
         Err(err) => tracing::warn!(backend = %backend.kind(), %device, error = %err, "the backend could not be primed"),
+    }
+}
+
+/// Whose weights a model of `origin` holds: a tenant's upload computes nothing from its
+/// constants as it loads (see [`Author`]).
+fn author_of(origin: ModelOrigin) -> Author {
+    match origin {
+        ModelOrigin::Upload => Author::Tenant,
+        ModelOrigin::Manifest => Author::Operator,
     }
 }
 
@@ -594,19 +607,19 @@ enum Source<'a> {
     Optimized(&'a [u8]),
 }
 
-/// One loaded copy per execution instance, so instances never wait on each other, each
-/// where its placement says (a pinned one loaded and run on threads pinned to its cores) and
-/// warmed up on its `warmup` batch sizes before it serves.
+/// One loaded copy per execution instance of `author`'s model, so instances never wait on each
+/// other, each where its placement says (a pinned one loaded and run on threads pinned to its
+/// cores) and warmed up on its `warmup` batch sizes before it serves.
 fn load_instances(
     backend: &dyn Backend,
     (placements, warmup): (&[Placement], &[usize]),
-    source: Source<'_>,
+    (source, author): (Source<'_>, Author),
 ) -> Result<Vec<Arc<dyn Graph>>, BackendError> {
     placements
         .iter()
         .map(|placement| {
             let load = || match source {
-                Source::Bytes(bytes) => backend.load(bytes, placement),
+                Source::Bytes(bytes) => backend.load(bytes, placement, author),
                 Source::File(file) => backend.load_file(file, placement),
                 Source::Optimized(bytes) => backend.load_optimized(bytes, placement),
             };
@@ -621,7 +634,7 @@ fn load_instances(
                     Arc::new(PinnedGraph::new(graph, cpus).map_err(pinning)?)
                 }
             };
-            warm_up(&*graph, warmup);
+            warm_up(&*graph, warmup, author);
             Ok(graph)
         })
         .collect()
@@ -634,16 +647,16 @@ struct Optimized {
     sha256: String,
 }
 
-/// Have the engine optimise `bytes` and write the result to `target`; that form and its
-/// bytes, unless the engine wrote none or it names a file (then nothing is kept). Fails as
-/// loading the bytes would.
+/// Have the engine optimise `bytes` (`author`'s) and write the result to `target`; that form
+/// and its bytes, unless the engine wrote none or it names a file (then nothing is kept).
+/// Fails as loading the bytes would.
 fn save_optimized(
     backend: &dyn Backend,
-    bytes: &[u8],
+    (bytes, author): (&[u8], Author),
     target: &std::path::Path,
 ) -> Result<Option<(Optimized, Vec<u8>)>, BackendError> {
     let temporary = target.with_extension(format!("{}.partial", std::process::id()));
-    let written = backend.save_optimized(bytes, &temporary)?;
+    let written = backend.save_optimized(bytes, &temporary, author)?;
     let kept = written
         .then(|| {
             let optimized = std::fs::read(&temporary).ok().filter(|bytes| check_self_contained(bytes).is_ok())?;
@@ -658,26 +671,52 @@ fn save_optimized(
     Ok(kept)
 }
 
+/// Longest a tenant's model may warm up as it loads, every batch size together. A warm-up runs
+/// outside any caller's deadline and the tenants' share of the cores: a graph computing for
+/// long held a core as long, its upload answered only after (e2e
+/// `resources::a_graph_that_computes_from_its_constants_does_it_when_it_runs_under_a_deadline_not_at_its_upload`).
+/// Its run is stopped there and the model serves without the rest.
+const TENANT_WARM_UP: Duration = Duration::from_secs(1);
+
 /// Run a freshly loaded instance once per batch size on zeros shaped by its signature
 /// (other dynamic dimensions 1; a model without a batch dimension once), so its first
 /// request finds the engine's plans built and buffers allocated. A model that refuses zeros
-/// is logged and served anyway: warm-up is an optimisation, not a check.
-fn warm_up(graph: &dyn Graph, batch_sizes: &[usize]) {
+/// is logged and served anyway: warm-up is an optimisation, not a check. A tenant's model
+/// warms up for at most [`TENANT_WARM_UP`].
+fn warm_up(graph: &dyn Graph, batch_sizes: &[usize], author: Author) {
     let sizes = if graph.signature().batchable() { batch_sizes } else { &batch_sizes[..batch_sizes.len().min(1)] };
-    let started = Instant::now();
-    for &rows in sizes {
-        if let Err(err) = run_on_zeros(graph, rows) {
-            tracing::warn!(rows, error = %err, "warm-up on zeros failed; the model serves without it");
-            return;
+    let (started, stop) = (Instant::now(), Stop::default());
+    let warmed = std::thread::scope(|scope| {
+        let (done, ended) = std::sync::mpsc::channel::<()>();
+        if author == Author::Tenant {
+            // Wakes when the warm-up ends (its sender dropped) or at the limit, which stops it.
+            let stop = &stop;
+            scope.spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = ended.recv_timeout(TENANT_WARM_UP) {
+                    stop.stop();
+                }
+            });
         }
-    }
-    if !sizes.is_empty() {
-        tracing::info!(batch_sizes = ?sizes, warmup_ms = started.elapsed().as_millis() as u64, "model warmed up");
+        let warmed = sizes.iter().try_for_each(|&rows| run_on_zeros(graph, rows, &stop).map_err(|err| (rows, err)));
+        drop(done);
+        warmed
+    });
+    match warmed {
+        Err((rows, _)) if stop.is_stopped() => tracing::info!(
+            rows,
+            limit_ms = TENANT_WARM_UP.as_millis() as u64,
+            "a tenant's model warmed up for as long as it may; it serves without the rest"
+        ),
+        Err((rows, err)) => tracing::warn!(rows, error = %err, "warm-up on zeros failed; the model serves without it"),
+        Ok(()) if !sizes.is_empty() => {
+            tracing::info!(batch_sizes = ?sizes, warmup_ms = started.elapsed().as_millis() as u64, "model warmed up");
+        }
+        Ok(()) => {}
     }
 }
 
-/// Run a graph once on `rows` rows of zeros shaped by its signature.
-fn run_on_zeros(graph: &dyn Graph, rows: usize) -> Result<(), String> {
+/// Run a graph once on `rows` rows of zeros shaped by its signature, until `stop`.
+fn run_on_zeros(graph: &dyn Graph, rows: usize, stop: &Stop) -> Result<(), String> {
     let zeros = |spec: &TensorSpec| {
         let dims: Vec<usize> =
             spec.dims.iter().enumerate().map(|(axis, dim)| dim.unwrap_or(if axis == 0 { rows } else { 1 })).collect();
@@ -685,7 +724,7 @@ fn run_on_zeros(graph: &dyn Graph, rows: usize) -> Result<(), String> {
         Tensor::new(spec.ty, dims, vec![0; bytes]).map(|tensor| (spec.name.clone(), tensor)).map_err(|e| e.to_string())
     };
     let mut inputs = graph.signature().inputs.iter().map(zeros).collect::<Result<NamedTensors, _>>()?;
-    graph.run(&mut inputs, &Stop::default()).map(drop).map_err(|err| err.to_string())
+    graph.run(&mut inputs, stop).map(drop).map_err(|err| err.to_string())
 }
 
 /// How a model that left memory is loaded again: from its file (the manifest's, or the
@@ -702,6 +741,7 @@ fn reloader(
 ) -> Loader {
     let (path, sha256, model) = (spec.path.clone(), spec.sha256.clone(), spec.name.clone());
     let (placements, warmup) = (placed.placements.clone(), spec.warmup.clone());
+    let author = author_of(spec.origin);
     Arc::new(move |reason| {
         // Requests waiting for a load on demand are its first run: warming it up on zeros
         // first would only make them wait longer.
@@ -738,7 +778,7 @@ fn reloader(
                 Source::Bytes(&bytes)
             }
         };
-        let graphs = load_instances(&*backend, (&placements, warmup), source).map_err(|err| {
+        let graphs = load_instances(&*backend, (&placements, warmup), (source, author)).map_err(|err| {
             tracing::warn!(model = %model, backend = %backend.kind(), error = %err, "a model could not be loaded again");
             LoadError::Failed(format!("{} could not load its weights", backend.kind()))
         })?;
@@ -1301,7 +1341,7 @@ mod tests {
             Ok(())
         }
 
-        fn load(&self, _onnx: &[u8], _placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
+        fn load(&self, _onnx: &[u8], _placement: &Placement, _author: Author) -> Result<Box<dyn Graph>, BackendError> {
             if !self.started.swap(true, Ordering::SeqCst) {
                 self.memory.fetch_add(ONCE, Ordering::SeqCst);
             }

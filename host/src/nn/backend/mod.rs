@@ -177,6 +177,19 @@ impl Stop {
     }
 }
 
+/// Whose graph a load builds. Optimising a graph, an engine may compute at load what depends on
+/// its constants alone (ONNX Runtime's constant folding): 5 KB of a tenant's graph took the
+/// server's CPU for 36 s as its upload loaded, outside any deadline or share (e2e
+/// `resources::a_graph_that_computes_from_its_constants_does_it_when_it_runs_under_a_deadline_not_at_its_upload`).
+/// A tenant's graph does that work when it runs, under its callers' deadlines and its share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Author {
+    /// The platform operator's (a manifest's): optimised in full.
+    Operator,
+    /// A tenant's (an upload, a guest's raw load): nothing computed from its constants at load.
+    Tenant,
+}
+
 /// A backend that turns ONNX bytes into graphs on a device.
 pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
@@ -189,10 +202,10 @@ pub trait Backend: Send + Sync {
         }
     }
 
-    /// Load a model from memory to run where `placement` says. The bytes must name no other
-    /// file (see `nn::onnx`): a model loaded from memory resolves such names against the
+    /// Load `author`'s model from memory to run where `placement` says. The bytes must name no
+    /// other file (see `nn::onnx`): a model loaded from memory resolves such names against the
     /// server's working directory.
-    fn load(&self, onnx: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError>;
+    fn load(&self, onnx: &[u8], placement: &Placement, author: Author) -> Result<Box<dyn Graph>, BackendError>;
 
     /// Load an operator's model file whose external data lies beside it (checked by the
     /// caller); backends that cannot read external data refuse.
@@ -206,16 +219,17 @@ pub trait Backend: Send + Sync {
         false
     }
 
-    /// Optimise a model as [`Backend::load`] would for the CPU and write the result to
+    /// Optimise `author`'s model as [`Backend::load`] would for the CPU and write the result to
     /// `optimized` (self-contained, like the bytes), so later loads skip optimising it again;
     /// whether a file was written (never, by default). Fails where loading the bytes would.
-    fn save_optimized(&self, _onnx: &[u8], _optimized: &Path) -> Result<bool, BackendError> {
+    fn save_optimized(&self, _onnx: &[u8], _optimized: &Path, _author: Author) -> Result<bool, BackendError> {
         Ok(false)
     }
 
     /// Load what [`Backend::save_optimized`] wrote, without optimising it again.
     fn load_optimized(&self, optimized: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
-        self.load(optimized, placement)
+        // Optimised already: nothing of it is computed at load again.
+        self.load(optimized, placement, Author::Tenant)
     }
 }
 

@@ -15,7 +15,8 @@ use tract_onnx::tract_hir::internal::DimLike;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::{
-    Backend, BackendError, BackendKind, BackendSettings, EngineMemory, Graph, Output, Signature, Stop, TensorSpec,
+    Author, Backend, BackendError, BackendKind, BackendSettings, EngineMemory, Graph, Output, Signature, Stop,
+    TensorSpec,
 };
 use crate::registry::placement::Placement;
 use crate::tensor::{ElementType, Tensor};
@@ -36,7 +37,8 @@ impl Backend for Tract {
     }
 
     /// On the CPU (the only device it `runs_on`), in the calling thread: pinning is the caller's.
-    fn load(&self, onnx: &[u8], _placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
+    /// Its optimiser computes from constants whoever wrote the graph (README, not yet bounded).
+    fn load(&self, onnx: &[u8], _placement: &Placement, _author: Author) -> Result<Box<dyn Graph>, BackendError> {
         let load_error = |reason: String| BackendError::Load { backend: KIND, reason };
         match typed_model(onnx, None) {
             Ok(typed) => {

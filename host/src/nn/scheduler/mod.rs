@@ -2235,7 +2235,7 @@ mod tests {
 
     use super::*;
     use crate::nn::backend::tract::Tract;
-    use crate::nn::backend::{Backend, BackendSettings, Signature, TensorSpec};
+    use crate::nn::backend::{Author, Backend, BackendSettings, Signature, TensorSpec};
     use crate::registry::placement::Placement;
     use crate::tensor::ElementType;
 
@@ -2251,7 +2251,7 @@ mod tests {
                 return Err(LoadError::Failed("the weights are broken".to_string()));
             }
             let graph = Tract::new(&BackendSettings::default())
-                .load(&bytes, &Placement::CPU)
+                .load(&bytes, &Placement::CPU, Author::Operator)
                 .map_err(|e| LoadError::Failed(e.to_string()))?;
             Ok(Loaded { graphs: vec![Arc::<dyn Graph>::from(graph)], memory: Vec::new() })
         });

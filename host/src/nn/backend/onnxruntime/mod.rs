@@ -21,7 +21,8 @@ use ort::value::{DynValue, PrimitiveTensorElementType, TensorElementType, ValueT
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use super::{
-    Backend, BackendError, BackendKind, BackendSettings, EngineMemory, Graph, Output, Signature, Stop, TensorSpec,
+    Author, Backend, BackendError, BackendKind, BackendSettings, EngineMemory, Graph, Output, Signature, Stop,
+    TensorSpec,
 };
 use crate::registry::placement::{DeviceId, Placement};
 use crate::tensor::{ElementType, Tensor};
@@ -115,16 +116,17 @@ impl Backend for OnnxRuntime {
         }
     }
 
-    fn load(&self, onnx: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
-        let mut builder = self.builder(OPTIMIZED, placement)?;
+    fn load(&self, onnx: &[u8], placement: &Placement, author: Author) -> Result<Box<dyn Graph>, BackendError> {
+        let mut builder = self.builder(OPTIMIZED, placement, author)?;
         let session =
             alone_on(placement.device, || builder.commit_from_memory(onnx)).map_err(|e| load_error(e.to_string()))?;
         graph(session, placement.device)
     }
 
     fn load_file(&self, model_file: &Path, placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
-        // From a file, ONNX Runtime reads external data relative to the file's directory.
-        let mut builder = self.builder(OPTIMIZED, placement)?;
+        // From a file, ONNX Runtime reads external data relative to the file's directory; only
+        // an operator's manifest names files.
+        let mut builder = self.builder(OPTIMIZED, placement, Author::Operator)?;
         let session = alone_on(placement.device, || builder.commit_from_file(model_file))
             .map_err(|e| load_error(e.to_string()))?;
         graph(session, placement.device)
@@ -134,11 +136,11 @@ impl Backend for OnnxRuntime {
         true
     }
 
-    fn save_optimized(&self, onnx: &[u8], optimized: &Path) -> Result<bool, BackendError> {
+    fn save_optimized(&self, onnx: &[u8], optimized: &Path, author: Author) -> Result<bool, BackendError> {
         // Initializers are written inline (no external-data file name is set), so the file
         // names no other file, as the bytes did not.
         let session = self
-            .builder(OPTIMIZED, &Placement::CPU)?
+            .builder(OPTIMIZED, &Placement::CPU, author)?
             .with_optimized_model_path(optimized)
             .map_err(|e| load_error(e.to_string()))?
             .commit_from_memory(onnx)
@@ -148,7 +150,7 @@ impl Backend for OnnxRuntime {
     }
 
     fn load_optimized(&self, optimized: &[u8], placement: &Placement) -> Result<Box<dyn Graph>, BackendError> {
-        let mut builder = self.builder(GraphOptimizationLevel::Disable, placement)?;
+        let mut builder = self.builder(GraphOptimizationLevel::Disable, placement, Author::Tenant)?;
         let session = alone_on(placement.device, || builder.commit_from_memory(optimized))
             .map_err(|e| load_error(e.to_string()))?;
         graph(session, placement.device)
@@ -157,7 +159,7 @@ impl Backend for OnnxRuntime {
 
 /// Held by whatever ONNX Runtime does on the WebGPU adapter: its provider shares one context
 /// among every session there, and two runs at once crashed the process (SIGSEGV inside the
-/// provider; e2e `resources::one_tenants_busy_models_take_at_most_a_gpus_places_and_anothers_runs_never_wait_for_them`
+/// provider; e2e `resources::one_tenants_busy_models_on_the_webgpu_adapter_run_one_at_a_time_and_the_server_stays_up`
 /// on the build before this lock). Loads, runs and releases of sessions there go one at a time.
 static ON_WEBGPU: Mutex<()> = Mutex::new(());
 
@@ -171,6 +173,9 @@ fn alone_on<T>(device: DeviceId, work: impl FnOnce() -> T) -> T {
 /// optimised model written here is only loaded here).
 const OPTIMIZED: GraphOptimizationLevel = GraphOptimizationLevel::Level3;
 
+/// ONNX Runtime's name for its optimiser that computes what depends on constants alone.
+const CONSTANT_FOLDING: &str = "ConstantFolding";
+
 fn load_error(reason: String) -> BackendError {
     BackendError::Load { backend: KIND, reason }
 }
@@ -180,6 +185,7 @@ impl OnnxRuntime {
         &self,
         level: GraphOptimizationLevel,
         placement: &Placement,
+        author: Author,
     ) -> Result<ort::session::builder::SessionBuilder, BackendError> {
         let Engine { environment, arena } = ENVIRONMENT
             .get()
@@ -199,6 +205,11 @@ impl OnnxRuntime {
             .and_then(|b| match arena {
                 Some(_) => b.with_env_allocators().map_err(Into::into),
                 None => Ok(b),
+            })
+            // A tenant's graph computes from its constants when it runs (see `Author`).
+            .and_then(|b| match author {
+                Author::Tenant => b.with_disabled_optimizers(CONSTANT_FOLDING).map_err(Into::into),
+                Author::Operator => Ok(b),
             })
             .map_err(|e| load_error(e.to_string()))?;
         let on_device = |e: ort::Error| {
