@@ -433,3 +433,64 @@ pub fn computes_from_constants(size: i64, steps: usize) -> Vec<u8> {
         output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
     })
 }
+
+#[derive(Clone, PartialEq, Message)]
+pub struct SparseTensorProto {
+    #[prost(message, optional, tag = "1")]
+    pub values: Option<TensorProto>,
+    #[prost(message, optional, tag = "2")]
+    pub indices: Option<TensorProto>,
+    #[prost(int64, repeated, tag = "3")]
+    pub dims: Vec<i64>,
+}
+
+/// [`GraphProto`] with sparse initializers.
+#[derive(Clone, PartialEq, Message)]
+pub struct SparseGraphProto {
+    #[prost(message, repeated, tag = "1")]
+    pub node: Vec<NodeProto>,
+    #[prost(string, tag = "2")]
+    pub name: String,
+    #[prost(message, repeated, tag = "11")]
+    pub input: Vec<ValueInfoProto>,
+    #[prost(message, repeated, tag = "12")]
+    pub output: Vec<ValueInfoProto>,
+    #[prost(message, repeated, tag = "15")]
+    pub sparse_initializer: Vec<SparseTensorProto>,
+}
+
+/// [`ModelProto`] of a [`SparseGraphProto`].
+#[derive(Clone, PartialEq, Message)]
+pub struct SparseModelProto {
+    #[prost(int64, tag = "1")]
+    pub ir_version: i64,
+    #[prost(message, optional, tag = "7")]
+    pub graph: Option<SparseGraphProto>,
+    #[prost(message, repeated, tag = "8")]
+    pub opset_import: Vec<OperatorSetIdProto>,
+}
+
+/// A model of a few hundred bytes whose sparse initializer `big` is `len` floats once dense, one
+/// of them 1: `sum` (FP32 [1, 1]) is `big`'s sum plus `x` (FP32 [1, 1]).
+pub fn sparse_of_dense_len(len: i64) -> Vec<u8> {
+    let graph = SparseGraphProto {
+        node: vec![
+            node("ReduceSum", &["big"], &["total"], vec![int_attribute("keepdims", 0)]),
+            node("Add", &["total", "x"], &["sum"], Vec::new()),
+        ],
+        name: "sparse".into(),
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        sparse_initializer: vec![SparseTensorProto {
+            values: Some(tensor("big", FLOAT, &[1], 1f32.to_le_bytes().to_vec())),
+            indices: Some(tensor("big_indices", INT64, &[1], 0i64.to_le_bytes().to_vec())),
+            dims: vec![len],
+        }],
+    };
+    SparseModelProto {
+        ir_version: 8,
+        graph: Some(graph),
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+    }
+    .encode_to_vec()
+}

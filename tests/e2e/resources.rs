@@ -260,6 +260,39 @@ async fn a_guests_raw_load_of_a_graph_computes_nothing_from_its_constants() {
 }
 
 #[tokio::test]
+async fn a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it() {
+    let tenants = tenants("allow_raw_model_load = true");
+    let server = Server::start(tenants.path(), &[]);
+    // 206 bytes naming 2^28 floats (1 GiB) of which one is set: ONNX Runtime makes them dense as
+    // it loads. The upload grew the server by 3 GiB over 7 s before the model's measured memory
+    // passed the tenant's resident quota (1024 MiB); at 2^30 floats, by some 12 GiB.
+    let model = onnx::sparse_of_dense_len(1 << 28);
+    let started = Instant::now();
+    let ((code, body), grown) =
+        server.peak_growth(server.send(Method::PUT, "/control/v1/models/sparse", EVIL, model.clone())).await;
+    assert_eq!(code, 413, "{body}");
+    assert!(error_message(&body).contains("max_resident_model_mib"), "{body}");
+    assert!(grown < 100 << 20, "the server grew by {} MiB in {:?}", grown >> 20, started.elapsed());
+    // Through a guest's raw load, the same against its raw graph limit (32 MiB).
+    let request = json!({
+        "inputs": [{ "name": "graph", "shape": [model.len()], "datatype": "UINT8", "data": model }],
+        "parameters": { "mode": "load-bytes" },
+    });
+    let ((status, body), grown) = server.peak_growth(server.infer("hostile", EVIL, &request)).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(error_message(&body).contains("once its sparse tensors are dense"), "{body}");
+    assert!(grown < 100 << 20, "the server grew by {} MiB", grown >> 20);
+    // Small enough once dense, it loads and answers.
+    let (code, body) =
+        server.send(Method::PUT, "/control/v1/models/small", EVIL, onnx::sparse_of_dense_len(1000)).await;
+    assert_eq!(code, 201, "{body}");
+    let request = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.5] }] });
+    let (code, body) = server.infer("small", EVIL, &request).await;
+    assert_eq!((code, &output(&body, "sum")["data"]), (200, &json!([1.5])), "{body}");
+    victim_served(&server).await;
+}
+
+#[tokio::test]
 async fn what_a_guest_makes_the_host_hold_counts_against_its_memory() {
     let tenants = tenants("guest_memory_mib = 32");
     let server = Server::start(tenants.path(), &[]);

@@ -427,7 +427,10 @@ async fn load_model(
         true => ControlError::TooLarge(format!("model '{name}' cannot be served: {full}")),
         false => ControlError::Unavailable(format!("model '{name}' cannot be loaded now: {full}")),
     };
-    tenant.models.room_to_load(bytes.len() as u64).await.map_err(cap_full)?;
+    // Counted as the engine will hold them, sparse tensors dense, before any engine sees them.
+    let weights = crate::nn::onnx::loaded_bytes(&bytes)
+        .map_err(|e| ControlError::Invalid(format!("not a usable model: model '{name}': {e}")))?;
+    tenant.models.room_to_load(weights).await.map_err(cap_full)?;
     let spec = ModelSpec {
         name: name.clone(),
         version,

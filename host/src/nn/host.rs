@@ -363,6 +363,16 @@ impl graph::Host for NnView<'_> {
         if let Err(refused) = super::onnx::check_self_contained(bytes) {
             return self.error(errors::ErrorCode::InvalidEncoding, refused.to_string());
         }
+        // Its sparse tensors count as the engine will hold them, dense.
+        let loaded = super::onnx::loaded_bytes(bytes).unwrap_or(u64::MAX);
+        if loaded > raw.max_bytes as u64 {
+            let message = format!(
+                "graph of {} bytes takes {loaded} once its sparse tensors are dense, past the tenant's limit of {}                  bytes",
+                bytes.len(),
+                raw.max_bytes
+            );
+            return self.error(errors::ErrorCode::TooLarge, message);
+        }
         let backend = raw.backend.clone();
         let bytes = bytes.clone();
         // Building the graph runs on a blocking thread: the request waits without its turn.

@@ -18,7 +18,7 @@ use super::backend::{
 use super::breaker::{Breakers, Outcome};
 use super::device::{Device, NoRoom, Reservation, mib};
 use super::devices::{Devices, Footprints, Placed, PlacementError, estimates, measured, reserve_all, scale_up_room};
-use super::onnx::{OnnxError, check_external_data_within, check_self_contained, shorten};
+use super::onnx::{OnnxError, check_external_data_within, check_self_contained, loaded_bytes, shorten};
 use super::pinning::{PinnedGraph, on_pinned_thread};
 use super::scheduler::autoscale::AutoscaleSettings;
 use super::scheduler::padding::PaddingRule;
@@ -391,6 +391,8 @@ impl ModelStore {
             }
         };
         let author = author_of(spec.origin);
+        // What the engine holds of the weights as it loads, sparse tensors dense.
+        let weights = loaded_bytes(&spec.bytes).map_err(refused)?;
         let mut reasons = Vec::new();
         for backend in candidates {
             let placed = defaults
@@ -414,7 +416,7 @@ impl ModelStore {
             // Room for at least the weights of each instance on its device before anything is
             // allocated, made by evicting idle models if need be (which waits on them: a
             // blocking thread).
-            let estimates = estimates(&defaults.devices, &placements, spec.bytes.len() as u64)
+            let estimates = estimates(&defaults.devices, &placements, weights)
                 .map_err(|reason| ModelLoadError::Failed { model: spec.name.to_string(), reasons: reason })?;
             let no_room = |no_room| ModelLoadError::NoRoom { model: spec.name.to_string(), no_room };
             // Self-contained weights on the CPU also leave the engine's optimised form beside the

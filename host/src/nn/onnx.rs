@@ -1,4 +1,4 @@
-//! What an ONNX model asks of the file system, read before any engine sees it.
+//! What an ONNX model asks of the file system and of memory, read before any engine sees it.
 //!
 //! ONNX lets a tensor keep its data in another file (`data_location = EXTERNAL`, with an
 //! `external_data` entry naming the file) and lets an `EPContext` node name a compiled blob
@@ -40,10 +40,17 @@ pub enum OnnxError {
     OutsideModelDirectory { owner: String },
 }
 
-/// Every file the model names, in the order met.
-pub fn file_references(onnx: &[u8]) -> Result<Vec<FileReference>, OnnxError> {
+/// What the walk finds in a model's tensors.
+#[derive(Default)]
+struct Found {
+    references: Vec<FileReference>,
+    /// What its sparse tensors take once dense, as an engine makes them at load.
+    sparse_dense_bytes: u64,
+}
+
+fn walk(onnx: &[u8]) -> Result<Found, OnnxError> {
     let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
-    let mut found = Vec::new();
+    let mut found = Found::default();
     if let Some(graph) = &model.graph {
         graph.collect(&mut found);
     }
@@ -55,6 +62,21 @@ pub fn file_references(onnx: &[u8]) -> Result<Vec<FileReference>, OnnxError> {
         training.initialization.iter().chain(&training.algorithm).for_each(|graph| graph.collect(&mut found));
     }
     Ok(found)
+}
+
+/// Every file the model names, in the order met.
+pub fn file_references(onnx: &[u8]) -> Result<Vec<FileReference>, OnnxError> {
+    walk(onnx).map(|found| found.references)
+}
+
+/// The bytes an engine holds for the model's weights as it loads: its own, and what its sparse
+/// tensors take once dense. A sparse tensor names its dense shape and the few values set: ONNX
+/// Runtime makes it dense at load, so 206 bytes asking for 2^28 floats grew the server by 3 GiB
+/// before its memory was measured (e2e
+/// `resources::a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it`).
+pub fn loaded_bytes(onnx: &[u8]) -> Result<u64, OnnxError> {
+    let found = walk(onnx)?;
+    Ok((onnx.len() as u64).saturating_add(found.sparse_dense_bytes))
 }
 
 /// Refuse a model that names any file: the rule for weights a tenant uploads or a guest
@@ -166,6 +188,8 @@ struct AttributeProto {
 
 #[derive(Clone, PartialEq, Message)]
 struct TensorProto {
+    #[prost(int32, optional, tag = "2")]
+    data_type: Option<i32>,
     #[prost(bytes = "vec", tag = "8")]
     name: Vec<u8>,
     #[prost(message, repeated, tag = "13")]
@@ -180,6 +204,9 @@ struct SparseTensorProto {
     values: Option<TensorProto>,
     #[prost(message, optional, tag = "2")]
     indices: Option<TensorProto>,
+    /// The dense shape.
+    #[prost(int64, repeated, tag = "3")]
+    dims: Vec<i64>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -199,7 +226,7 @@ struct StringStringEntryProto {
 }
 
 impl GraphProto {
-    fn collect(&self, found: &mut Vec<FileReference>) {
+    fn collect(&self, found: &mut Found) {
         self.initializers.iter().for_each(|tensor| tensor.collect(found));
         self.sparse_initializers.iter().for_each(|sparse| sparse.collect(found));
         self.nodes.iter().for_each(|node| node.collect(found));
@@ -207,19 +234,19 @@ impl GraphProto {
 }
 
 impl NodeProto {
-    fn collect(&self, found: &mut Vec<FileReference>) {
+    fn collect(&self, found: &mut Found) {
         if self.op_type == EP_CONTEXT.as_bytes() {
             // Its `ep_cache_context` is a file path unless `embed_mode` is 1; no engine Sluice
             // runs needs one, so any such node counts as naming a file.
             let owner = format!("{} ({EP_CONTEXT})", String::from_utf8_lossy(&self.name));
-            found.push(FileReference { owner, location: String::new() });
+            found.references.push(FileReference { owner, location: String::new() });
         }
         self.attributes.iter().for_each(|attribute| attribute.collect(found));
     }
 }
 
 impl AttributeProto {
-    fn collect(&self, found: &mut Vec<FileReference>) {
+    fn collect(&self, found: &mut Found) {
         self.tensor.iter().chain(&self.tensors).for_each(|tensor| tensor.collect(found));
         self.sparse_tensor.iter().chain(&self.sparse_tensors).for_each(|sparse| sparse.collect(found));
         self.graph.iter().chain(&self.graphs).for_each(|graph| graph.collect(found));
@@ -227,16 +254,43 @@ impl AttributeProto {
 }
 
 impl SparseTensorProto {
-    fn collect(&self, found: &mut Vec<FileReference>) {
+    fn collect(&self, found: &mut Found) {
         self.values.iter().chain(&self.indices).for_each(|tensor| tensor.collect(found));
+        found.sparse_dense_bytes = found.sparse_dense_bytes.saturating_add(self.dense_bytes());
+    }
+
+    /// Its dense shape's elements times their size (all of memory where a dimension is
+    /// negative or the product overflows).
+    fn dense_bytes(&self) -> u64 {
+        let element = element_bytes(self.values.as_ref().and_then(|values| values.data_type).unwrap_or(0));
+        let elements = self.dims.iter().try_fold(1u64, |product, &dim| product.checked_mul(u64::try_from(dim).ok()?));
+        elements.and_then(|elements| elements.checked_mul(element)).unwrap_or(u64::MAX)
+    }
+}
+
+/// Bytes of one element of ONNX data type `data_type` (`TensorProto.DataType`) in memory;
+/// strings and types unknown here count as 32 (a string object at least).
+fn element_bytes(data_type: i32) -> u64 {
+    match data_type {
+        // UINT8, INT8, BOOL, the 8-bit floats, the 4-bit types (a byte each, dense).
+        2 | 3 | 9 | 17..=23 => 1,
+        // UINT16, INT16, FLOAT16, BFLOAT16.
+        4 | 5 | 10 | 16 => 2,
+        // FLOAT, INT32, UINT32.
+        1 | 6 | 12 => 4,
+        // INT64, DOUBLE, UINT64, COMPLEX64.
+        7 | 11 | 13 | 14 => 8,
+        // COMPLEX128.
+        15 => 16,
+        _ => 32,
     }
 }
 
 impl TensorProto {
-    fn collect(&self, found: &mut Vec<FileReference>) {
+    fn collect(&self, found: &mut Found) {
         if self.data_location == Some(EXTERNAL) || !self.external_data.is_empty() {
             let location = self.external_data.iter().find(|e| e.key == b"location");
-            found.push(FileReference {
+            found.references.push(FileReference {
                 owner: String::from_utf8_lossy(&self.name).into_owned(),
                 location: location.map(|e| String::from_utf8_lossy(&e.value).into_owned()).unwrap_or_default(),
             });
@@ -257,11 +311,12 @@ mod tests {
             name: name.as_bytes().to_vec(),
             external_data: vec![entry("location", location), entry("offset", "0")],
             data_location: Some(EXTERNAL),
+            data_type: None,
         }
     }
 
     fn embedded(name: &str) -> TensorProto {
-        TensorProto { name: name.as_bytes().to_vec(), external_data: Vec::new(), data_location: None }
+        TensorProto { name: name.as_bytes().to_vec(), ..Default::default() }
     }
 
     fn model(graph: GraphProto) -> Vec<u8> {
@@ -282,11 +337,50 @@ mod tests {
     }
 
     #[test]
+    fn sparse_tensors_count_at_their_dense_size_wherever_they_hide() {
+        let floats = |dims: Vec<i64>| SparseTensorProto {
+            values: Some(TensorProto { data_type: Some(1), ..embedded("v") }),
+            indices: Some(embedded("i")),
+            dims,
+        };
+        let initializer =
+            GraphProto { sparse_initializers: vec![floats(vec![1 << 14, 1 << 14])], ..Default::default() };
+        let onnx = model(initializer);
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + (1 << 30)), "2^28 floats");
+        // A Constant's sparse value inside a branch of an `If`.
+        let sparse_constant = NodeProto {
+            name: b"c".to_vec(),
+            op_type: b"Constant".to_vec(),
+            attributes: vec![AttributeProto { sparse_tensor: Some(floats(vec![1000])), ..Default::default() }],
+        };
+        let branch = GraphProto { nodes: vec![sparse_constant], ..Default::default() };
+        let nested = GraphProto {
+            nodes: vec![NodeProto {
+                name: b"if".to_vec(),
+                op_type: b"If".to_vec(),
+                attributes: vec![AttributeProto { graph: Some(branch), ..Default::default() }],
+            }],
+            ..Default::default()
+        };
+        let onnx = model(nested);
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + 4000));
+        // Shapes that overflow or go negative take all of memory.
+        for dims in [vec![1 << 40, 1 << 40], vec![-1, 4]] {
+            let graph = GraphProto { sparse_initializers: vec![floats(dims)], ..Default::default() };
+            assert_eq!(loaded_bytes(&model(graph)), Ok(u64::MAX));
+        }
+        let digits = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/digits/model/digits.onnx"))
+            .expect("the digits model");
+        assert_eq!(loaded_bytes(&digits), Ok(digits.len() as u64), "no sparse tensor");
+    }
+
+    #[test]
     fn external_tensors_are_found_wherever_they_hide() {
         let initializer =
             GraphProto { initializers: vec![embedded("w"), external("a", "x.bin")], ..Default::default() };
         let in_a_constant = GraphProto { nodes: vec![constant(external("b", "/etc/passwd"))], ..Default::default() };
-        let sparse = SparseTensorProto { values: Some(external("c", "../y")), indices: Some(embedded("i")) };
+        let sparse =
+            SparseTensorProto { values: Some(external("c", "../y")), indices: Some(embedded("i")), dims: Vec::new() };
         let in_a_sparse_initializer = GraphProto { sparse_initializers: vec![sparse], ..Default::default() };
         // A branch of an `If`, three graphs deep.
         let inner = GraphProto { nodes: vec![constant(external("d", "z"))], ..Default::default() };
@@ -308,7 +402,7 @@ mod tests {
         };
         // Marked external without naming a file still counts.
         let unnamed = GraphProto {
-            initializers: vec![TensorProto { name: b"e".to_vec(), external_data: Vec::new(), data_location: Some(1) }],
+            initializers: vec![TensorProto { name: b"e".to_vec(), data_location: Some(1), ..Default::default() }],
             ..Default::default()
         };
         for (graph, owner) in
