@@ -494,3 +494,129 @@ pub fn sparse_of_dense_len(len: i64) -> Vec<u8> {
     }
     .encode_to_vec()
 }
+
+/// [`NodeProto`] with an operator domain (a model-local function's).
+#[derive(Clone, PartialEq, Message)]
+pub struct DomainNodeProto {
+    #[prost(string, repeated, tag = "1")]
+    pub input: Vec<String>,
+    #[prost(string, repeated, tag = "2")]
+    pub output: Vec<String>,
+    #[prost(string, tag = "3")]
+    pub name: String,
+    #[prost(string, tag = "4")]
+    pub op_type: String,
+    #[prost(string, tag = "7")]
+    pub domain: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct FunctionProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, repeated, tag = "4")]
+    pub input: Vec<String>,
+    #[prost(string, repeated, tag = "5")]
+    pub output: Vec<String>,
+    #[prost(message, repeated, tag = "7")]
+    pub node: Vec<DomainNodeProto>,
+    #[prost(message, repeated, tag = "9")]
+    pub opset_import: Vec<OperatorSetIdProto>,
+    #[prost(string, tag = "10")]
+    pub domain: String,
+}
+
+/// [`GraphProto`] of [`DomainNodeProto`]s.
+#[derive(Clone, PartialEq, Message)]
+pub struct FnGraphProto {
+    #[prost(message, repeated, tag = "1")]
+    pub node: Vec<DomainNodeProto>,
+    #[prost(string, tag = "2")]
+    pub name: String,
+    #[prost(message, repeated, tag = "11")]
+    pub input: Vec<ValueInfoProto>,
+    #[prost(message, repeated, tag = "12")]
+    pub output: Vec<ValueInfoProto>,
+}
+
+/// [`ModelProto`] with model-local functions.
+#[derive(Clone, PartialEq, Message)]
+pub struct FnModelProto {
+    #[prost(int64, tag = "1")]
+    pub ir_version: i64,
+    #[prost(message, optional, tag = "7")]
+    pub graph: Option<FnGraphProto>,
+    #[prost(message, repeated, tag = "8")]
+    pub opset_import: Vec<OperatorSetIdProto>,
+    #[prost(message, repeated, tag = "25")]
+    pub functions: Vec<FunctionProto>,
+}
+
+/// A model of about a kilobyte whose graph calls model-local function `f0` on `x` (FP32
+/// [1, 1]) into `sum`: `f0` calls `f1` twice in a row, and so on, `f{depth - 1}` is `Add(x, x)`;
+/// 2^depth - 1 calls and 2^(depth - 1) nodes once inlined.
+pub fn nested_functions(depth: usize) -> Vec<u8> {
+    let call = |op: &str, input: &str, output: &str, domain: &str| DomainNodeProto {
+        input: vec![input.into()],
+        output: vec![output.into()],
+        name: String::new(),
+        op_type: op.into(),
+        domain: domain.into(),
+    };
+    let opsets = vec![
+        OperatorSetIdProto { domain: String::new(), version: 17 },
+        OperatorSetIdProto { domain: "local".into(), version: 1 },
+    ];
+    let mut functions = Vec::new();
+    for level in 0..depth {
+        let node = if level + 1 == depth {
+            vec![DomainNodeProto {
+                input: vec!["x".into(), "x".into()],
+                output: vec!["y".into()],
+                name: String::new(),
+                op_type: "Add".into(),
+                domain: String::new(),
+            }]
+        } else {
+            let next = format!("f{}", level + 1);
+            vec![call(&next, "x", "h", "local"), call(&next, "h", "y", "local")]
+        };
+        functions.push(FunctionProto {
+            name: format!("f{level}"),
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            node,
+            opset_import: opsets.clone(),
+            domain: "local".into(),
+        });
+    }
+    FnModelProto {
+        ir_version: 8,
+        graph: Some(FnGraphProto {
+            node: vec![call("f0", "x", "sum", "local")],
+            name: "nested".into(),
+            input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+            output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        }),
+        opset_import: opsets,
+        functions,
+    }
+    .encode_to_vec()
+}
+
+/// A chain of `n` `Add(a, a)` nodes from `x` (FP32 [1, 1]) to `sum`: about 40 bytes a node.
+pub fn add_chain(n: usize) -> Vec<u8> {
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        let input = if i == 0 { "x".to_string() } else { format!("a{}", i - 1) };
+        let output = if i + 1 == n { "sum".to_string() } else { format!("a{i}") };
+        nodes.push(node("Add", &[&input, &input], &[&output], Vec::new()));
+    }
+    model(GraphProto {
+        node: nodes,
+        name: "chain".into(),
+        initializer: Vec::new(),
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+    })
+}

@@ -293,6 +293,39 @@ async fn a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it() {
 }
 
 #[tokio::test]
+async fn nested_functions_count_as_the_nodes_they_expand_to() {
+    let tenants = tenants("guest_deadline_ms = 60000");
+    let server = Server::start(tenants.path(), &[]);
+    let upload = |name: &'static str, model: Vec<u8>| {
+        let server = &server;
+        async move {
+            let (cpu, started) = (server.cpu_time(), Instant::now());
+            let (code, body) = server.send(Method::PUT, &format!("/control/v1/models/{name}"), EVIL, model).await;
+            (code, body, server.cpu_time().saturating_sub(cpu), started.elapsed())
+        }
+    };
+    // 1,256 bytes: a function calling another twice, sixteen deep, 65,535 calls that ONNX
+    // Runtime inlined one by one as it loaded (80 s of CPU).
+    let (code, body, cpu, took) = upload("nested", onnx::nested_functions(16)).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(error_message(&body).contains("local functions expand to 65535 calls"), "{body}");
+    assert!(cpu < Duration::from_secs(1), "refusing it took {cpu:?} of CPU, {took:?} in all");
+    // Twelve deep (4,095 calls) loads, and answers.
+    let (code, body, cpu, took) = upload("twelve", onnx::nested_functions(12)).await;
+    assert_eq!(code, 201, "{body}");
+    assert!(cpu < Duration::from_secs(3), "loading it took {cpu:?} of CPU, {took:?} in all");
+    let request = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.0] }] });
+    let (code, body) = server.infer("twelve", EVIL, &request).await;
+    assert_eq!((code, &output(&body, "sum")["data"]), (200, &json!([0.0])), "{body}");
+    // 16,384 nodes in a chain (660 KB): ONNX Runtime's common subexpression elimination took
+    // 13.5 s of CPU over them as the upload loaded.
+    let (code, body, cpu, took) = upload("chain", onnx::add_chain(16_384)).await;
+    assert_eq!(code, 201, "{body}");
+    assert!(cpu < Duration::from_secs(3), "loading it took {cpu:?} of CPU, {took:?} in all");
+    victim_served(&server).await;
+}
+
+#[tokio::test]
 async fn what_a_guest_makes_the_host_hold_counts_against_its_memory() {
     let tenants = tenants("guest_memory_mib = 32");
     let server = Server::start(tenants.path(), &[]);

@@ -360,7 +360,7 @@ impl graph::Host for NnView<'_> {
                 format!("graph of {} bytes exceeds the tenant's limit of {} bytes", bytes.len(), raw.max_bytes);
             return self.error(errors::ErrorCode::TooLarge, message);
         }
-        if let Err(refused) = super::onnx::check_self_contained(bytes) {
+        if let Err(refused) = super::onnx::check_tenant_model(bytes) {
             return self.error(errors::ErrorCode::InvalidEncoding, refused.to_string());
         }
         // Its sparse tensors count as the engine will hold them, dense.

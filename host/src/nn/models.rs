@@ -18,7 +18,9 @@ use super::backend::{
 use super::breaker::{Breakers, Outcome};
 use super::device::{Device, NoRoom, Reservation, mib};
 use super::devices::{Devices, Footprints, Placed, PlacementError, estimates, measured, reserve_all, scale_up_room};
-use super::onnx::{OnnxError, check_external_data_within, check_self_contained, loaded_bytes, shorten};
+use super::onnx::{
+    OnnxError, check_external_data_within, check_self_contained, check_tenant_model, loaded_bytes, shorten,
+};
 use super::pinning::{PinnedGraph, on_pinned_thread};
 use super::scheduler::autoscale::AutoscaleSettings;
 use super::scheduler::padding::PaddingRule;
@@ -383,7 +385,7 @@ impl ModelStore {
         let refused = |reason| ModelLoadError::Refused { model: spec.name.to_string(), reason };
         let model_file = match spec.origin {
             ModelOrigin::Upload => {
-                check_self_contained(&spec.bytes).map_err(refused)?;
+                check_tenant_model(&spec.bytes).map_err(refused)?;
                 None
             }
             ModelOrigin::Manifest => {

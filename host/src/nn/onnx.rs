@@ -12,6 +12,7 @@
 //! here from the ONNX IR's published field numbers (`onnx.proto`); every other field, the
 //! weights themselves included, is skipped without being copied.
 
+use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
 use prost::Message;
@@ -38,7 +39,18 @@ pub enum OnnxError {
     ExternalData { owner: String },
     #[error("the model's external data for tensor '{owner}' must be a file inside the model's own directory")]
     OutsideModelDirectory { owner: String },
+    #[error(
+        "the model's local functions expand to {calls} calls, more than the {limit} a tenant's model may make \
+         (the engine inlines each as it loads)"
+    )]
+    TooManyFunctionCalls { calls: u64, limit: u64 },
 }
+
+/// Calls of model-local functions a tenant's model may make once expanded. ONNX Runtime inlines
+/// each call as it loads, in time about quadratic in their number: a function calling another
+/// twice, sixteen deep (65,535 calls from 1,256 bytes), took 80 s of CPU (17 s with no
+/// optimisation at all), twelve deep (4,095 calls) 0.3 s.
+pub const MAX_TENANT_FUNCTION_CALLS: u64 = 4096;
 
 /// What the walk finds in a model's tensors.
 #[derive(Default)]
@@ -49,7 +61,10 @@ struct Found {
 }
 
 fn walk(onnx: &[u8]) -> Result<Found, OnnxError> {
-    let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
+    Ok(walk_model(&ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?))
+}
+
+fn walk_model(model: &ModelProto) -> Found {
     let mut found = Found::default();
     if let Some(graph) = &model.graph {
         graph.collect(&mut found);
@@ -61,7 +76,7 @@ fn walk(onnx: &[u8]) -> Result<Found, OnnxError> {
     for training in &model.training_info {
         training.initialization.iter().chain(&training.algorithm).for_each(|graph| graph.collect(&mut found));
     }
-    Ok(found)
+    found
 }
 
 /// Every file the model names, in the order met.
@@ -69,18 +84,93 @@ pub fn file_references(onnx: &[u8]) -> Result<Vec<FileReference>, OnnxError> {
     walk(onnx).map(|found| found.references)
 }
 
-/// The bytes an engine holds for the model's weights as it loads: its own, and what its sparse
-/// tensors take once dense. A sparse tensor names its dense shape and the few values set: ONNX
-/// Runtime makes it dense at load, so 206 bytes asking for 2^28 floats grew the server by 3 GiB
-/// before its memory was measured (e2e
-/// `resources::a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it`).
+/// The bytes an engine holds for the model as it loads: its own, what its sparse tensors take
+/// once dense, and [`NODE_BYTES`] for each node it builds, model-local functions inlined. A
+/// sparse tensor names its dense shape and the few values set: ONNX Runtime makes it dense at
+/// load, so 206 bytes asking for 2^28 floats grew the server by 3 GiB before its memory was
+/// measured (e2e `resources::a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it`).
+/// A function whose body calls another twice, sixteen deep, is 1,256 bytes and 32,768 nodes
+/// once inlined, as ONNX Runtime does at load: 80 s of CPU (`resources::nested_functions_count_as_the_nodes_they_expand_to`).
 pub fn loaded_bytes(onnx: &[u8]) -> Result<u64, OnnxError> {
-    let found = walk(onnx)?;
-    Ok((onnx.len() as u64).saturating_add(found.sparse_dense_bytes))
+    let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
+    let found = walk_model(&model);
+    let nodes = expand(&model).nodes.saturating_mul(NODE_BYTES);
+    Ok((onnx.len() as u64).saturating_add(found.sparse_dense_bytes).saturating_add(nodes))
 }
 
-/// Refuse a model that names any file: the rule for weights a tenant uploads or a guest
-/// loads from bytes.
+/// What ONNX Runtime holds for a node of a loaded graph, about (its node, value and kernel
+/// objects): a chain of 16,384 `Add`s grew the server by 70 MiB as it loaded.
+pub const NODE_BYTES: u64 = 4 << 10;
+
+/// The nodes of the model's graph and of the graphs its nodes hold, with model-local functions
+/// expanded, and the calls of those functions made on the way.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Expanded {
+    nodes: u64,
+    calls: u64,
+}
+
+impl Expanded {
+    /// Functions that call each other in a cycle: no end.
+    const ENDLESS: Self = Self { nodes: u64::MAX, calls: u64::MAX };
+
+    fn add(self, other: Self) -> Self {
+        Self { nodes: self.nodes.saturating_add(other.nodes), calls: self.calls.saturating_add(other.calls) }
+    }
+}
+
+fn expand(model: &ModelProto) -> Expanded {
+    let functions: HashMap<(&[u8], &[u8]), &FunctionProto> =
+        model.functions.iter().map(|f| ((f.domain.as_slice(), f.name.as_slice()), f)).collect();
+    let mut expansions = Expansions { functions, counted: HashMap::new() };
+    model.graph.as_ref().map_or_else(Expanded::default, |graph| expansions.nodes(&graph.nodes))
+}
+
+/// Model-local functions and what each expands to, counted once each.
+struct Expansions<'a> {
+    functions: HashMap<(&'a [u8], &'a [u8]), &'a FunctionProto>,
+    /// `None` while being counted: met again, it calls itself.
+    counted: HashMap<(&'a [u8], &'a [u8]), Option<Expanded>>,
+}
+
+impl<'a> Expansions<'a> {
+    fn nodes(&mut self, nodes: &'a [NodeProto]) -> Expanded {
+        nodes.iter().fold(Expanded::default(), |sum, node| sum.add(self.node(node)))
+    }
+
+    fn node(&mut self, node: &'a NodeProto) -> Expanded {
+        let key = (node.domain.as_slice(), node.op_type.as_slice());
+        let itself = match self.functions.get(&key).copied() {
+            None => Expanded { nodes: 1, calls: 0 },
+            Some(function) => match self.counted.get(&key) {
+                Some(Some(counted)) => *counted,
+                Some(None) => Expanded::ENDLESS,
+                None => {
+                    self.counted.insert(key, None);
+                    let body = self.nodes(&function.nodes).add(Expanded { nodes: 0, calls: 1 });
+                    self.counted.insert(key, Some(body));
+                    body
+                }
+            },
+        };
+        let graphs = node.attributes.iter().flat_map(|attribute| attribute.graph.iter().chain(&attribute.graphs));
+        graphs.fold(itself, |sum, graph| sum.add(self.nodes(&graph.nodes)))
+    }
+}
+
+/// Refuse a model a tenant uploads or a guest loads from bytes that names any file, or whose
+/// local functions expand to more than [`MAX_TENANT_FUNCTION_CALLS`] calls.
+pub fn check_tenant_model(onnx: &[u8]) -> Result<(), OnnxError> {
+    check_self_contained(onnx)?;
+    let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
+    let calls = expand(&model).calls;
+    match calls > MAX_TENANT_FUNCTION_CALLS {
+        true => Err(OnnxError::TooManyFunctionCalls { calls, limit: MAX_TENANT_FUNCTION_CALLS }),
+        false => Ok(()),
+    }
+}
+
+/// Refuse a model that names any file.
 pub fn check_self_contained(onnx: &[u8]) -> Result<(), OnnxError> {
     match file_references(onnx)?.into_iter().next() {
         None => Ok(()),
@@ -168,6 +258,8 @@ struct NodeProto {
     op_type: Vec<u8>,
     #[prost(message, repeated, tag = "5")]
     attributes: Vec<AttributeProto>,
+    #[prost(bytes = "vec", tag = "7")]
+    domain: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -211,8 +303,12 @@ struct SparseTensorProto {
 
 #[derive(Clone, PartialEq, Message)]
 struct FunctionProto {
+    #[prost(bytes = "vec", tag = "1")]
+    name: Vec<u8>,
     #[prost(message, repeated, tag = "7")]
     nodes: Vec<NodeProto>,
+    #[prost(bytes = "vec", tag = "10")]
+    domain: Vec<u8>,
     #[prost(message, repeated, tag = "11")]
     attribute_defaults: Vec<AttributeProto>,
 }
@@ -325,7 +421,12 @@ mod tests {
 
     fn constant(tensor: TensorProto) -> NodeProto {
         let attribute = AttributeProto { tensor: Some(tensor), ..Default::default() };
-        NodeProto { name: b"c".to_vec(), op_type: b"Constant".to_vec(), attributes: vec![attribute] }
+        NodeProto {
+            domain: Vec::new(),
+            name: b"c".to_vec(),
+            op_type: b"Constant".to_vec(),
+            attributes: vec![attribute],
+        }
     }
 
     #[test]
@@ -346,9 +447,10 @@ mod tests {
         let initializer =
             GraphProto { sparse_initializers: vec![floats(vec![1 << 14, 1 << 14])], ..Default::default() };
         let onnx = model(initializer);
-        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + (1 << 30)), "2^28 floats");
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + (1 << 30)), "2^28 floats, no node");
         // A Constant's sparse value inside a branch of an `If`.
         let sparse_constant = NodeProto {
+            domain: Vec::new(),
             name: b"c".to_vec(),
             op_type: b"Constant".to_vec(),
             attributes: vec![AttributeProto { sparse_tensor: Some(floats(vec![1000])), ..Default::default() }],
@@ -356,6 +458,7 @@ mod tests {
         let branch = GraphProto { nodes: vec![sparse_constant], ..Default::default() };
         let nested = GraphProto {
             nodes: vec![NodeProto {
+                domain: Vec::new(),
                 name: b"if".to_vec(),
                 op_type: b"If".to_vec(),
                 attributes: vec![AttributeProto { graph: Some(branch), ..Default::default() }],
@@ -363,7 +466,7 @@ mod tests {
             ..Default::default()
         };
         let onnx = model(nested);
-        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + 4000));
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + 4000 + 2 * NODE_BYTES), "and two nodes");
         // Shapes that overflow or go negative take all of memory.
         for dims in [vec![1 << 40, 1 << 40], vec![-1, 4]] {
             let graph = GraphProto { sparse_initializers: vec![floats(dims)], ..Default::default() };
@@ -371,7 +474,51 @@ mod tests {
         }
         let digits = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/digits/model/digits.onnx"))
             .expect("the digits model");
-        assert_eq!(loaded_bytes(&digits), Ok(digits.len() as u64), "no sparse tensor");
+        let nodes = ModelProto::decode(digits.as_slice()).expect("decodes").graph.expect("a graph").nodes.len() as u64;
+        assert_eq!(loaded_bytes(&digits), Ok(digits.len() as u64 + nodes * NODE_BYTES), "no sparse tensor");
+    }
+
+    #[test]
+    fn functions_count_as_the_nodes_they_expand_to() {
+        let call = |op: &str| NodeProto {
+            domain: b"local".to_vec(),
+            op_type: op.as_bytes().to_vec(),
+            name: Vec::new(),
+            attributes: Vec::new(),
+        };
+        let add = NodeProto { domain: Vec::new(), op_type: b"Add".to_vec(), name: Vec::new(), attributes: Vec::new() };
+        // f0 calls f1 twice, ..., f15 is one Add: 2^15 nodes once inlined.
+        let functions = (0..16)
+            .map(|level| FunctionProto {
+                name: format!("f{level}").into_bytes(),
+                domain: b"local".to_vec(),
+                nodes: match level {
+                    15 => vec![add.clone()],
+                    _ => vec![call(&format!("f{}", level + 1)); 2],
+                },
+                attribute_defaults: Vec::new(),
+            })
+            .collect::<Vec<_>>();
+        let graph = GraphProto { nodes: vec![call("f0"), add.clone()], ..Default::default() };
+        let nested = ModelProto { graph: Some(graph), training_info: Vec::new(), functions: functions.clone() };
+        let onnx = nested.encode_to_vec();
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + ((1 << 15) + 1) * NODE_BYTES));
+        let too_many = OnnxError::TooManyFunctionCalls { calls: (1 << 16) - 1, limit: MAX_TENANT_FUNCTION_CALLS };
+        assert_eq!(check_tenant_model(&onnx), Err(too_many));
+        // Twelve deep: 4,095 calls, a tenant's model may make them.
+        let mut twelve = nested.clone();
+        twelve.functions.truncate(12);
+        twelve.functions[11].nodes = vec![add.clone()];
+        let onnx = twelve.encode_to_vec();
+        assert_eq!(check_tenant_model(&onnx), Ok(()));
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + ((1 << 11) + 1) * NODE_BYTES));
+        // A function that calls itself takes all of memory.
+        let mut looped = functions;
+        looped[15].nodes = vec![call("f3")];
+        let graph = GraphProto { nodes: vec![call("f0")], ..Default::default() };
+        let onnx = ModelProto { graph: Some(graph), training_info: Vec::new(), functions: looped }.encode_to_vec();
+        assert_eq!(loaded_bytes(&onnx), Ok(u64::MAX));
+        assert!(check_tenant_model(&onnx).is_err());
     }
 
     #[test]
@@ -386,6 +533,7 @@ mod tests {
         let inner = GraphProto { nodes: vec![constant(external("d", "z"))], ..Default::default() };
         let middle = GraphProto {
             nodes: vec![NodeProto {
+                domain: Vec::new(),
                 name: b"if".to_vec(),
                 op_type: b"If".to_vec(),
                 attributes: vec![AttributeProto { graphs: vec![inner], ..Default::default() }],
@@ -394,6 +542,7 @@ mod tests {
         };
         let nested = GraphProto {
             nodes: vec![NodeProto {
+                domain: Vec::new(),
                 name: b"loop".to_vec(),
                 op_type: b"Loop".to_vec(),
                 attributes: vec![AttributeProto { graph: Some(middle), ..Default::default() }],
@@ -416,12 +565,18 @@ mod tests {
 
     #[test]
     fn functions_training_graphs_and_ep_context_nodes_count() {
-        let function = FunctionProto { nodes: vec![constant(external("f", "f.bin"))], attribute_defaults: Vec::new() };
+        let function = FunctionProto {
+            name: b"f".to_vec(),
+            domain: b"local".to_vec(),
+            nodes: vec![constant(external("f", "f.bin"))],
+            attribute_defaults: Vec::new(),
+        };
         let training = TrainingInfoProto {
             initialization: Some(GraphProto { initializers: vec![external("t", "t.bin")], ..Default::default() }),
             algorithm: None,
         };
-        let ep_context = NodeProto { name: b"ctx".to_vec(), op_type: EP_CONTEXT.into(), attributes: Vec::new() };
+        let ep_context =
+            NodeProto { domain: Vec::new(), name: b"ctx".to_vec(), op_type: EP_CONTEXT.into(), attributes: Vec::new() };
         let onnx = ModelProto {
             graph: Some(GraphProto { nodes: vec![ep_context], ..Default::default() }),
             training_info: vec![training],
@@ -485,6 +640,7 @@ mod tests {
                 let attribute = AttributeProto { graph: Some(graph), ..Default::default() };
                 graph = GraphProto {
                     nodes: vec![NodeProto {
+                        domain: Vec::new(),
                         name: b"if".to_vec(),
                         op_type: b"If".to_vec(),
                         attributes: vec![attribute],

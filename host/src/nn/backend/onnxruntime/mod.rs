@@ -173,8 +173,11 @@ fn alone_on<T>(device: DeviceId, work: impl FnOnce() -> T) -> T {
 /// optimised model written here is only loaded here).
 const OPTIMIZED: GraphOptimizationLevel = GraphOptimizationLevel::Level3;
 
-/// ONNX Runtime's name for its optimiser that computes what depends on constants alone.
-const CONSTANT_FOLDING: &str = "ConstantFolding";
+/// ONNX Runtime's optimisers a tenant's graph loads without: constant folding computes what
+/// depends on constants alone (any amount, from a few bytes); common subexpression elimination
+/// takes time quadratic in a chain of nodes (8,192 `Add`s: 2.8 s against 0.16 s without it,
+/// 16,384: 13.5 s; BENCHMARKS.md).
+const TENANT_DISABLED_OPTIMIZERS: &str = "ConstantFolding;CommonSubexpressionElimination";
 
 fn load_error(reason: String) -> BackendError {
     BackendError::Load { backend: KIND, reason }
@@ -206,9 +209,10 @@ impl OnnxRuntime {
                 Some(_) => b.with_env_allocators().map_err(Into::into),
                 None => Ok(b),
             })
-            // A tenant's graph computes from its constants when it runs (see `Author`).
+            // A tenant's graph computes from its constants when it runs, and loads in time
+            // about linear in its nodes (see `Author`).
             .and_then(|b| match author {
-                Author::Tenant => b.with_disabled_optimizers(CONSTANT_FOLDING).map_err(Into::into),
+                Author::Tenant => b.with_disabled_optimizers(TENANT_DISABLED_OPTIMIZERS).map_err(Into::into),
                 Author::Operator => Ok(b),
             })
             .map_err(|e| load_error(e.to_string()))?;
