@@ -710,6 +710,7 @@ fn on_images(operator: &str, [height, width]: [i64; 2]) -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![onnx::value("X", onnx::FLOAT, &[None, Some(3), Some(224), Some(224)])],
         output: vec![onnx::value("Y", onnx::FLOAT, &[None, Some(3), Some(height), Some(width)])],
+        ..Default::default()
     })
 }
 

@@ -35,6 +35,7 @@ fn identity(elem_type: i32, width: i64) -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![onnx::value("x", elem_type, &[None, Some(width)])],
         output: vec![onnx::value("y", elem_type, &[None, Some(width)])],
+        ..Default::default()
     })
 }
 

@@ -18,6 +18,9 @@ pub struct ModelProto {
     pub graph: Option<GraphProto>,
     #[prost(message, repeated, tag = "8")]
     pub opset_import: Vec<OperatorSetIdProto>,
+    /// Model-local functions.
+    #[prost(message, repeated, tag = "25")]
+    pub functions: Vec<FunctionProto>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -40,6 +43,8 @@ pub struct GraphProto {
     pub input: Vec<ValueInfoProto>,
     #[prost(message, repeated, tag = "12")]
     pub output: Vec<ValueInfoProto>,
+    #[prost(message, repeated, tag = "15")]
+    pub sparse_initializer: Vec<SparseTensorProto>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -54,6 +59,9 @@ pub struct NodeProto {
     pub op_type: String,
     #[prost(message, repeated, tag = "5")]
     pub attribute: Vec<AttributeProto>,
+    /// The operator's domain (a model-local function's; empty: ONNX's).
+    #[prost(string, tag = "7")]
+    pub domain: String,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -154,6 +162,7 @@ pub fn node(op_type: &str, inputs: &[&str], outputs: &[&str], attribute: Vec<Att
         name: format!("{op_type}_{}", outputs.first().copied().unwrap_or("")),
         op_type: op_type.into(),
         attribute,
+        domain: String::new(),
     }
 }
 
@@ -176,6 +185,7 @@ pub fn model(graph: GraphProto) -> Vec<u8> {
         ir_version: 8,
         graph: Some(graph),
         opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        functions: Vec::new(),
     }
     .encode_to_vec()
 }
@@ -197,6 +207,7 @@ pub fn reads_file(location: &str, length: usize, as_constant: bool) -> Vec<u8> {
         initializer,
         input: vec![value("x", FLOAT, &[Some(1)])],
         output: vec![value("leak", UINT8, &[Some(length as i64)])],
+        ..Default::default()
     })
 }
 
@@ -225,6 +236,7 @@ pub fn output_of_requested_size() -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![value("n", INT64, &[Some(1)])],
         output: vec![value("big", FLOAT, &[None])],
+        ..Default::default()
     })
 }
 
@@ -237,6 +249,7 @@ pub fn sum_of_ones() -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![value("n", INT64, &[Some(1)])],
         output: vec![value("total", FLOAT, &[])],
+        ..Default::default()
     })
 }
 
@@ -256,6 +269,7 @@ pub fn holds_ones_while_computing(size: i64, steps: usize) -> Vec<u8> {
         initializer: slow.initializer,
         input: [vec![value("n", INT64, &[Some(1)])], slow.input].concat(),
         output: vec![value("total", FLOAT, &[])],
+        ..Default::default()
     })
 }
 
@@ -284,6 +298,7 @@ pub fn slow_compute(size: i64, steps: usize) -> Vec<u8> {
         initializer: vec![shape],
         input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
         output: vec![value("sum", FLOAT, &[])],
+        ..Default::default()
     })
 }
 
@@ -307,6 +322,7 @@ pub fn slow_rows(width: i64, steps: usize) -> Vec<u8> {
         initializer: vec![spread, square, axes],
         input: vec![value("x", FLOAT, &[None, Some(1)])],
         output: vec![value("sum", FLOAT, &[None, Some(1)])],
+        ..Default::default()
     })
 }
 
@@ -319,6 +335,7 @@ pub fn reshapes_on_request() -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![value("x", FLOAT, &[Some(4)]), value("s", INT64, &[Some(2)])],
         output: vec![value("y", FLOAT, &[None, None])],
+        ..Default::default()
     })
 }
 
@@ -331,6 +348,7 @@ pub fn passes_through() -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![value("x", FLOAT, &[Some(4)]), value("s", INT64, &[Some(2)])],
         output: vec![value("y", FLOAT, &[Some(4)])],
+        ..Default::default()
     })
 }
 
@@ -344,6 +362,7 @@ pub fn weights_lookup(fill: f32, len: usize) -> Vec<u8> {
         initializer: vec![lookup_weights(fill, len)],
         input: vec![value("i", INT64, &[Some(1)])],
         output: vec![value("y", FLOAT, &[Some(1)])],
+        ..Default::default()
     })
 }
 
@@ -358,6 +377,7 @@ pub fn rows_lookup(len: usize) -> Vec<u8> {
         initializer: vec![tensor("w", FLOAT, &[len as i64], weights)],
         input: vec![value("i", INT64, &[None, Some(1)])],
         output: vec![value("y", FLOAT, &[None, Some(1)])],
+        ..Default::default()
     })
 }
 
@@ -388,6 +408,7 @@ pub fn slow_weights_lookup(fill: f32, len: usize, size: i64, steps: usize) -> Ve
         initializer: [slow.initializer, vec![lookup_weights(fill, len)]].concat(),
         input: [slow.input, vec![value("i", INT64, &[Some(1)])]].concat(),
         output: [slow.output, vec![value("y", FLOAT, &[Some(1)])]].concat(),
+        ..Default::default()
     })
 }
 
@@ -407,6 +428,7 @@ pub fn passes_through_named(input: &str, output: &str) -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![value(input, FLOAT, &[None, Some(4)])],
         output: vec![value(output, FLOAT, &[None, Some(4)])],
+        ..Default::default()
     })
 }
 
@@ -431,6 +453,7 @@ pub fn computes_from_constants(size: i64, steps: usize) -> Vec<u8> {
         initializer: vec![shape],
         input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
         output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
     })
 }
 
@@ -444,36 +467,10 @@ pub struct SparseTensorProto {
     pub dims: Vec<i64>,
 }
 
-/// [`GraphProto`] with sparse initializers.
-#[derive(Clone, PartialEq, Message)]
-pub struct SparseGraphProto {
-    #[prost(message, repeated, tag = "1")]
-    pub node: Vec<NodeProto>,
-    #[prost(string, tag = "2")]
-    pub name: String,
-    #[prost(message, repeated, tag = "11")]
-    pub input: Vec<ValueInfoProto>,
-    #[prost(message, repeated, tag = "12")]
-    pub output: Vec<ValueInfoProto>,
-    #[prost(message, repeated, tag = "15")]
-    pub sparse_initializer: Vec<SparseTensorProto>,
-}
-
-/// [`ModelProto`] of a [`SparseGraphProto`].
-#[derive(Clone, PartialEq, Message)]
-pub struct SparseModelProto {
-    #[prost(int64, tag = "1")]
-    pub ir_version: i64,
-    #[prost(message, optional, tag = "7")]
-    pub graph: Option<SparseGraphProto>,
-    #[prost(message, repeated, tag = "8")]
-    pub opset_import: Vec<OperatorSetIdProto>,
-}
-
 /// A model of a few hundred bytes whose sparse initializer `big` is `len` floats once dense, one
 /// of them 1: `sum` (FP32 [1, 1]) is `big`'s sum plus `x` (FP32 [1, 1]).
 pub fn sparse_of_dense_len(len: i64) -> Vec<u8> {
-    let graph = SparseGraphProto {
+    model(GraphProto {
         node: vec![
             node("ReduceSum", &["big"], &["total"], vec![int_attribute("keepdims", 0)]),
             node("Add", &["total", "x"], &["sum"], Vec::new()),
@@ -486,28 +483,8 @@ pub fn sparse_of_dense_len(len: i64) -> Vec<u8> {
             indices: Some(tensor("big_indices", INT64, &[1], 0i64.to_le_bytes().to_vec())),
             dims: vec![len],
         }],
-    };
-    SparseModelProto {
-        ir_version: 8,
-        graph: Some(graph),
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
-    }
-    .encode_to_vec()
-}
-
-/// [`NodeProto`] with an operator domain (a model-local function's).
-#[derive(Clone, PartialEq, Message)]
-pub struct DomainNodeProto {
-    #[prost(string, repeated, tag = "1")]
-    pub input: Vec<String>,
-    #[prost(string, repeated, tag = "2")]
-    pub output: Vec<String>,
-    #[prost(string, tag = "3")]
-    pub name: String,
-    #[prost(string, tag = "4")]
-    pub op_type: String,
-    #[prost(string, tag = "7")]
-    pub domain: String,
+        ..Default::default()
+    })
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -519,85 +496,51 @@ pub struct FunctionProto {
     #[prost(string, repeated, tag = "5")]
     pub output: Vec<String>,
     #[prost(message, repeated, tag = "7")]
-    pub node: Vec<DomainNodeProto>,
+    pub node: Vec<NodeProto>,
     #[prost(message, repeated, tag = "9")]
     pub opset_import: Vec<OperatorSetIdProto>,
     #[prost(string, tag = "10")]
     pub domain: String,
 }
 
-/// [`GraphProto`] of [`DomainNodeProto`]s.
-#[derive(Clone, PartialEq, Message)]
-pub struct FnGraphProto {
-    #[prost(message, repeated, tag = "1")]
-    pub node: Vec<DomainNodeProto>,
-    #[prost(string, tag = "2")]
-    pub name: String,
-    #[prost(message, repeated, tag = "11")]
-    pub input: Vec<ValueInfoProto>,
-    #[prost(message, repeated, tag = "12")]
-    pub output: Vec<ValueInfoProto>,
-}
-
-/// [`ModelProto`] with model-local functions.
-#[derive(Clone, PartialEq, Message)]
-pub struct FnModelProto {
-    #[prost(int64, tag = "1")]
-    pub ir_version: i64,
-    #[prost(message, optional, tag = "7")]
-    pub graph: Option<FnGraphProto>,
-    #[prost(message, repeated, tag = "8")]
-    pub opset_import: Vec<OperatorSetIdProto>,
-    #[prost(message, repeated, tag = "25")]
-    pub functions: Vec<FunctionProto>,
-}
-
 /// A model of about a kilobyte whose graph calls model-local function `f0` on `x` (FP32
 /// [1, 1]) into `sum`: `f0` calls `f1` twice in a row, and so on, `f{depth - 1}` is `Add(x, x)`;
 /// 2^depth - 1 calls and 2^(depth - 1) nodes once inlined.
 pub fn nested_functions(depth: usize) -> Vec<u8> {
-    let call = |op: &str, input: &str, output: &str, domain: &str| DomainNodeProto {
-        input: vec![input.into()],
-        output: vec![output.into()],
-        name: String::new(),
-        op_type: op.into(),
-        domain: domain.into(),
+    let call = |function: &str, input: &str, output: &str| NodeProto {
+        domain: "local".into(),
+        ..node(function, &[input], &[output], Vec::new())
     };
     let opsets = vec![
         OperatorSetIdProto { domain: String::new(), version: 17 },
         OperatorSetIdProto { domain: "local".into(), version: 1 },
     ];
-    let mut functions = Vec::new();
-    for level in 0..depth {
-        let node = if level + 1 == depth {
-            vec![DomainNodeProto {
-                input: vec!["x".into(), "x".into()],
-                output: vec!["y".into()],
-                name: String::new(),
-                op_type: "Add".into(),
-                domain: String::new(),
-            }]
-        } else {
-            let next = format!("f{}", level + 1);
-            vec![call(&next, "x", "h", "local"), call(&next, "h", "y", "local")]
-        };
-        functions.push(FunctionProto {
+    let functions = (0..depth)
+        .map(|level| FunctionProto {
             name: format!("f{level}"),
             input: vec!["x".into()],
             output: vec!["y".into()],
-            node,
+            node: match level + 1 == depth {
+                true => vec![node("Add", &["x", "x"], &["y"], Vec::new())],
+                false => {
+                    let next = format!("f{}", level + 1);
+                    vec![call(&next, "x", "h"), call(&next, "h", "y")]
+                }
+            },
             opset_import: opsets.clone(),
             domain: "local".into(),
-        });
-    }
-    FnModelProto {
+        })
+        .collect();
+    let graph = GraphProto {
+        node: vec![call("f0", "x", "sum")],
+        name: "nested".into(),
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
+    };
+    ModelProto {
         ir_version: 8,
-        graph: Some(FnGraphProto {
-            node: vec![call("f0", "x", "sum", "local")],
-            name: "nested".into(),
-            input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
-            output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
-        }),
+        graph: Some(graph),
         opset_import: opsets,
         functions,
     }
@@ -618,5 +561,6 @@ pub fn add_chain(n: usize) -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
         output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
     })
 }

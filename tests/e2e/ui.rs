@@ -139,6 +139,7 @@ async fn a_tenants_own_names_reach_the_page_as_text_never_as_markup() {
             initializer: Vec::new(),
             input: vec![value(MARKUP, FLOAT, &[None, Some(2)])],
             output: vec![value(&output, FLOAT, &[None, Some(2)])],
+            ..Default::default()
         }),
     )
     .expect("the model");
