@@ -538,13 +538,7 @@ pub fn nested_functions(depth: usize) -> Vec<u8> {
         output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
         ..Default::default()
     };
-    ModelProto {
-        ir_version: 8,
-        graph: Some(graph),
-        opset_import: opsets,
-        functions,
-    }
-    .encode_to_vec()
+    ModelProto { ir_version: 8, graph: Some(graph), opset_import: opsets, functions }.encode_to_vec()
 }
 
 /// A chain of `n` `Add(a, a)` nodes from `x` (FP32 [1, 1]) to `sum`: about 40 bytes a node.
