@@ -100,8 +100,6 @@ async fn an_alternating_tenant_splits_the_others_report_into_periods_without_and
 #[ignore = "a measurement: run with --ignored"]
 async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::time::{Duration, Instant};
 
     let setting = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
     let (models, size, victim_size) = (setting("HOG_MODELS", 8), setting("HOG_SIZE", 384), setting("VICTIM_SIZE", 0));
@@ -135,32 +133,47 @@ async fn heavy_models_of_one_tenant_beside_anothers_light_one() {
     }
     let victim_run = || victim_calls(&server, (victim_model, "key-victim"), &row, 300);
     let alone = victim_run().await;
+    let body = serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.001] }] });
+    let (beside, rate) = beside_the_hog(&server, (models, clients), &body, victim_run()).await;
+    println!(
+        "| {models} ({size}) | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {rate:.0} |",
+        alone.0, alone.1, beside.0, beside.1
+    );
+}
+
+/// `victim` run while the hog tenant's `clients` call its `hog-0` .. `hog-{models - 1}` with
+/// `body` in closed loops (from 2 s before): what `victim` gave, and the hog's requests
+/// answered a second meanwhile.
+async fn beside_the_hog<T>(
+    server: &std::sync::Arc<Server>,
+    (models, clients): (usize, usize),
+    body: &serde_json::Value,
+    victim: impl Future<Output = T>,
+) -> (T, f64) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let (stop, served) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
     let hogs: Vec<_> = (0..clients)
-        .map(|task| {
-            let (server, stop, served) = (server.clone(), stop.clone(), served.clone());
+        .map(|client| {
+            let (server, stop, served, body) = (server.clone(), stop.clone(), served.clone(), body.clone());
             tokio::spawn(async move {
-                let body = serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.001] }] });
                 while !stop.load(Ordering::Relaxed) {
-                    if server.infer(&format!("hog-{}", task % models), "key-hog", &body).await.0 == 200 {
+                    if server.infer(&format!("hog-{}", client % models), "key-hog", &body).await.0 == 200 {
                         served.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (before, started) = (served.load(Ordering::Relaxed), Instant::now());
-    let beside = victim_run().await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let (before, started) = (served.load(Ordering::Relaxed), std::time::Instant::now());
+    let beside = victim.await;
     let rate = (served.load(Ordering::Relaxed) - before) as f64 / started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     for hog in hogs {
         hog.await.expect("a hog client");
     }
-    println!(
-        "| {models} ({size}) | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {rate:.0} |",
-        alone.0, alone.1, beside.0, beside.1
-    );
+    (beside, rate)
 }
 
 /// `calls` calls of `model` with `key`, one at a time and 5 ms apart: their p50 and p99 (ms).
@@ -193,8 +206,6 @@ async fn victim_calls(
 #[ignore = "a measurement: run with --ignored"]
 async fn webgpu_turns_of_one_tenants_models_beside_anothers() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    use std::time::{Duration, Instant};
 
     let models = std::env::var("HOG_MODELS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
     let (flags, env) = software_webgpu();
@@ -219,27 +230,8 @@ async fn webgpu_turns_of_one_tenants_models_beside_anothers() {
     let alone = victim_calls(&server, ("own", "key-victim"), &body, 300).await;
     let run_ms = 1000.0 * server.metric("sluice_compute_seconds_sum{backend=\"onnxruntime\",model=\"own\"}").await
         / server.metric("sluice_compute_seconds_count{backend=\"onnxruntime\",model=\"own\"}").await;
-    let (stop, served) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-    let hogs: Vec<_> = (0..2 * models)
-        .map(|client| {
-            let (server, stop, served, body) = (server.clone(), stop.clone(), served.clone(), body.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    if server.infer(&format!("hog-{}", client % models), "key-hog", &body).await.0 == 200 {
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (before, started) = (served.load(Ordering::Relaxed), Instant::now());
-    let beside = victim_calls(&server, ("own", "key-victim"), &body, 300).await;
-    let rate = (served.load(Ordering::Relaxed) - before) as f64 / started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for hog in hogs {
-        hog.await.expect("a hog client");
-    }
+    let victim = victim_calls(&server, ("own", "key-victim"), &body, 300);
+    let (beside, rate) = beside_the_hog(&server, (models, 2 * models), &body, victim).await;
     println!(
         "| {models} | {run_ms:.2} ms | {:.2} / {:.2} ms | {:.2} / {:.2} ms | {rate:.0} |",
         alone.0, alone.1, beside.0, beside.1

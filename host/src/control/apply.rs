@@ -428,8 +428,9 @@ async fn load_model(
         false => ControlError::Unavailable(format!("model '{name}' cannot be loaded now: {full}")),
     };
     // Counted as the engine will hold them, sparse tensors dense, before any engine sees them.
-    let weights = crate::nn::onnx::loaded_bytes(&bytes)
-        .map_err(|e| ControlError::Invalid(format!("not a usable model: model '{name}': {e}")))?;
+    let weights = crate::nn::onnx::inspect(&bytes)
+        .map_err(|e| ControlError::Invalid(format!("not a usable model: model '{name}': {e}")))?
+        .loaded_bytes();
     tenant.models.room_to_load(weights).await.map_err(cap_full)?;
     let spec = ModelSpec {
         name: name.clone(),

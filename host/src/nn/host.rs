@@ -360,11 +360,13 @@ impl graph::Host for NnView<'_> {
                 format!("graph of {} bytes exceeds the tenant's limit of {} bytes", bytes.len(), raw.max_bytes);
             return self.error(errors::ErrorCode::TooLarge, message);
         }
-        if let Err(refused) = super::onnx::check_tenant_model(bytes) {
-            return self.error(errors::ErrorCode::InvalidEncoding, refused.to_string());
-        }
+        let checked = super::onnx::inspect(bytes).and_then(|inspection| inspection.check_tenant().map(|()| inspection));
+        let inspection = match checked {
+            Ok(inspection) => inspection,
+            Err(refused) => return self.error(errors::ErrorCode::InvalidEncoding, refused.to_string()),
+        };
         // Its sparse tensors count as the engine will hold them, dense.
-        let loaded = super::onnx::loaded_bytes(bytes).unwrap_or(u64::MAX);
+        let loaded = inspection.loaded_bytes();
         if loaded > raw.max_bytes as u64 {
             let message = format!(
                 "graph of {} bytes takes {loaded} once its sparse tensors are dense, past the tenant's limit of {}                  bytes",

@@ -18,9 +18,7 @@ use super::backend::{
 use super::breaker::{Breakers, Outcome};
 use super::device::{Device, NoRoom, Reservation, mib};
 use super::devices::{Devices, Footprints, Placed, PlacementError, estimates, measured, reserve_all, scale_up_room};
-use super::onnx::{
-    OnnxError, check_external_data_within, check_self_contained, check_tenant_model, loaded_bytes, shorten,
-};
+use super::onnx::{OnnxError, check_external_data_within, check_self_contained, inspect, shorten};
 use super::pinning::{PinnedGraph, on_pinned_thread};
 use super::scheduler::autoscale::AutoscaleSettings;
 use super::scheduler::padding::PaddingRule;
@@ -383,9 +381,10 @@ impl ModelStore {
             };
         // Weights never make an engine open a file, except an operator's beside the model.
         let refused = |reason| ModelLoadError::Refused { model: spec.name.to_string(), reason };
+        let inspection = inspect(&spec.bytes).map_err(refused)?;
         let model_file = match spec.origin {
             ModelOrigin::Upload => {
-                check_tenant_model(&spec.bytes).map_err(refused)?;
+                inspection.check_tenant().map_err(refused)?;
                 None
             }
             ModelOrigin::Manifest => {
@@ -394,7 +393,7 @@ impl ModelStore {
         };
         let author = author_of(spec.origin);
         // What the engine holds of the weights as it loads, sparse tensors dense.
-        let weights = loaded_bytes(&spec.bytes).map_err(refused)?;
+        let weights = inspection.loaded_bytes();
         let mut reasons = Vec::new();
         for backend in candidates {
             let placed = defaults

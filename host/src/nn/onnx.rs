@@ -84,18 +84,44 @@ pub fn file_references(onnx: &[u8]) -> Result<Vec<FileReference>, OnnxError> {
     walk(onnx).map(|found| found.references)
 }
 
-/// The bytes an engine holds for the model as it loads: its own, what its sparse tensors take
-/// once dense, and [`NODE_BYTES`] for each node it builds, model-local functions inlined. A
-/// sparse tensor names its dense shape and the few values set: ONNX Runtime makes it dense at
-/// load, so 206 bytes asking for 2^28 floats grew the server by 3 GiB before its memory was
-/// measured (e2e `resources::a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it`).
-/// A function whose body calls another twice, sixteen deep, is 1,256 bytes and 32,768 nodes
-/// once inlined, as ONNX Runtime does at load: 80 s of CPU (`resources::nested_functions_count_as_the_nodes_they_expand_to`).
-pub fn loaded_bytes(onnx: &[u8]) -> Result<u64, OnnxError> {
+/// What a model asks of the engine that loads it, read in one pass before any engine sees it.
+pub struct Inspection {
+    bytes: u64,
+    found: Found,
+    expanded: Expanded,
+}
+
+/// Read the model (its tensors, graphs and functions; not its weights' data).
+pub fn inspect(onnx: &[u8]) -> Result<Inspection, OnnxError> {
     let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
-    let found = walk_model(&model);
-    let nodes = expand(&model).nodes.saturating_mul(NODE_BYTES);
-    Ok((onnx.len() as u64).saturating_add(found.sparse_dense_bytes).saturating_add(nodes))
+    Ok(Inspection { bytes: onnx.len() as u64, found: walk_model(&model), expanded: expand(&model) })
+}
+
+impl Inspection {
+    /// The bytes an engine holds for the model as it loads: its own, what its sparse tensors
+    /// take once dense, and [`NODE_BYTES`] for each node it builds, model-local functions
+    /// inlined. A sparse tensor names its dense shape and the few values set: ONNX Runtime makes
+    /// it dense at load, so 206 bytes asking for 2^28 floats grew the server by 3 GiB before its
+    /// memory was measured (e2e `resources::a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it`).
+    /// A function whose body calls another twice, sixteen deep, is 1,256 bytes and 32,768 nodes
+    /// once inlined, as ONNX Runtime does at load: 80 s of CPU (`resources::nested_functions_count_as_the_nodes_they_expand_to`).
+    pub fn loaded_bytes(&self) -> u64 {
+        let nodes = self.expanded.nodes.saturating_mul(NODE_BYTES);
+        self.bytes.saturating_add(self.found.sparse_dense_bytes).saturating_add(nodes)
+    }
+
+    /// Refuse a model a tenant uploads or a guest loads from bytes that names any file, or
+    /// whose local functions expand to more than [`MAX_TENANT_FUNCTION_CALLS`] calls.
+    pub fn check_tenant(&self) -> Result<(), OnnxError> {
+        if let Some(reference) = self.found.references.first() {
+            return Err(OnnxError::ExternalData { owner: shorten(&reference.owner) });
+        }
+        let calls = self.expanded.calls;
+        match calls > MAX_TENANT_FUNCTION_CALLS {
+            true => Err(OnnxError::TooManyFunctionCalls { calls, limit: MAX_TENANT_FUNCTION_CALLS }),
+            false => Ok(()),
+        }
+    }
 }
 
 /// What ONNX Runtime holds for a node of a loaded graph, about (its node, value and kernel
@@ -155,18 +181,6 @@ impl<'a> Expansions<'a> {
         };
         let graphs = node.attributes.iter().flat_map(|attribute| attribute.graph.iter().chain(&attribute.graphs));
         graphs.fold(itself, |sum, graph| sum.add(self.nodes(&graph.nodes)))
-    }
-}
-
-/// Refuse a model a tenant uploads or a guest loads from bytes that names any file, or whose
-/// local functions expand to more than [`MAX_TENANT_FUNCTION_CALLS`] calls.
-pub fn check_tenant_model(onnx: &[u8]) -> Result<(), OnnxError> {
-    check_self_contained(onnx)?;
-    let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
-    let calls = expand(&model).calls;
-    match calls > MAX_TENANT_FUNCTION_CALLS {
-        true => Err(OnnxError::TooManyFunctionCalls { calls, limit: MAX_TENANT_FUNCTION_CALLS }),
-        false => Ok(()),
     }
 }
 
@@ -397,6 +411,14 @@ impl TensorProto {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn loaded_bytes(onnx: &[u8]) -> Result<u64, OnnxError> {
+        inspect(onnx).map(|inspection| inspection.loaded_bytes())
+    }
+
+    fn check_tenant_model(onnx: &[u8]) -> Result<(), OnnxError> {
+        inspect(onnx)?.check_tenant()
+    }
 
     fn entry(key: &str, value: &str) -> StringStringEntryProto {
         StringStringEntryProto { key: key.as_bytes().to_vec(), value: value.as_bytes().to_vec() }
