@@ -9,6 +9,7 @@ use prost::Message;
 pub const FLOAT: i32 = 1;
 pub const UINT8: i32 = 2;
 pub const INT64: i32 = 7;
+pub const STRING: i32 = 8;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct ModelProto {
@@ -83,6 +84,8 @@ pub struct TensorProto {
     pub dims: Vec<i64>,
     #[prost(int32, tag = "2")]
     pub data_type: i32,
+    #[prost(bytes = "vec", repeated, tag = "6")]
+    pub string_data: Vec<Vec<u8>>,
     #[prost(string, tag = "8")]
     pub name: String,
     #[prost(bytes = "vec", tag = "9")]
@@ -173,18 +176,24 @@ pub fn external_tensor(name: &str, elem_type: i32, dims: &[i64], location: &str,
         dims: dims.to_vec(),
         data_type: elem_type,
         name: name.into(),
-        raw_data: Vec::new(),
         external_data: vec![entry("location", location.into()), entry("length", length.to_string())],
         data_location: Some(1),
+        ..Default::default()
     }
 }
 
 /// A model of one graph at opset 17.
 pub fn model(graph: GraphProto) -> Vec<u8> {
+    model_at(graph, 17)
+}
+
+/// A model of one graph at ONNX's `opset`.
+pub fn model_at(graph: GraphProto, opset: i64) -> Vec<u8> {
+    // Opsets 19 and 20 came with the IR's version 9.
     ModelProto {
-        ir_version: 8,
+        ir_version: if opset > 18 { 9 } else { 8 },
         graph: Some(graph),
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: opset }],
         functions: Vec::new(),
     }
     .encode_to_vec()
@@ -213,14 +222,7 @@ pub fn reads_file(location: &str, length: usize, as_constant: bool) -> Vec<u8> {
 
 /// A tensor with its bytes inline.
 pub fn tensor(name: &str, elem_type: i32, dims: &[i64], raw_data: Vec<u8>) -> TensorProto {
-    TensorProto {
-        dims: dims.to_vec(),
-        data_type: elem_type,
-        name: name.into(),
-        raw_data,
-        external_data: Vec::new(),
-        data_location: None,
-    }
+    TensorProto { dims: dims.to_vec(), data_type: elem_type, name: name.into(), raw_data, ..Default::default() }
 }
 
 fn int_attribute(name: &str, value: i64) -> AttributeProto {
@@ -555,6 +557,60 @@ pub fn add_chain(n: usize) -> Vec<u8> {
         initializer: Vec::new(),
         input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
         output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
+    })
+}
+
+/// A string that doubles `doublings` times as the graph runs (`StringConcat` of itself, opset
+/// 20) from a one-letter constant: input `x` and output `y` (INT64 [1]), `y` = `x` + 1 (the
+/// last string tensor's length). Its 2^doublings bytes are the string's contents, which ONNX
+/// Runtime keeps in the process's heap, not in its arena.
+pub fn doubling_string(doublings: usize) -> Vec<u8> {
+    let letter =
+        TensorProto { dims: vec![1], data_type: STRING, string_data: vec![b"a".to_vec()], ..Default::default() };
+    let constant = AttributeProto { name: "value".into(), t: Some(letter), r#type: 4, ..Default::default() };
+    let mut nodes = vec![node("Constant", &[], &["s0"], vec![constant])];
+    for step in 1..=doublings {
+        let (previous, next) = (format!("s{}", step - 1), format!("s{step}"));
+        nodes.push(node("StringConcat", &[&previous, &previous], &[&next], Vec::new()));
+    }
+    nodes.push(node("Shape", &[&format!("s{doublings}")], &["length"], Vec::new()));
+    nodes.push(node("Add", &["length", "x"], &["y"], Vec::new()));
+    model_at(
+        GraphProto {
+            node: nodes,
+            name: "doubling-string".into(),
+            input: vec![value("x", INT64, &[Some(1)])],
+            output: vec![value("y", INT64, &[Some(1)])],
+            ..Default::default()
+        },
+        20,
+    )
+}
+
+/// A sequence of `n` empty tensors (`SplitToSequence` of an empty tensor into `n` pieces of
+/// none): input `n` (INT64 [1]), output `count` (INT64 scalar, `n`). Each piece is an object in
+/// the process's heap and nothing in ONNX Runtime's arena, which counts only the `n` sizes.
+pub fn sequence_of_empty_tensors() -> Vec<u8> {
+    let zero = |elem_type: i32| {
+        let bytes = match elem_type {
+            FLOAT => 0f32.to_le_bytes().to_vec(),
+            _ => 0i64.to_le_bytes().to_vec(),
+        };
+        let value = tensor("value", elem_type, &[1], bytes);
+        vec![AttributeProto { name: "value".into(), t: Some(value), r#type: 4, ..Default::default() }]
+    };
+    model(GraphProto {
+        node: vec![
+            node("ConstantOfShape", &["n"], &["sizes"], zero(INT64)),
+            node("ConstantOfShape", &["none"], &["empty"], zero(FLOAT)),
+            node("SplitToSequence", &["empty", "sizes"], &["pieces"], Vec::new()),
+            node("SequenceLength", &["pieces"], &["count"], Vec::new()),
+        ],
+        name: "sequence-of-empty-tensors".into(),
+        initializer: vec![tensor("none", INT64, &[1], 0i64.to_le_bytes().to_vec())],
+        input: vec![value("n", INT64, &[Some(1)])],
+        output: vec![value("count", INT64, &[])],
         ..Default::default()
     })
 }

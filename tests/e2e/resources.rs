@@ -326,6 +326,44 @@ async fn nested_functions_count_as_the_nodes_they_expand_to() {
 }
 
 #[tokio::test]
+async fn a_tenants_graph_may_not_make_strings_or_sequences_whose_contents_no_cap_sees() {
+    let tenants = tenants("allow_raw_model_load = true");
+    let server = Server::start(tenants.path(), &["--run-memory", "64MiB"]);
+    // ONNX Runtime's arena, capped at 64 MiB, counts 32 bytes a string and nothing of an empty
+    // tensor. 1,460 bytes doubling a one-letter string 27 times: one run grew the server by
+    // 280 MiB (thirty doublings: by 2 GiB, and each one more twice as much). A split of an empty
+    // tensor into n pieces (the arena holds the n sizes): a million grew it by 249 MiB, seven
+    // million by 1.7 GiB before the caller's deadline of 2 s.
+    let models = [
+        ("strings", onnx::doubling_string(27), "(node 'Constant_s0' (Constant))"),
+        ("pieces", onnx::sequence_of_empty_tensors(), "(node 'SplitToSequence_pieces' (SplitToSequence))"),
+    ];
+    for (name, model, culprit) in models {
+        let path = format!("/control/v1/models/{name}");
+        let ((code, body), grown) = server.peak_growth(server.send(Method::PUT, &path, EVIL, model.clone())).await;
+        assert_eq!(code, 400, "{name}: {body}");
+        let message = error_message(&body);
+        assert!(message.contains(&format!("the model makes strings, sequences or maps {culprit}")), "{message}");
+        assert!(message.contains("may compute only tensors of numbers"), "{message}");
+        assert!(grown < 50 << 20, "{name}: the server grew by {} MiB", grown >> 20);
+        let (code, body) = server.get(&format!("/v2/models/{name}/ready"), Some(EVIL)).await;
+        assert_eq!(code, 404, "{name}: {body}");
+        // Through a guest's raw load, the same.
+        let request = json!({
+            "inputs": [{ "name": "graph", "shape": [model.len()], "datatype": "UINT8", "data": model }],
+            "parameters": { "mode": "load-bytes" },
+        });
+        let (status, body) = server.infer("hostile", EVIL, &request).await;
+        assert_eq!(status, 500, "{name}: {body}");
+        assert!(
+            error_message(&body).contains(&format!("the model makes strings, sequences or maps {culprit}")),
+            "{body}"
+        );
+    }
+    victim_served(&server).await;
+}
+
+#[tokio::test]
 async fn what_a_guest_makes_the_host_hold_counts_against_its_memory() {
     let tenants = tenants("guest_memory_mib = 32");
     let server = Server::start(tenants.path(), &[]);

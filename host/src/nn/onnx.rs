@@ -44,6 +44,12 @@ pub enum OnnxError {
          (the engine inlines each as it loads)"
     )]
     TooManyFunctionCalls { calls: u64, limit: u64 },
+    #[error(
+        "the model makes strings, sequences or maps ({owner}); a tenant's model may compute only tensors of \
+         numbers (the engine holds a string's contents and a sequence's or map's elements outside the memory \
+         that model runs may hold)"
+    )]
+    NotNumbers { owner: String },
 }
 
 /// Calls of model-local functions a tenant's model may make once expanded. ONNX Runtime inlines
@@ -58,6 +64,8 @@ struct Found {
     references: Vec<FileReference>,
     /// What its sparse tensors take once dense, as an engine makes them at load.
     sparse_dense_bytes: u64,
+    /// The first tensor or node that makes strings, sequences or maps.
+    not_numbers: Option<String>,
 }
 
 fn walk(onnx: &[u8]) -> Result<Found, OnnxError> {
@@ -110,11 +118,20 @@ impl Inspection {
         self.bytes.saturating_add(self.found.sparse_dense_bytes).saturating_add(nodes)
     }
 
-    /// Refuse a model a tenant uploads or a guest loads from bytes that names any file, or
-    /// whose local functions expand to more than [`MAX_TENANT_FUNCTION_CALLS`] calls.
+    /// Refuse a model a tenant uploads or a guest loads from bytes that names any file, makes
+    /// strings, sequences or maps, or whose local functions expand to more than
+    /// [`MAX_TENANT_FUNCTION_CALLS`] calls. ONNX Runtime keeps a string's contents and a
+    /// sequence's elements in the process's heap, outside its capped arena (`--run-memory`, which
+    /// sees 32 bytes a string and nothing of an empty tensor): under a 64 MiB cap, a 1,607-byte
+    /// graph doubling a one-letter string thirty times grew the server by 2 GiB in one run, and a
+    /// split of an empty tensor into a million pieces by 249 MiB (e2e
+    /// `resources::a_tenants_graph_may_not_make_strings_or_sequences_whose_contents_no_cap_sees`).
     pub fn check_tenant(&self) -> Result<(), OnnxError> {
         if let Some(reference) = self.found.references.first() {
             return Err(OnnxError::ExternalData { owner: shorten(&reference.owner) });
+        }
+        if let Some(owner) = &self.found.not_numbers {
+            return Err(OnnxError::NotNumbers { owner: owner.clone() });
         }
         let calls = self.expanded.calls;
         match calls > MAX_TENANT_FUNCTION_CALLS {
@@ -230,6 +247,10 @@ pub fn shorten(name: &str) -> String {
 
 /// `TensorProto.DataLocation.EXTERNAL`.
 const EXTERNAL: i32 = 1;
+/// `TensorProto.DataType.STRING`.
+const STRING: i32 = 8;
+/// The operators that make a sequence or a map out of tensors.
+const COLLECTION_MAKERS: [&[u8]; 4] = [b"SequenceConstruct", b"SequenceEmpty", b"SplitToSequence", b"ZipMap"];
 /// The operator that runs a precompiled blob, which it may name as a file.
 const EP_CONTEXT: &str = "EPContext";
 
@@ -278,6 +299,12 @@ struct NodeProto {
 
 #[derive(Clone, PartialEq, Message)]
 struct AttributeProto {
+    #[prost(bytes = "vec", tag = "1")]
+    name: Vec<u8>,
+    #[prost(int64, optional, tag = "3")]
+    i: Option<i64>,
+    #[prost(bytes = "vec", optional, tag = "4")]
+    s: Option<Vec<u8>>,
     #[prost(message, optional, tag = "5")]
     tensor: Option<TensorProto>,
     #[prost(message, optional, tag = "6")]
@@ -290,6 +317,9 @@ struct AttributeProto {
     sparse_tensor: Option<SparseTensorProto>,
     #[prost(message, repeated, tag = "23")]
     sparse_tensors: Vec<SparseTensorProto>,
+    /// Inside a function: the caller's attribute this one takes its value from.
+    #[prost(bytes = "vec", tag = "21")]
+    ref_attr_name: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -351,7 +381,42 @@ impl NodeProto {
             let owner = format!("{} ({EP_CONTEXT})", String::from_utf8_lossy(&self.name));
             found.references.push(FileReference { owner, location: String::new() });
         }
+        if found.not_numbers.is_none() && self.makes_non_numbers() {
+            let op_type = String::from_utf8_lossy(&self.op_type);
+            found.not_numbers =
+                Some(format!("node '{}' ({})", shorten(&String::from_utf8_lossy(&self.name)), shorten(&op_type)));
+        }
         self.attributes.iter().for_each(|attribute| attribute.collect(found));
+    }
+
+    /// Whether it makes strings, sequences or maps from tensors of numbers: a sequence or map
+    /// maker, a cast to strings (or to a type its function's caller picks), a constant or label
+    /// given as text or as a tensor of strings. Every other way to one starts from such a node
+    /// or from an initializer of strings (`TensorProto::collect`).
+    fn makes_non_numbers(&self) -> bool {
+        if COLLECTION_MAKERS.contains(&self.op_type.as_slice()) {
+            return true;
+        }
+        let cast_to = |name: &[u8], is_string: &dyn Fn(&AttributeProto) -> bool| {
+            self.attributes
+                .iter()
+                .filter(|attribute| attribute.name == name)
+                .any(|attribute| !attribute.ref_attr_name.is_empty() || is_string(attribute))
+        };
+        let named_as_text = |attribute: &AttributeProto| {
+            // `Constant`'s `value_string(s)`; the ML operators' `classlabels_strings`,
+            // `cats_strings`, `keys_strings`, `values_strings`, `default_string`.
+            attribute.name.ends_with(b"_string") || attribute.name.ends_with(b"_strings")
+        };
+        let holds_strings = |attribute: &AttributeProto| {
+            let sparse_values = attribute.sparse_tensor.iter().chain(&attribute.sparse_tensors).flat_map(|s| &s.values);
+            attribute.tensor.iter().chain(&attribute.tensors).chain(sparse_values).any(|t| t.data_type == Some(STRING))
+        };
+        match self.op_type.as_slice() {
+            b"Cast" => cast_to(b"to", &|attribute| attribute.i == Some(STRING.into())),
+            b"CastMap" => cast_to(b"cast_to", &|attribute| attribute.s.as_deref() == Some(b"TO_STRING")),
+            _ => self.attributes.iter().any(|attribute| named_as_text(attribute) || holds_strings(attribute)),
+        }
     }
 }
 
@@ -398,6 +463,9 @@ fn element_bytes(data_type: i32) -> u64 {
 
 impl TensorProto {
     fn collect(&self, found: &mut Found) {
+        if found.not_numbers.is_none() && self.data_type == Some(STRING) {
+            found.not_numbers = Some(format!("tensor '{}'", shorten(&String::from_utf8_lossy(&self.name))));
+        }
         if self.data_location == Some(EXTERNAL) || !self.external_data.is_empty() {
             let location = self.external_data.iter().find(|e| e.key == b"location");
             found.references.push(FileReference {
@@ -498,6 +566,80 @@ mod tests {
             .expect("the digits model");
         let nodes = ModelProto::decode(digits.as_slice()).expect("decodes").graph.expect("a graph").nodes.len() as u64;
         assert_eq!(loaded_bytes(&digits), Ok(digits.len() as u64 + nodes * NODE_BYTES), "no sparse tensor");
+    }
+
+    #[test]
+    fn a_tenants_model_may_not_make_strings_sequences_or_maps_wherever_they_start() {
+        let op = |op_type: &str, attributes: Vec<AttributeProto>| NodeProto {
+            domain: Vec::new(),
+            name: b"n".to_vec(),
+            op_type: op_type.as_bytes().to_vec(),
+            attributes,
+        };
+        let int = |name: &str, i: i64| AttributeProto { name: name.into(), i: Some(i), ..Default::default() };
+        let text = |name: &str, s: &str| AttributeProto { name: name.into(), s: Some(s.into()), ..Default::default() };
+        let strings = || TensorProto { data_type: Some(STRING), ..embedded("labels") };
+        let in_branch = |node: NodeProto| {
+            let branch = GraphProto { nodes: vec![node], ..Default::default() };
+            op("If", vec![AttributeProto { graph: Some(branch), ..Default::default() }])
+        };
+        let graph_of = |nodes: Vec<NodeProto>| model(GraphProto { nodes, ..Default::default() });
+        let sparse_strings = SparseTensorProto { values: Some(strings()), indices: None, dims: vec![4] };
+        let called = |body: NodeProto| {
+            ModelProto {
+                graph: Some(GraphProto { nodes: vec![op("F", vec![int("kind", 8)])], ..Default::default() }),
+                training_info: Vec::new(),
+                functions: vec![FunctionProto { nodes: vec![body], ..Default::default() }],
+            }
+            .encode_to_vec()
+        };
+        let cast_by_caller = op(
+            "Cast",
+            vec![AttributeProto { name: b"to".to_vec(), ref_attr_name: b"kind".to_vec(), ..Default::default() }],
+        );
+        let refused = [
+            ("a string initializer", model(GraphProto { initializers: vec![strings()], ..Default::default() })),
+            ("a sparse one", model(GraphProto { sparse_initializers: vec![sparse_strings], ..Default::default() })),
+            ("a constant of strings", graph_of(vec![constant(strings())])),
+            ("a constant given as text", graph_of(vec![op("Constant", vec![text("value_string", "a")])])),
+            ("a cast to strings in a branch", graph_of(vec![in_branch(op("Cast", vec![int("to", 8)]))])),
+            ("a cast to the caller's type", called(cast_by_caller)),
+            ("a map cast to strings", graph_of(vec![op("CastMap", vec![text("cast_to", "TO_STRING")])])),
+            ("labels given as text", graph_of(vec![op("LabelEncoder", vec![text("values_strings", "cat")])])),
+            ("a split into a sequence", graph_of(vec![in_branch(op("SplitToSequence", Vec::new()))])),
+            ("an empty sequence", called(op("SequenceEmpty", Vec::new()))),
+            ("a map of labels", graph_of(vec![op("ZipMap", vec![int("classlabels_int64s", 1)])])),
+        ];
+        for (what, onnx) in refused {
+            assert!(matches!(check_tenant_model(&onnx), Err(OnnxError::NotNumbers { .. })), "{what}");
+        }
+        let message =
+            check_tenant_model(&graph_of(vec![in_branch(op("Cast", vec![int("to", 8)]))])).expect_err("refused");
+        assert!(
+            message.to_string().starts_with("the model makes strings, sequences or maps (node 'n' (Cast))"),
+            "{message}"
+        );
+        let message = check_tenant_model(&graph_of(vec![constant(strings())])).expect_err("refused");
+        assert!(
+            message.to_string().starts_with("the model makes strings, sequences or maps (node 'c' (Constant))"),
+            "{message}"
+        );
+        // Numbers only: a cast to floats, a map cast to floats, labels as integers, an LSTM's
+        // activations named as text, a split into tensors.
+        let allowed = [
+            graph_of(vec![op("Cast", vec![int("to", 1)])]),
+            called(op("Cast", vec![int("to", 1)])),
+            graph_of(vec![op("CastMap", vec![text("cast_to", "TO_FLOAT")])]),
+            graph_of(vec![op("LabelEncoder", vec![int("values_int64s", 1)])]),
+            graph_of(vec![op("LSTM", vec![text("activations", "Tanh")])]),
+            graph_of(vec![op("Split", Vec::new())]),
+        ];
+        for onnx in allowed {
+            assert_eq!(check_tenant_model(&onnx), Ok(()));
+        }
+        let digits = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/digits/model/digits.onnx"))
+            .expect("the digits model");
+        assert_eq!(check_tenant_model(&digits), Ok(()));
     }
 
     #[test]
