@@ -614,3 +614,22 @@ pub fn sequence_of_empty_tensors() -> Vec<u8> {
         ..Default::default()
     })
 }
+
+/// `RoiAlign` of one region of an 8×8 image to one value, sampled as finely as the region is
+/// large (sampling_ratio 0): inputs `image` (FP32 [1, 1, 8, 8]) and `region` (FP32 [1, 4]: x1,
+/// y1, x2, y2), output `pooled` (FP32 [1, 1, 1, 1]).
+pub fn roi_align() -> Vec<u8> {
+    let int = |name: &str, value: i64| AttributeProto { name: name.into(), i: value, r#type: 2, ..Default::default() };
+    let attributes = vec![int("output_height", 1), int("output_width", 1), int("sampling_ratio", 0)];
+    model(GraphProto {
+        node: vec![node("RoiAlign", &["image", "region", "first"], &["pooled"], attributes)],
+        name: "roi-align".into(),
+        initializer: vec![tensor("first", INT64, &[1], 0i64.to_le_bytes().to_vec())],
+        input: vec![
+            value("image", FLOAT, &[Some(1), Some(1), Some(8), Some(8)]),
+            value("region", FLOAT, &[Some(1), Some(4)]),
+        ],
+        output: vec![value("pooled", FLOAT, &[Some(1), Some(1), Some(1), Some(1)])],
+        ..Default::default()
+    })
+}

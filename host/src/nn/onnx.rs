@@ -50,6 +50,11 @@ pub enum OnnxError {
          that model runs may hold)"
     )]
     NotNumbers { owner: String },
+    #[error(
+        "the model uses {owner}, whose working memory follows its inputs' values, outside the memory that model \
+         runs may hold; a tenant's model may not"
+    )]
+    UnboundedOperator { owner: String },
 }
 
 /// Calls of model-local functions a tenant's model may make once expanded. ONNX Runtime inlines
@@ -66,6 +71,8 @@ struct Found {
     sparse_dense_bytes: u64,
     /// The first tensor or node that makes strings, sequences or maps.
     not_numbers: Option<String>,
+    /// The first node of an operator in [`UNBOUNDED_OPERATORS`].
+    unbounded: Option<String>,
 }
 
 fn walk(onnx: &[u8]) -> Result<Found, OnnxError> {
@@ -119,19 +126,22 @@ impl Inspection {
     }
 
     /// Refuse a model a tenant uploads or a guest loads from bytes that names any file, makes
-    /// strings, sequences or maps, or whose local functions expand to more than
-    /// [`MAX_TENANT_FUNCTION_CALLS`] calls. ONNX Runtime keeps a string's contents and a
+    /// strings, sequences or maps, uses an operator of [`UNBOUNDED_OPERATORS`], or whose local
+    /// functions expand to more than [`MAX_TENANT_FUNCTION_CALLS`] calls. ONNX Runtime keeps a string's contents and a
     /// sequence's elements in the process's heap, outside its capped arena (`--run-memory`, which
     /// sees 32 bytes a string and nothing of an empty tensor): under a 64 MiB cap, a 1,607-byte
     /// graph doubling a one-letter string thirty times grew the server by 2 GiB in one run, and a
     /// split of an empty tensor into a million pieces by 249 MiB (e2e
-    /// `resources::a_tenants_graph_may_not_make_strings_or_sequences_whose_contents_no_cap_sees`).
+    /// `resources::a_tenants_graph_may_not_hold_memory_that_no_cap_sees`).
     pub fn check_tenant(&self) -> Result<(), OnnxError> {
         if let Some(reference) = self.found.references.first() {
             return Err(OnnxError::ExternalData { owner: shorten(&reference.owner) });
         }
         if let Some(owner) = &self.found.not_numbers {
             return Err(OnnxError::NotNumbers { owner: owner.clone() });
+        }
+        if let Some(owner) = &self.found.unbounded {
+            return Err(OnnxError::UnboundedOperator { owner: owner.clone() });
         }
         let calls = self.expanded.calls;
         match calls > MAX_TENANT_FUNCTION_CALLS {
@@ -249,6 +259,11 @@ pub fn shorten(name: &str) -> String {
 const EXTERNAL: i32 = 1;
 /// `TensorProto.DataType.STRING`.
 const STRING: i32 = 8;
+/// Operators whose working memory, outside ONNX Runtime's capped arena, follows the values of
+/// their inputs, not their sizes: `RoiAlign` samples each region on a grid as fine as the region
+/// is large (sampling_ratio 0) and precomputes every point of it, so a 196-byte graph given one
+/// 8000×8000 region of an 8×8 image grew a process by 2.9 GiB in 2 s (ONNX Runtime 1.32).
+const UNBOUNDED_OPERATORS: [&[u8]; 1] = [b"RoiAlign"];
 /// The operators that make a sequence or a map out of tensors.
 const COLLECTION_MAKERS: [&[u8]; 4] = [b"SequenceConstruct", b"SequenceEmpty", b"SplitToSequence", b"ZipMap"];
 /// The operator that runs a precompiled blob, which it may name as a file.
@@ -382,11 +397,18 @@ impl NodeProto {
             found.references.push(FileReference { owner, location: String::new() });
         }
         if found.not_numbers.is_none() && self.makes_non_numbers() {
-            let op_type = String::from_utf8_lossy(&self.op_type);
-            found.not_numbers =
-                Some(format!("node '{}' ({})", shorten(&String::from_utf8_lossy(&self.name)), shorten(&op_type)));
+            found.not_numbers = Some(self.describe());
+        }
+        if found.unbounded.is_none() && UNBOUNDED_OPERATORS.contains(&self.op_type.as_slice()) {
+            found.unbounded = Some(self.describe());
         }
         self.attributes.iter().for_each(|attribute| attribute.collect(found));
+    }
+
+    /// `node 'name' (OpType)`, for messages.
+    fn describe(&self) -> String {
+        let (name, op_type) = (String::from_utf8_lossy(&self.name), String::from_utf8_lossy(&self.op_type));
+        format!("node '{}' ({})", shorten(&name), shorten(&op_type))
     }
 
     /// Whether it makes strings, sequences or maps from tensors of numbers: a sequence or map
@@ -613,6 +635,8 @@ mod tests {
         for (what, onnx) in refused {
             assert!(matches!(check_tenant_model(&onnx), Err(OnnxError::NotNumbers { .. })), "{what}");
         }
+        let regions = graph_of(vec![in_branch(op("RoiAlign", vec![int("sampling_ratio", 2)]))]);
+        assert!(matches!(check_tenant_model(&regions), Err(OnnxError::UnboundedOperator { .. })));
         let message =
             check_tenant_model(&graph_of(vec![in_branch(op("Cast", vec![int("to", 8)]))])).expect_err("refused");
         assert!(
