@@ -633,3 +633,36 @@ pub fn roi_align() -> Vec<u8> {
         ..Default::default()
     })
 }
+
+/// `count` one-float initializers that no node uses, beside `sum` = `x` (FP32 [1, 1]) through
+/// `Identity`: each is a few bytes of the model and a tensor the engine makes as it loads.
+pub fn many_initializers(count: usize) -> Vec<u8> {
+    let one = 1f32.to_le_bytes().to_vec();
+    model(GraphProto {
+        node: vec![node("Identity", &["x"], &["sum"], Vec::new())],
+        name: "many-initializers".into(),
+        initializer: (0..count).map(|index| tensor(&format!("c{index}"), FLOAT, &[1], one.clone())).collect(),
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
+    })
+}
+
+/// `count` one-float `Constant` nodes that no node uses, beside `sum` = `x` through `Identity`.
+pub fn many_constants(count: usize) -> Vec<u8> {
+    let one = 1f32.to_le_bytes().to_vec();
+    let constant = |index: usize| {
+        let value = tensor("value", FLOAT, &[1], one.clone());
+        let attribute = AttributeProto { name: "value".into(), t: Some(value), r#type: 4, ..Default::default() };
+        node("Constant", &[], &[&format!("c{index}")], vec![attribute])
+    };
+    let mut nodes: Vec<NodeProto> = (0..count).map(constant).collect();
+    nodes.push(node("Identity", &["x"], &["sum"], Vec::new()));
+    model(GraphProto {
+        node: nodes,
+        name: "many-constants".into(),
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
+    })
+}

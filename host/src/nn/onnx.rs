@@ -45,6 +45,11 @@ pub enum OnnxError {
     )]
     TooManyFunctionCalls { calls: u64, limit: u64 },
     #[error(
+        "the model holds {count} initializers and constants (model-local functions expanded), more than the \
+         {limit} a tenant's model may (the engine's load takes time quadratic in their number)"
+    )]
+    TooManyConstants { count: u64, limit: u64 },
+    #[error(
         "the model makes strings, sequences or maps ({owner}); a tenant's model may compute only tensors of \
          numbers (the engine holds a string's contents and a sequence's or map's elements outside the memory \
          that model runs may hold)"
@@ -62,6 +67,11 @@ pub enum OnnxError {
 /// twice, sixteen deep (65,535 calls from 1,256 bytes), took 80 s of CPU (17 s with no
 /// optimisation at all), twelve deep (4,095 calls) 0.3 s.
 pub const MAX_TENANT_FUNCTION_CALLS: u64 = 4096;
+
+/// Initializers and `Constant` nodes a tenant's model may hold (model-local functions
+/// expanded). ONNX Runtime's load takes time quadratic in their number, used or not: 65,536
+/// one-float initializers (1.3 MB of model) took 10.5 s of CPU, 16,384 0.34 s.
+pub const MAX_TENANT_CONSTANTS: u64 = 16_384;
 
 /// What the walk finds in a model's tensors.
 #[derive(Default)]
@@ -126,8 +136,9 @@ impl Inspection {
     }
 
     /// Refuse a model a tenant uploads or a guest loads from bytes that names any file, makes
-    /// strings, sequences or maps, uses an operator of [`UNBOUNDED_OPERATORS`], or whose local
-    /// functions expand to more than [`MAX_TENANT_FUNCTION_CALLS`] calls. ONNX Runtime keeps a string's contents and a
+    /// strings, sequences or maps, uses an operator of [`UNBOUNDED_OPERATORS`], or, once its
+    /// local functions are expanded, makes more than [`MAX_TENANT_FUNCTION_CALLS`] calls or holds
+    /// more than [`MAX_TENANT_CONSTANTS`] constants. ONNX Runtime keeps a string's contents and a
     /// sequence's elements in the process's heap, outside its capped arena (`--run-memory`, which
     /// sees 32 bytes a string and nothing of an empty tensor): under a 64 MiB cap, a 1,607-byte
     /// graph doubling a one-letter string thirty times grew the server by 2 GiB in one run, and a
@@ -143,9 +154,12 @@ impl Inspection {
         if let Some(owner) = &self.found.unbounded {
             return Err(OnnxError::UnboundedOperator { owner: owner.clone() });
         }
-        let calls = self.expanded.calls;
-        match calls > MAX_TENANT_FUNCTION_CALLS {
-            true => Err(OnnxError::TooManyFunctionCalls { calls, limit: MAX_TENANT_FUNCTION_CALLS }),
+        let Expanded { calls, constants, .. } = self.expanded;
+        if calls > MAX_TENANT_FUNCTION_CALLS {
+            return Err(OnnxError::TooManyFunctionCalls { calls, limit: MAX_TENANT_FUNCTION_CALLS });
+        }
+        match constants > MAX_TENANT_CONSTANTS {
+            true => Err(OnnxError::TooManyConstants { count: constants, limit: MAX_TENANT_CONSTANTS }),
             false => Ok(()),
         }
     }
@@ -156,19 +170,25 @@ impl Inspection {
 pub const NODE_BYTES: u64 = 4 << 10;
 
 /// The nodes of the model's graph and of the graphs its nodes hold, with model-local functions
-/// expanded, and the calls of those functions made on the way.
+/// expanded, the calls of those functions made on the way, and the constants (initializers and
+/// `Constant` nodes) among them.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Expanded {
     nodes: u64,
     calls: u64,
+    constants: u64,
 }
 
 impl Expanded {
     /// Functions that call each other in a cycle: no end.
-    const ENDLESS: Self = Self { nodes: u64::MAX, calls: u64::MAX };
+    const ENDLESS: Self = Self { nodes: u64::MAX, calls: u64::MAX, constants: u64::MAX };
 
     fn add(self, other: Self) -> Self {
-        Self { nodes: self.nodes.saturating_add(other.nodes), calls: self.calls.saturating_add(other.calls) }
+        Self {
+            nodes: self.nodes.saturating_add(other.nodes),
+            calls: self.calls.saturating_add(other.calls),
+            constants: self.constants.saturating_add(other.constants),
+        }
     }
 }
 
@@ -176,7 +196,7 @@ fn expand(model: &ModelProto) -> Expanded {
     let functions: HashMap<(&[u8], &[u8]), &FunctionProto> =
         model.functions.iter().map(|f| ((f.domain.as_slice(), f.name.as_slice()), f)).collect();
     let mut expansions = Expansions { functions, counted: HashMap::new() };
-    model.graph.as_ref().map_or_else(Expanded::default, |graph| expansions.nodes(&graph.nodes))
+    model.graph.as_ref().map_or_else(Expanded::default, |graph| expansions.graph(graph))
 }
 
 /// Model-local functions and what each expands to, counted once each.
@@ -187,6 +207,12 @@ struct Expansions<'a> {
 }
 
 impl<'a> Expansions<'a> {
+    fn graph(&mut self, graph: &'a GraphProto) -> Expanded {
+        let initializers = graph.initializers.len().saturating_add(graph.sparse_initializers.len());
+        let constants = Expanded { constants: initializers as u64, ..Expanded::default() };
+        self.nodes(&graph.nodes).add(constants)
+    }
+
     fn nodes(&mut self, nodes: &'a [NodeProto]) -> Expanded {
         nodes.iter().fold(Expanded::default(), |sum, node| sum.add(self.node(node)))
     }
@@ -194,20 +220,20 @@ impl<'a> Expansions<'a> {
     fn node(&mut self, node: &'a NodeProto) -> Expanded {
         let key = (node.domain.as_slice(), node.op_type.as_slice());
         let itself = match self.functions.get(&key).copied() {
-            None => Expanded { nodes: 1, calls: 0 },
+            None => Expanded { nodes: 1, calls: 0, constants: u64::from(node.op_type == b"Constant") },
             Some(function) => match self.counted.get(&key) {
                 Some(Some(counted)) => *counted,
                 Some(None) => Expanded::ENDLESS,
                 None => {
                     self.counted.insert(key, None);
-                    let body = self.nodes(&function.nodes).add(Expanded { nodes: 0, calls: 1 });
+                    let body = self.nodes(&function.nodes).add(Expanded { calls: 1, ..Expanded::default() });
                     self.counted.insert(key, Some(body));
                     body
                 }
             },
         };
         let graphs = node.attributes.iter().flat_map(|attribute| attribute.graph.iter().chain(&attribute.graphs));
-        graphs.fold(itself, |sum, graph| sum.add(self.nodes(&graph.nodes)))
+        graphs.fold(itself, |sum, graph| sum.add(self.graph(graph)))
     }
 }
 
@@ -707,6 +733,37 @@ mod tests {
         let onnx = ModelProto { graph: Some(graph), training_info: Vec::new(), functions: looped }.encode_to_vec();
         assert_eq!(loaded_bytes(&onnx), Ok(u64::MAX));
         assert!(check_tenant_model(&onnx).is_err());
+    }
+
+    #[test]
+    fn initializers_and_constants_are_counted_wherever_they_hide() {
+        let constant_node = constant(embedded("c"));
+        let call =
+            NodeProto { domain: b"local".to_vec(), op_type: b"f".to_vec(), name: Vec::new(), attributes: Vec::new() };
+        // Two constants in a function called 4,096 times, 8,000 initializers in an `If`'s branch,
+        // and in the main graph 96 initializers, 96 sparse ones and one `Constant`: one too many.
+        let function = FunctionProto {
+            name: b"f".to_vec(),
+            domain: b"local".to_vec(),
+            nodes: vec![constant_node.clone(); 2],
+            attribute_defaults: Vec::new(),
+        };
+        let branch = GraphProto { initializers: vec![embedded("i"); 8000], ..Default::default() };
+        let branching = NodeProto {
+            domain: Vec::new(),
+            name: b"if".to_vec(),
+            op_type: b"If".to_vec(),
+            attributes: vec![AttributeProto { graph: Some(branch), ..Default::default() }],
+        };
+        let sparse = SparseTensorProto { values: Some(embedded("v")), indices: None, dims: vec![1] };
+        let mut nodes = vec![call; 4096];
+        nodes.extend([branching, constant_node]);
+        let graph = GraphProto { nodes, initializers: vec![embedded("w"); 96], sparse_initializers: vec![sparse; 96] };
+        let mut model = ModelProto { graph: Some(graph), training_info: Vec::new(), functions: vec![function] };
+        let too_many = OnnxError::TooManyConstants { count: 16_385, limit: MAX_TENANT_CONSTANTS };
+        assert_eq!(check_tenant_model(&model.encode_to_vec()), Err(too_many));
+        model.graph.as_mut().map(|graph| graph.sparse_initializers.pop());
+        assert_eq!(check_tenant_model(&model.encode_to_vec()), Ok(()));
     }
 
     #[test]
