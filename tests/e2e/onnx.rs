@@ -666,3 +666,47 @@ pub fn many_constants(count: usize) -> Vec<u8> {
         ..Default::default()
     })
 }
+
+/// `sum` = `x` (FP32 [1, 1]) through `Identity`, beside `count` graph outputs `o{i}`, each
+/// `x` through an `Identity` of its own.
+pub fn many_graph_outputs(count: usize) -> Vec<u8> {
+    let names: Vec<String> = (0..count).map(|index| format!("o{index}")).collect();
+    let mut nodes: Vec<NodeProto> = names.iter().map(|name| node("Identity", &["x"], &[name], Vec::new())).collect();
+    nodes.push(node("Identity", &["x"], &["sum"], Vec::new()));
+    let mut output = vec![value("sum", FLOAT, &[Some(1), Some(1)])];
+    output.extend(names.iter().map(|name| value(name, FLOAT, &[Some(1), Some(1)])));
+    model(GraphProto {
+        node: nodes,
+        name: "many-graph-outputs".into(),
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output,
+        ..Default::default()
+    })
+}
+
+/// `sum` = `x` (FP32 [1, 1]) through an `Identity` that holds `count` attributes it has no use
+/// for (the engine refuses it, after reading them all), named and valued or `empty`.
+pub fn many_attributes(count: usize, empty: bool) -> Vec<u8> {
+    let attribute = |index| if empty { AttributeProto::default() } else { int_attribute(&format!("a{index}"), 0) };
+    let attributes = (0..count).map(attribute).collect();
+    model(GraphProto {
+        node: vec![node("Identity", &["x"], &["sum"], attributes)],
+        name: "many-attributes".into(),
+        input: vec![value("x", FLOAT, &[Some(1), Some(1)])],
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
+    })
+}
+
+/// `sum` = `x` (FP32 [1, 1]) through `Identity`, beside `count` graph inputs no node reads.
+pub fn many_graph_inputs(count: usize) -> Vec<u8> {
+    let mut input = vec![value("x", FLOAT, &[Some(1), Some(1)])];
+    input.extend((0..count).map(|index| value(&format!("i{index}"), FLOAT, &[Some(1)])));
+    model(GraphProto {
+        node: vec![node("Identity", &["x"], &["sum"], Vec::new())],
+        name: "many-graph-inputs".into(),
+        input,
+        output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
+    })
+}

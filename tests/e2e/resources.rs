@@ -361,6 +361,51 @@ async fn a_tenants_model_holds_at_most_16384_constants() {
 }
 
 #[tokio::test]
+async fn a_graphs_inputs_outputs_and_attributes_count_before_it_loads() {
+    let tenants = tenants("guest_deadline_ms = 60000");
+    let server = Server::start(tenants.path(), &[]);
+    // 50,000 graph outputs (each an `Identity` of the input), or as many inputs no node reads:
+    // loading them takes time quadratic in their number, in ONNX Runtime and in `ort`'s session.
+    for (what, model) in [("outputs", onnx::many_graph_outputs(50_000)), ("inputs", onnx::many_graph_inputs(50_000))] {
+        let (cpu, started) = (server.cpu_time(), Instant::now());
+        let (code, body) = server.send(Method::PUT, &format!("/control/v1/models/{what}"), EVIL, model).await;
+        assert_eq!(code, 400, "{body}");
+        let expected = format!("graphs have 50001 {what}, more than the 4096");
+        assert!(error_message(&body).contains(&expected), "{body}");
+        let spent = server.cpu_time().saturating_sub(cpu);
+        assert!(
+            spent < Duration::from_secs(1),
+            "refusing {what} took {spent:?} of CPU, {:?} in all",
+            started.elapsed()
+        );
+    }
+    // 1.2 million attributes on one node (19 MB): ONNX Runtime holds ~1 KiB for each as it
+    // reads them, past the tenant's 1 GiB of resident model memory before its footprint was
+    // measured; and 8 million empty ones (16 MB), which the server's own reading of the model
+    // grew to 3.9 GiB of structs before it counted them. Now each counts before the load, and
+    // reading them costs no memory.
+    for (count, empty) in [(1_200_000, false), (8_000_000, true)] {
+        let path = format!("/control/v1/models/attributes-{count}");
+        let upload = server.send(Method::PUT, &path, EVIL, onnx::many_attributes(count, empty));
+        let ((code, body), grown) = server.peak_growth(upload).await;
+        assert_eq!(code, 413, "{body}");
+        assert!(error_message(&body).contains("max_resident_model_mib"), "{body}");
+        assert!(grown < 200 << 20, "{count} attributes grew the server by {} MiB", grown >> 20);
+    }
+    // A model of 4,096 inputs loads, and answers a request that gives them in any order.
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/fewer", EVIL, onnx::many_graph_inputs(4095)).await;
+    assert_eq!(code, 201, "{body}");
+    let mut inputs: Vec<serde_json::Value> = (0..4095)
+        .rev()
+        .map(|i| json!({ "name": format!("i{i}"), "shape": [1], "datatype": "FP32", "data": [1.0] }))
+        .collect();
+    inputs.push(json!({ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.5] }));
+    let (code, body) = server.infer("fewer", EVIL, &json!({ "inputs": inputs })).await;
+    assert_eq!((code, &output(&body, "sum")["data"]), (200, &json!([0.5])), "{body}");
+    victim_served(&server).await;
+}
+
+#[tokio::test]
 async fn a_tenants_graph_may_not_hold_memory_that_no_cap_sees() {
     let tenants = tenants("allow_raw_model_load = true");
     let server = Server::start(tenants.path(), &["--run-memory", "64MiB"]);

@@ -57,12 +57,13 @@ const BINARY_DATA_SIZE: &str = "binary_data_size";
 #[derive(Debug, Clone, Default)]
 pub struct OutputEncoding {
     all_binary: bool,
-    per_output: Vec<(String, bool)>,
+    /// By name in a map: a response of many outputs, each asked for by name, costs linear time.
+    per_output: std::collections::HashMap<String, bool>,
 }
 
 impl OutputEncoding {
     fn binary(&self, output: &str) -> bool {
-        self.per_output.iter().find(|(name, _)| name == output).map_or(self.all_binary, |(_, binary)| *binary)
+        self.per_output.get(output).copied().unwrap_or(self.all_binary)
     }
 }
 
@@ -881,7 +882,7 @@ mod tests {
             parameters: Vec::new(),
             cost_us: None,
         };
-        let encoding = OutputEncoding { all_binary: true, per_output: vec![("c".to_string(), false)] };
+        let encoding = OutputEncoding { all_binary: true, per_output: [("c".to_string(), false)].into() };
         let EncodedResponse { json, binary } = encode_response(outcome, &encoding).expect("encodes");
         let json: Value = serde_json::from_slice(&json).expect("JSON");
         let parameters: Vec<&Value> =

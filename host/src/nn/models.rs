@@ -59,21 +59,12 @@ pub struct ModelCopy {
 }
 
 impl ModelCopy {
-    /// Check named inputs against the signature: every input present once, with its
-    /// declared type and shape, and one row count across inputs of a batched model.
-    pub fn check_inputs(&self, inputs: &NamedTensors) -> Result<(), String> {
-        for (name, _) in inputs {
-            if !self.signature.inputs.iter().any(|spec| &spec.name == name) {
-                let expected: Vec<&str> = self.signature.inputs.iter().map(|s| s.name.as_str()).collect();
-                return Err(format!("unexpected input '{name}'; the model takes {expected:?}"));
-            }
-        }
-        for spec in &self.signature.inputs {
-            let mut matching = inputs.iter().filter(|(name, _)| name == &spec.name);
-            let (_, tensor) = matching.next().ok_or_else(|| format!("missing input '{}'", spec.name))?;
-            if matching.next().is_some() {
-                return Err(format!("input '{}' is given twice", spec.name));
-            }
+    /// Check named inputs against the signature and put them in its order: every input present
+    /// once, with its declared type and shape, and one row count across inputs of a batched
+    /// model.
+    pub fn check_inputs(&self, inputs: NamedTensors) -> Result<NamedTensors, String> {
+        let inputs = self.signature.order_inputs(inputs)?;
+        for (spec, (_, tensor)) in self.signature.inputs.iter().zip(&inputs) {
             spec.check(tensor)?;
             if tensor.dims().contains(&0) {
                 // Engines answer an empty batch with an internal error, if at all.
@@ -90,7 +81,7 @@ impl ModelCopy {
                 return Err(format!("inputs disagree on the batch size: {rows:?}"));
             }
         }
-        Ok(())
+        Ok(inputs)
     }
 
     /// Start a model queue for loaded graphs (the execution instances: one loaded copy
@@ -248,8 +239,8 @@ impl ModelCopy {
                 retry_ms: wait.as_millis().max(1) as u64,
             });
         }
-        let result = match self.check_inputs(&inputs) {
-            Ok(()) => {
+        let result = match self.check_inputs(inputs) {
+            Ok(inputs) => {
                 let share = Share { model: name.into(), ..share };
                 let span = tracing::debug_span!("queue", model = %self.queue.model(), rows);
                 self.queue.compute(inputs, deadline, share).instrument(span).await

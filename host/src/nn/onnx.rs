@@ -8,14 +8,15 @@
 //! every tensor of a model (initializers, sparse initializers, constant attributes, nested
 //! graphs of control-flow nodes, local functions, training graphs) and lists what it names.
 //!
-//! The walk decodes only the fields that can hold a tensor or a graph, with messages written
-//! here from the ONNX IR's published field numbers (`onnx.proto`); every other field, the
-//! weights themselves included, is skipped without being copied.
+//! The walk reads the model's bytes in place, field by field, by the ONNX IR's published field
+//! numbers (`onnx.proto`): it builds nothing per message, so what it holds does not grow with
+//! the number of nodes, attributes or tensors, and every field it does not read, the weights
+//! themselves included, is skipped without being copied.
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use prost::Message;
+use prost::encoding::{WireType, decode_key, decode_varint};
 
 /// One file a model would make an engine open.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,11 +51,22 @@ pub enum OnnxError {
     )]
     TooManyConstants { count: u64, limit: u64 },
     #[error(
+        "the model's graphs have {count} {what}, more than the {limit} a tenant's model may (the engine's load \
+         takes time quadratic in their number)"
+    )]
+    TooManyGraphValues { what: &'static str, count: u64, limit: u64 },
+    #[error(
         "the model makes strings, sequences or maps ({owner}); a tenant's model may compute only tensors of \
          numbers (the engine holds a string's contents and a sequence's or map's elements outside the memory \
          that model runs may hold)"
     )]
     NotNumbers { owner: String },
+    #[error("the model's graphs and calls of its local functions nest more than {limit} deep")]
+    TooDeep { limit: u32 },
+    #[error("the model defines more than {limit} local functions")]
+    TooManyFunctions { limit: usize },
+    #[error("the model names more than {limit} external files and blobs")]
+    TooManyFileReferences { limit: usize },
     #[error(
         "the model uses {owner}, whose working memory follows its inputs' values, outside the memory that model \
          runs may hold; a tenant's model may not"
@@ -73,6 +85,17 @@ pub const MAX_TENANT_FUNCTION_CALLS: u64 = 4096;
 /// one-float initializers (1.3 MB of model) took 10.5 s of CPU, 16,384 0.34 s.
 pub const MAX_TENANT_CONSTANTS: u64 = 16_384;
 
+/// Graphs nested in nodes and calls of local functions, one within another, the walk follows
+/// (it recurses, as engines do; ONNX Runtime's protobuf reader stops at 100 messages deep, about
+/// 25 nested graphs).
+const MAX_DEPTH: u32 = 64;
+
+/// Local functions a model may define: the walk keeps each one's name and place.
+const MAX_FUNCTIONS: usize = 65_536;
+
+/// Files and blobs a model may name: the walk lists each.
+const MAX_FILE_REFERENCES: usize = 65_536;
+
 /// What the walk finds in a model's tensors.
 #[derive(Default)]
 struct Found {
@@ -85,31 +108,157 @@ struct Found {
     unbounded: Option<String>,
 }
 
-fn walk(onnx: &[u8]) -> Result<Found, OnnxError> {
-    Ok(walk_model(&ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?))
-}
+impl Found {
+    /// Walk every tensor and node of the model: its graph, its local functions (their nodes
+    /// and attribute defaults) and its training graphs.
+    fn walk(onnx: &[u8]) -> Result<Self, OnnxError> {
+        let mut found = Found::default();
+        for field in Fields::of(onnx) {
+            match field? {
+                (MODEL_GRAPH, value) => found.graph(value.bytes()?, 0)?,
+                (MODEL_TRAINING_INFO, value) => {
+                    for field in Fields::of(value.bytes()?) {
+                        if let (TRAINING_INITIALIZATION | TRAINING_ALGORITHM, value) = field? {
+                            found.graph(value.bytes()?, 0)?;
+                        }
+                    }
+                }
+                (MODEL_FUNCTION, value) => {
+                    for field in Fields::of(value.bytes()?) {
+                        match field? {
+                            (FUNCTION_NODE, value) => found.node(value.bytes()?, 0)?,
+                            (FUNCTION_ATTRIBUTE_DEFAULT, value) => found.attribute(value.bytes()?, 0)?,
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(found)
+    }
 
-fn walk_model(model: &ModelProto) -> Found {
-    let mut found = Found::default();
-    if let Some(graph) = &model.graph {
-        graph.collect(&mut found);
+    fn graph(&mut self, graph: &[u8], depth: u32) -> Result<(), OnnxError> {
+        let depth = deeper(depth)?;
+        for field in Fields::of(graph) {
+            match field? {
+                (GRAPH_NODE, value) => self.node(value.bytes()?, depth)?,
+                (GRAPH_INITIALIZER, value) => {
+                    self.tensor(Fields::of(value.bytes()?))?;
+                }
+                (GRAPH_SPARSE_INITIALIZER, value) => self.sparse(Fields::of(value.bytes()?))?,
+                _ => {}
+            }
+        }
+        Ok(())
     }
-    for function in &model.functions {
-        function.nodes.iter().for_each(|node| node.collect(&mut found));
-        function.attribute_defaults.iter().for_each(|attribute| attribute.collect(&mut found));
+
+    fn node(&mut self, node: &[u8], depth: u32) -> Result<(), OnnxError> {
+        let head = NodeHead::read(node)?;
+        if head.op_type == EP_CONTEXT.as_bytes() {
+            // Its `ep_cache_context` is a file path unless `embed_mode` is 1; no engine Sluice
+            // runs needs one, so any such node counts as naming a file.
+            let owner = format!("{} ({EP_CONTEXT})", String::from_utf8_lossy(head.name));
+            self.reference(FileReference { owner, location: String::new() })?;
+        }
+        if self.not_numbers.is_none() && head.makes_non_numbers(node)? {
+            self.not_numbers = Some(head.describe());
+        }
+        if self.unbounded.is_none() && UNBOUNDED_OPERATORS.contains(&head.op_type) {
+            self.unbounded = Some(head.describe());
+        }
+        for field in Fields::of(node) {
+            if let (NODE_ATTRIBUTE, value) = field? {
+                self.attribute(value.bytes()?, depth)?;
+            }
+        }
+        Ok(())
     }
-    for training in &model.training_info {
-        training.initialization.iter().chain(&training.algorithm).for_each(|graph| graph.collect(&mut found));
+
+    fn attribute(&mut self, attribute: &[u8], depth: u32) -> Result<(), OnnxError> {
+        let (mut tensor, mut sparse) = (false, false);
+        for field in Fields::of(attribute) {
+            match field? {
+                (ATTRIBUTE_TENSOR, _) => tensor = true,
+                (ATTRIBUTE_TENSORS, value) => {
+                    self.tensor(Fields::of(value.bytes()?))?;
+                }
+                (ATTRIBUTE_SPARSE_TENSOR, _) => sparse = true,
+                (ATTRIBUTE_SPARSE_TENSORS, value) => self.sparse(Fields::of(value.bytes()?))?,
+                (ATTRIBUTE_GRAPH | ATTRIBUTE_GRAPHS, value) => self.graph(value.bytes()?, depth)?,
+                _ => {}
+            }
+        }
+        // A single tensor given more than once is one tensor, merged, as an engine reads it.
+        if tensor {
+            self.tensor(submessage(Fields::of(attribute), ATTRIBUTE_TENSOR))?;
+        }
+        if sparse {
+            self.sparse(submessage(Fields::of(attribute), ATTRIBUTE_SPARSE_TENSOR))?;
+        }
+        Ok(())
     }
-    found
+
+    /// A tensor, whose data type it returns.
+    fn tensor<'a>(&mut self, fields: impl Iterator<Item = Field<'a>>) -> Result<Option<i32>, OnnxError> {
+        let tensor = TensorHead::read(fields)?;
+        let name = || String::from_utf8_lossy(tensor.name).into_owned();
+        if self.not_numbers.is_none() && tensor.data_type == Some(STRING) {
+            self.not_numbers = Some(format!("tensor '{}'", shorten(&name())));
+        }
+        if tensor.external {
+            let location = tensor.location.map(|location| String::from_utf8_lossy(location).into_owned());
+            self.reference(FileReference { owner: name(), location: location.unwrap_or_default() })?;
+        }
+        Ok(tensor.data_type)
+    }
+
+    /// A sparse tensor: its values and indices as tensors, and its size once dense (all of
+    /// memory where a dimension is negative or the product overflows).
+    fn sparse<'a>(&mut self, fields: impl Iterator<Item = Field<'a>> + Clone) -> Result<(), OnnxError> {
+        let (mut values, mut indices, mut elements) = (false, false, Some(1u64));
+        let mut times = |dim: u64| elements = elements.and_then(|e| e.checked_mul(u64::try_from(dim as i64).ok()?));
+        for field in fields.clone() {
+            match field? {
+                (SPARSE_VALUES, _) => values = true,
+                (SPARSE_INDICES, _) => indices = true,
+                (SPARSE_DIMS, Value::Varint(dim)) => times(dim),
+                (SPARSE_DIMS, Value::Bytes(mut packed)) => {
+                    while !packed.is_empty() {
+                        times(decode_varint(&mut packed).map_err(malformed)?);
+                    }
+                }
+                (SPARSE_DIMS, Value::Fixed) => return Err(malformed("a sparse tensor's dimension is not a varint")),
+                _ => {}
+            }
+        }
+        let mut data_type = None;
+        if values {
+            data_type = self.tensor(submessage(fields.clone(), SPARSE_VALUES))?;
+        }
+        if indices {
+            self.tensor(submessage(fields, SPARSE_INDICES))?;
+        }
+        let dense = elements.and_then(|elements| elements.checked_mul(element_bytes(data_type.unwrap_or(0))));
+        self.sparse_dense_bytes = self.sparse_dense_bytes.saturating_add(dense.unwrap_or(u64::MAX));
+        Ok(())
+    }
+
+    fn reference(&mut self, reference: FileReference) -> Result<(), OnnxError> {
+        if self.references.len() >= MAX_FILE_REFERENCES {
+            return Err(OnnxError::TooManyFileReferences { limit: MAX_FILE_REFERENCES });
+        }
+        self.references.push(reference);
+        Ok(())
+    }
 }
 
 /// Every file the model names, in the order met.
 pub fn file_references(onnx: &[u8]) -> Result<Vec<FileReference>, OnnxError> {
-    walk(onnx).map(|found| found.references)
+    Found::walk(onnx).map(|found| found.references)
 }
 
-/// What a model asks of the engine that loads it, read in one pass before any engine sees it.
+/// What a model asks of the engine that loads it, read before any engine sees it.
 pub struct Inspection {
     bytes: u64,
     found: Found,
@@ -118,8 +267,7 @@ pub struct Inspection {
 
 /// Read the model (its tensors, graphs and functions; not its weights' data).
 pub fn inspect(onnx: &[u8]) -> Result<Inspection, OnnxError> {
-    let model = ModelProto::decode(onnx).map_err(|e| OnnxError::Malformed(e.to_string()))?;
-    Ok(Inspection { bytes: onnx.len() as u64, found: walk_model(&model), expanded: expand(&model) })
+    Ok(Inspection { bytes: onnx.len() as u64, found: Found::walk(onnx)?, expanded: expand(onnx)? })
 }
 
 impl Inspection {
@@ -130,15 +278,21 @@ impl Inspection {
     /// memory was measured (e2e `resources::a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it`).
     /// A function whose body calls another twice, sixteen deep, is 1,256 bytes and 32,768 nodes
     /// once inlined, as ONNX Runtime does at load: 80 s of CPU (`resources::nested_functions_count_as_the_nodes_they_expand_to`).
+    /// Each graph input, output and value annotation, each dimension of their shapes and each
+    /// node attribute is also an object of the engine's, tens of times its bytes in the model
+    /// (ONNX Runtime 1.32: 400,000 graph inputs, 8.7 MB of model, grew a process by 719 MiB).
     pub fn loaded_bytes(&self) -> u64 {
-        let nodes = self.expanded.nodes.saturating_mul(NODE_BYTES);
-        self.bytes.saturating_add(self.found.sparse_dense_bytes).saturating_add(nodes)
+        let Expanded { nodes, values, dims, attributes, .. } = self.expanded;
+        let objects = [(nodes, NODE_BYTES), (values, VALUE_BYTES), (dims, DIM_BYTES), (attributes, ATTRIBUTE_BYTES)];
+        let objects = objects.iter().fold(0u64, |sum, (count, bytes)| sum.saturating_add(count.saturating_mul(*bytes)));
+        self.bytes.saturating_add(self.found.sparse_dense_bytes).saturating_add(objects)
     }
 
     /// Refuse a model a tenant uploads or a guest loads from bytes that names any file, makes
     /// strings, sequences or maps, uses an operator of [`UNBOUNDED_OPERATORS`], or, once its
-    /// local functions are expanded, makes more than [`MAX_TENANT_FUNCTION_CALLS`] calls or holds
-    /// more than [`MAX_TENANT_CONSTANTS`] constants. ONNX Runtime keeps a string's contents and a
+    /// local functions are expanded, makes more than [`MAX_TENANT_FUNCTION_CALLS`] calls, has more
+    /// than [`MAX_TENANT_GRAPH_VALUES`] graph inputs or outputs or holds more than
+    /// [`MAX_TENANT_CONSTANTS`] constants. ONNX Runtime keeps a string's contents and a
     /// sequence's elements in the process's heap, outside its capped arena (`--run-memory`, which
     /// sees 32 bytes a string and nothing of an empty tensor): under a 64 MiB cap, a 1,607-byte
     /// graph doubling a one-letter string thirty times grew the server by 2 GiB in one run, and a
@@ -154,9 +308,14 @@ impl Inspection {
         if let Some(owner) = &self.found.unbounded {
             return Err(OnnxError::UnboundedOperator { owner: owner.clone() });
         }
-        let Expanded { calls, constants, .. } = self.expanded;
+        let Expanded { calls, constants, inputs, outputs, .. } = self.expanded;
         if calls > MAX_TENANT_FUNCTION_CALLS {
             return Err(OnnxError::TooManyFunctionCalls { calls, limit: MAX_TENANT_FUNCTION_CALLS });
+        }
+        for (what, count) in [("inputs", inputs), ("outputs", outputs)] {
+            if count > MAX_TENANT_GRAPH_VALUES {
+                return Err(OnnxError::TooManyGraphValues { what, count, limit: MAX_TENANT_GRAPH_VALUES });
+            }
         }
         match constants > MAX_TENANT_CONSTANTS {
             true => Err(OnnxError::TooManyConstants { count: constants, limit: MAX_TENANT_CONSTANTS }),
@@ -168,6 +327,19 @@ impl Inspection {
 /// What ONNX Runtime holds for a node of a loaded graph, about (its node, value and kernel
 /// objects): a chain of 16,384 `Add`s grew the server by 70 MiB as it loaded.
 pub const NODE_BYTES: u64 = 4 << 10;
+/// ... for a graph input, output or value annotation: 400,000 graph inputs grew a process by
+/// 719 MiB as it loaded (1.8 KiB each), 400,000 annotations by 267 MiB.
+pub const VALUE_BYTES: u64 = 2 << 10;
+/// ... for a dimension of a value's shape: two values of 100,000 dimensions each, 50 MiB.
+pub const DIM_BYTES: u64 = 512;
+/// ... for a node's attribute: a million on one node, 993 MiB.
+pub const ATTRIBUTE_BYTES: u64 = 1 << 10;
+
+/// Graph inputs, and graph outputs, of every graph a tenant's model holds, it may have each:
+/// loading takes time quadratic in their number, in ONNX Runtime for outputs (25,000: 1.1 s,
+/// 50,000: 3.4 s) and in `ort`'s session for both (which keeps each one's memory kind in a list
+/// searched for its name: 100,000 inputs took the server 37 s of CPU, 100,000 outputs 43 s).
+pub const MAX_TENANT_GRAPH_VALUES: u64 = 4096;
 
 /// The nodes of the model's graph and of the graphs its nodes hold, with model-local functions
 /// expanded, the calls of those functions made on the way, and the constants (initializers and
@@ -177,63 +349,165 @@ struct Expanded {
     nodes: u64,
     calls: u64,
     constants: u64,
+    /// Graph inputs, outputs and value annotations.
+    values: u64,
+    /// The dimensions of their shapes.
+    dims: u64,
+    attributes: u64,
+    inputs: u64,
+    outputs: u64,
 }
 
 impl Expanded {
     /// Functions that call each other in a cycle: no end.
-    const ENDLESS: Self = Self { nodes: u64::MAX, calls: u64::MAX, constants: u64::MAX };
+    const ENDLESS: Self = Self {
+        nodes: u64::MAX,
+        calls: u64::MAX,
+        constants: u64::MAX,
+        values: u64::MAX,
+        dims: u64::MAX,
+        attributes: u64::MAX,
+        inputs: u64::MAX,
+        outputs: u64::MAX,
+    };
 
     fn add(self, other: Self) -> Self {
         Self {
             nodes: self.nodes.saturating_add(other.nodes),
             calls: self.calls.saturating_add(other.calls),
             constants: self.constants.saturating_add(other.constants),
+            values: self.values.saturating_add(other.values),
+            dims: self.dims.saturating_add(other.dims),
+            attributes: self.attributes.saturating_add(other.attributes),
+            inputs: self.inputs.saturating_add(other.inputs),
+            outputs: self.outputs.saturating_add(other.outputs),
         }
     }
 }
 
-fn expand(model: &ModelProto) -> Expanded {
-    let functions: HashMap<(&[u8], &[u8]), &FunctionProto> =
-        model.functions.iter().map(|f| ((f.domain.as_slice(), f.name.as_slice()), f)).collect();
+/// What the model's graph expands to; its local functions are read where they are called.
+fn expand(onnx: &[u8]) -> Result<Expanded, OnnxError> {
+    let mut functions = HashMap::new();
+    let mut definitions = 0usize;
+    for field in Fields::of(onnx) {
+        if let (MODEL_FUNCTION, value) = field? {
+            definitions += 1;
+            if definitions > MAX_FUNCTIONS {
+                return Err(OnnxError::TooManyFunctions { limit: MAX_FUNCTIONS });
+            }
+            let function = value.bytes()?;
+            let (mut domain, mut name) = (&[][..], &[][..]);
+            for field in Fields::of(function) {
+                match field? {
+                    (FUNCTION_NAME, value) => name = value.bytes()?,
+                    (FUNCTION_DOMAIN, value) => domain = value.bytes()?,
+                    _ => {}
+                }
+            }
+            functions.insert((domain, name), function);
+        }
+    }
     let mut expansions = Expansions { functions, counted: HashMap::new() };
-    model.graph.as_ref().map_or_else(Expanded::default, |graph| expansions.graph(graph))
+    let mut expanded = Expanded::default();
+    for field in Fields::of(onnx) {
+        if let (MODEL_GRAPH, value) = field? {
+            expanded = expanded.add(expansions.graph(value.bytes()?, 0)?);
+        }
+    }
+    Ok(expanded)
 }
 
-/// Model-local functions and what each expands to, counted once each.
+/// A function's key: its domain and name, as a node that calls it gives them.
+type FunctionKey<'a> = (&'a [u8], &'a [u8]);
+
+/// Model-local functions (their bytes) and what each expands to, counted once each.
 struct Expansions<'a> {
-    functions: HashMap<(&'a [u8], &'a [u8]), &'a FunctionProto>,
+    functions: HashMap<FunctionKey<'a>, &'a [u8]>,
     /// `None` while being counted: met again, it calls itself.
-    counted: HashMap<(&'a [u8], &'a [u8]), Option<Expanded>>,
+    counted: HashMap<FunctionKey<'a>, Option<Expanded>>,
 }
 
 impl<'a> Expansions<'a> {
-    fn graph(&mut self, graph: &'a GraphProto) -> Expanded {
-        let initializers = graph.initializers.len().saturating_add(graph.sparse_initializers.len());
-        let constants = Expanded { constants: initializers as u64, ..Expanded::default() };
-        self.nodes(&graph.nodes).add(constants)
+    fn graph(&mut self, graph: &'a [u8], depth: u32) -> Result<Expanded, OnnxError> {
+        let depth = deeper(depth)?;
+        let mut sum = Expanded::default();
+        for field in Fields::of(graph) {
+            let value = |value: &'a [u8], inputs, outputs| -> Result<Expanded, OnnxError> {
+                Ok(Expanded { values: 1, dims: dims(value)?, inputs, outputs, ..Expanded::default() })
+            };
+            let own = match field? {
+                (GRAPH_NODE, node) => self.node(node.bytes()?, depth)?,
+                (GRAPH_INITIALIZER | GRAPH_SPARSE_INITIALIZER, _) => Expanded { constants: 1, ..Expanded::default() },
+                (GRAPH_INPUT, input) => value(input.bytes()?, 1, 0)?,
+                (GRAPH_OUTPUT, output) => value(output.bytes()?, 0, 1)?,
+                (GRAPH_VALUE_INFO, annotation) => value(annotation.bytes()?, 0, 0)?,
+                _ => continue,
+            };
+            sum = sum.add(own);
+        }
+        Ok(sum)
     }
 
-    fn nodes(&mut self, nodes: &'a [NodeProto]) -> Expanded {
-        nodes.iter().fold(Expanded::default(), |sum, node| sum.add(self.node(node)))
-    }
-
-    fn node(&mut self, node: &'a NodeProto) -> Expanded {
-        let key = (node.domain.as_slice(), node.op_type.as_slice());
-        let itself = match self.functions.get(&key).copied() {
-            None => Expanded { nodes: 1, calls: 0, constants: u64::from(node.op_type == b"Constant") },
-            Some(function) => match self.counted.get(&key) {
-                Some(Some(counted)) => *counted,
-                Some(None) => Expanded::ENDLESS,
-                None => {
-                    self.counted.insert(key, None);
-                    let body = self.nodes(&function.nodes).add(Expanded { calls: 1, ..Expanded::default() });
-                    self.counted.insert(key, Some(body));
-                    body
-                }
-            },
+    fn node(&mut self, node: &'a [u8], depth: u32) -> Result<Expanded, OnnxError> {
+        let head = NodeHead::read(node)?;
+        let key = (head.domain, head.op_type);
+        let call = self.functions.get(&key).copied();
+        let mut sum = match call {
+            None => Expanded { nodes: 1, constants: u64::from(head.op_type == b"Constant"), ..Expanded::default() },
+            Some(function) => self.call(key, function, depth)?,
         };
-        let graphs = node.attributes.iter().flat_map(|attribute| attribute.graph.iter().chain(&attribute.graphs));
-        graphs.fold(itself, |sum, graph| sum.add(self.graph(graph)))
+        for field in Fields::of(node) {
+            let (NODE_ATTRIBUTE, attribute) = field? else { continue };
+            if call.is_none() {
+                sum.attributes = sum.attributes.saturating_add(1);
+            }
+            for field in Fields::of(attribute.bytes()?) {
+                if let (ATTRIBUTE_GRAPH | ATTRIBUTE_GRAPHS, graph) = field? {
+                    sum = sum.add(self.graph(graph.bytes()?, depth)?);
+                }
+            }
+        }
+        Ok(sum)
+    }
+
+    /// What a call of the function `key` expands to: its nodes, expanded, and itself.
+    fn call(&mut self, key: FunctionKey<'a>, function: &'a [u8], depth: u32) -> Result<Expanded, OnnxError> {
+        match self.counted.get(&key) {
+            Some(Some(counted)) => Ok(*counted),
+            Some(None) => Ok(Expanded::ENDLESS),
+            None => {
+                let depth = deeper(depth)?;
+                self.counted.insert(key, None);
+                let mut body = Expanded { calls: 1, ..Expanded::default() };
+                for field in Fields::of(function) {
+                    if let (FUNCTION_NODE, node) = field? {
+                        body = body.add(self.node(node.bytes()?, depth)?);
+                    }
+                }
+                self.counted.insert(key, Some(body));
+                Ok(body)
+            }
+        }
+    }
+}
+
+/// The dimensions of a graph input's, output's or annotation's tensor shape.
+fn dims(value: &[u8]) -> Result<u64, OnnxError> {
+    let shape = submessage(submessage(submessage(Fields::of(value), VALUE_TYPE), TYPE_TENSOR), TENSOR_TYPE_SHAPE);
+    let mut count = 0u64;
+    for field in shape {
+        if let (SHAPE_DIM, _) = field? {
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+/// One level deeper into nested graphs and function calls, within [`MAX_DEPTH`].
+fn deeper(depth: u32) -> Result<u32, OnnxError> {
+    match depth < MAX_DEPTH {
+        true => Ok(depth + 1),
+        false => Err(OnnxError::TooDeep { limit: MAX_DEPTH }),
     }
 }
 
@@ -295,199 +569,294 @@ const COLLECTION_MAKERS: [&[u8]; 4] = [b"SequenceConstruct", b"SequenceEmpty", b
 /// The operator that runs a precompiled blob, which it may name as a file.
 const EP_CONTEXT: &str = "EPContext";
 
-// The subset of `onnx.proto` that can hold tensors and graphs (field numbers from the ONNX IR).
-// Text fields are bytes: proto2 does not require UTF-8, and engines accept models without it.
+// Field numbers of `onnx.proto` read here (from the ONNX IR's published definition).
+const MODEL_GRAPH: u32 = 7;
+const MODEL_TRAINING_INFO: u32 = 20;
+const MODEL_FUNCTION: u32 = 25;
+const TRAINING_INITIALIZATION: u32 = 1;
+const TRAINING_ALGORITHM: u32 = 2;
+const GRAPH_NODE: u32 = 1;
+const GRAPH_INITIALIZER: u32 = 5;
+const GRAPH_INPUT: u32 = 11;
+const GRAPH_OUTPUT: u32 = 12;
+const GRAPH_VALUE_INFO: u32 = 13;
+const GRAPH_SPARSE_INITIALIZER: u32 = 15;
+const VALUE_TYPE: u32 = 2;
+const TYPE_TENSOR: u32 = 1;
+const TENSOR_TYPE_SHAPE: u32 = 2;
+const SHAPE_DIM: u32 = 1;
+const NODE_NAME: u32 = 3;
+const NODE_OP_TYPE: u32 = 4;
+const NODE_ATTRIBUTE: u32 = 5;
+const NODE_DOMAIN: u32 = 7;
+const ATTRIBUTE_NAME: u32 = 1;
+const ATTRIBUTE_INT: u32 = 3;
+const ATTRIBUTE_STRING: u32 = 4;
+const ATTRIBUTE_TENSOR: u32 = 5;
+const ATTRIBUTE_GRAPH: u32 = 6;
+const ATTRIBUTE_TENSORS: u32 = 10;
+const ATTRIBUTE_GRAPHS: u32 = 11;
+const ATTRIBUTE_REF_ATTR_NAME: u32 = 21;
+const ATTRIBUTE_SPARSE_TENSOR: u32 = 22;
+const ATTRIBUTE_SPARSE_TENSORS: u32 = 23;
+const TENSOR_DATA_TYPE: u32 = 2;
+const TENSOR_NAME: u32 = 8;
+const TENSOR_EXTERNAL_DATA: u32 = 13;
+const TENSOR_DATA_LOCATION: u32 = 14;
+const ENTRY_KEY: u32 = 1;
+const ENTRY_VALUE: u32 = 2;
+const SPARSE_VALUES: u32 = 1;
+const SPARSE_INDICES: u32 = 2;
+const SPARSE_DIMS: u32 = 3;
+const FUNCTION_NAME: u32 = 1;
+const FUNCTION_NODE: u32 = 7;
+const FUNCTION_DOMAIN: u32 = 10;
+const FUNCTION_ATTRIBUTE_DEFAULT: u32 = 11;
 
-#[derive(Clone, PartialEq, Message)]
-struct ModelProto {
-    #[prost(message, optional, tag = "7")]
-    graph: Option<GraphProto>,
-    #[prost(message, repeated, tag = "20")]
-    training_info: Vec<TrainingInfoProto>,
-    #[prost(message, repeated, tag = "25")]
-    functions: Vec<FunctionProto>,
+/// A field's value as it lies in its message's bytes.
+#[derive(Clone, Copy)]
+enum Value<'a> {
+    Varint(u64),
+    /// An embedded message, a string or a packed list.
+    Bytes(&'a [u8]),
+    /// A fixed-width number, which no field read here is.
+    Fixed,
 }
 
-#[derive(Clone, PartialEq, Message)]
-struct TrainingInfoProto {
-    #[prost(message, optional, tag = "1")]
-    initialization: Option<GraphProto>,
-    #[prost(message, optional, tag = "2")]
-    algorithm: Option<GraphProto>,
-}
+impl<'a> Value<'a> {
+    fn bytes(self) -> Result<&'a [u8], OnnxError> {
+        match self {
+            Value::Bytes(bytes) => Ok(bytes),
+            _ => Err(malformed("a message or text field holds a number")),
+        }
+    }
 
-#[derive(Clone, PartialEq, Message)]
-struct GraphProto {
-    #[prost(message, repeated, tag = "1")]
-    nodes: Vec<NodeProto>,
-    #[prost(message, repeated, tag = "5")]
-    initializers: Vec<TensorProto>,
-    #[prost(message, repeated, tag = "15")]
-    sparse_initializers: Vec<SparseTensorProto>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct NodeProto {
-    #[prost(bytes = "vec", tag = "3")]
-    name: Vec<u8>,
-    #[prost(bytes = "vec", tag = "4")]
-    op_type: Vec<u8>,
-    #[prost(message, repeated, tag = "5")]
-    attributes: Vec<AttributeProto>,
-    #[prost(bytes = "vec", tag = "7")]
-    domain: Vec<u8>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct AttributeProto {
-    #[prost(bytes = "vec", tag = "1")]
-    name: Vec<u8>,
-    #[prost(int64, optional, tag = "3")]
-    i: Option<i64>,
-    #[prost(bytes = "vec", optional, tag = "4")]
-    s: Option<Vec<u8>>,
-    #[prost(message, optional, tag = "5")]
-    tensor: Option<TensorProto>,
-    #[prost(message, optional, tag = "6")]
-    graph: Option<GraphProto>,
-    #[prost(message, repeated, tag = "10")]
-    tensors: Vec<TensorProto>,
-    #[prost(message, repeated, tag = "11")]
-    graphs: Vec<GraphProto>,
-    #[prost(message, optional, tag = "22")]
-    sparse_tensor: Option<SparseTensorProto>,
-    #[prost(message, repeated, tag = "23")]
-    sparse_tensors: Vec<SparseTensorProto>,
-    /// Inside a function: the caller's attribute this one takes its value from.
-    #[prost(bytes = "vec", tag = "21")]
-    ref_attr_name: Vec<u8>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct TensorProto {
-    #[prost(int32, optional, tag = "2")]
-    data_type: Option<i32>,
-    #[prost(bytes = "vec", tag = "8")]
-    name: Vec<u8>,
-    #[prost(message, repeated, tag = "13")]
-    external_data: Vec<StringStringEntryProto>,
-    #[prost(int32, optional, tag = "14")]
-    data_location: Option<i32>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct SparseTensorProto {
-    #[prost(message, optional, tag = "1")]
-    values: Option<TensorProto>,
-    #[prost(message, optional, tag = "2")]
-    indices: Option<TensorProto>,
-    /// The dense shape.
-    #[prost(int64, repeated, tag = "3")]
-    dims: Vec<i64>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct FunctionProto {
-    #[prost(bytes = "vec", tag = "1")]
-    name: Vec<u8>,
-    #[prost(message, repeated, tag = "7")]
-    nodes: Vec<NodeProto>,
-    #[prost(bytes = "vec", tag = "10")]
-    domain: Vec<u8>,
-    #[prost(message, repeated, tag = "11")]
-    attribute_defaults: Vec<AttributeProto>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-struct StringStringEntryProto {
-    #[prost(bytes = "vec", tag = "1")]
-    key: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    value: Vec<u8>,
-}
-
-impl GraphProto {
-    fn collect(&self, found: &mut Found) {
-        self.initializers.iter().for_each(|tensor| tensor.collect(found));
-        self.sparse_initializers.iter().for_each(|sparse| sparse.collect(found));
-        self.nodes.iter().for_each(|node| node.collect(found));
+    /// A varint as protobuf's `int64` reads it (`int32` and enums are its low 32 bits).
+    fn int(self) -> Result<i64, OnnxError> {
+        match self {
+            Value::Varint(value) => Ok(value as i64),
+            _ => Err(malformed("a number field holds bytes")),
+        }
     }
 }
 
-impl NodeProto {
-    fn collect(&self, found: &mut Found) {
-        if self.op_type == EP_CONTEXT.as_bytes() {
-            // Its `ep_cache_context` is a file path unless `embed_mode` is 1; no engine Sluice
-            // runs needs one, so any such node counts as naming a file.
-            let owner = format!("{} ({EP_CONTEXT})", String::from_utf8_lossy(&self.name));
-            found.references.push(FileReference { owner, location: String::new() });
+type Field<'a> = Result<(u32, Value<'a>), OnnxError>;
+
+fn malformed(what: impl std::fmt::Display) -> OnnxError {
+    OnnxError::Malformed(what.to_string())
+}
+
+/// The fields of one message, read in place with `prost`'s wire decoding: nothing is copied
+/// or built, so a model of millions of small messages costs the walk no memory (decoded into
+/// structs, 16 MB of empty attributes grew the server by 3.9 GiB).
+#[derive(Clone)]
+struct Fields<'a> {
+    rest: &'a [u8],
+    failed: Option<OnnxError>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(message: &'a [u8]) -> Self {
+        Self { rest: message, failed: None }
+    }
+
+    fn failing(error: OnnxError) -> Self {
+        Self { rest: &[], failed: Some(error) }
+    }
+
+    fn field(&mut self) -> Field<'a> {
+        let past_the_end = || malformed("a field runs past the end of its message");
+        let (tag, wire_type) = decode_key(&mut self.rest).map_err(malformed)?;
+        let value = match wire_type {
+            WireType::Varint => Value::Varint(decode_varint(&mut self.rest).map_err(malformed)?),
+            WireType::LengthDelimited => {
+                let length = decode_varint(&mut self.rest).map_err(malformed)?;
+                let length = usize::try_from(length).ok().filter(|&length| length <= self.rest.len());
+                let (bytes, rest) = self.rest.split_at(length.ok_or_else(past_the_end)?);
+                self.rest = rest;
+                Value::Bytes(bytes)
+            }
+            WireType::SixtyFourBit | WireType::ThirtyTwoBit => {
+                let width = if matches!(wire_type, WireType::SixtyFourBit) { 8 } else { 4 };
+                self.rest = self.rest.get(width..).ok_or_else(past_the_end)?;
+                Value::Fixed
+            }
+            WireType::StartGroup | WireType::EndGroup => {
+                return Err(malformed("a group field, which ONNX has none of"));
+            }
+        };
+        Ok((tag, value))
+    }
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Field<'a>;
+
+    fn next(&mut self) -> Option<Field<'a>> {
+        if let Some(error) = self.failed.take() {
+            return Some(Err(error));
         }
-        if found.not_numbers.is_none() && self.makes_non_numbers() {
-            found.not_numbers = Some(self.describe());
+        if self.rest.is_empty() {
+            return None;
         }
-        if found.unbounded.is_none() && UNBOUNDED_OPERATORS.contains(&self.op_type.as_slice()) {
-            found.unbounded = Some(self.describe());
+        let field = self.field();
+        if field.is_err() {
+            self.rest = &[];
         }
-        self.attributes.iter().for_each(|attribute| attribute.collect(found));
+        Some(field)
+    }
+}
+
+/// The fields of the message in field `tag` of the message `fields` reads: of each time it is
+/// given, in turn, as protobuf merges a message given more than once into one (its repeated
+/// fields joined, the last of each single one kept).
+fn submessage<'a>(
+    fields: impl Iterator<Item = Field<'a>> + Clone,
+    tag: u32,
+) -> impl Iterator<Item = Field<'a>> + Clone {
+    fields.filter(move |field| !matches!(field, Ok((other, _)) if *other != tag)).flat_map(|field| {
+        match field.and_then(|(_, value)| value.bytes()) {
+            Ok(message) => Fields::of(message),
+            Err(error) => Fields::failing(error),
+        }
+    })
+}
+
+/// A node's name, operator and domain (the last of each given, as protobuf keeps).
+struct NodeHead<'a> {
+    name: &'a [u8],
+    op_type: &'a [u8],
+    domain: &'a [u8],
+}
+
+impl<'a> NodeHead<'a> {
+    fn read(node: &'a [u8]) -> Result<Self, OnnxError> {
+        let mut head = NodeHead { name: &[], op_type: &[], domain: &[] };
+        for field in Fields::of(node) {
+            match field? {
+                (NODE_NAME, value) => head.name = value.bytes()?,
+                (NODE_OP_TYPE, value) => head.op_type = value.bytes()?,
+                (NODE_DOMAIN, value) => head.domain = value.bytes()?,
+                _ => {}
+            }
+        }
+        Ok(head)
     }
 
     /// `node 'name' (OpType)`, for messages.
     fn describe(&self) -> String {
-        let (name, op_type) = (String::from_utf8_lossy(&self.name), String::from_utf8_lossy(&self.op_type));
+        let (name, op_type) = (String::from_utf8_lossy(self.name), String::from_utf8_lossy(self.op_type));
         format!("node '{}' ({})", shorten(&name), shorten(&op_type))
     }
 
-    /// Whether it makes strings, sequences or maps from tensors of numbers: a sequence or map
-    /// maker, a cast to strings (or to a type its function's caller picks), a constant or label
-    /// given as text or as a tensor of strings. Every other way to one starts from such a node
-    /// or from an initializer of strings (`TensorProto::collect`).
-    fn makes_non_numbers(&self) -> bool {
-        if COLLECTION_MAKERS.contains(&self.op_type.as_slice()) {
-            return true;
+    /// Whether the node `node` (read as `self`) makes strings, sequences or maps from tensors of
+    /// numbers: a sequence or map maker, a cast to strings (or to a type its function's caller
+    /// picks), a constant or label given as text or as a tensor of strings. Every other way to
+    /// one starts from such a node or from an initializer of strings (`Found::tensor`).
+    fn makes_non_numbers(&self, node: &'a [u8]) -> Result<bool, OnnxError> {
+        if COLLECTION_MAKERS.contains(&self.op_type) {
+            return Ok(true);
         }
-        let cast_to = |name: &[u8], is_string: &dyn Fn(&AttributeProto) -> bool| {
-            self.attributes
-                .iter()
-                .filter(|attribute| attribute.name == name)
-                .any(|attribute| !attribute.ref_attr_name.is_empty() || is_string(attribute))
-        };
-        let named_as_text = |attribute: &AttributeProto| {
-            // `Constant`'s `value_string(s)`; the ML operators' `classlabels_strings`,
-            // `cats_strings`, `keys_strings`, `values_strings`, `default_string`.
-            attribute.name.ends_with(b"_string") || attribute.name.ends_with(b"_strings")
-        };
-        let holds_strings = |attribute: &AttributeProto| {
-            let sparse_values = attribute.sparse_tensor.iter().chain(&attribute.sparse_tensors).flat_map(|s| &s.values);
-            attribute.tensor.iter().chain(&attribute.tensors).chain(sparse_values).any(|t| t.data_type == Some(STRING))
-        };
-        match self.op_type.as_slice() {
-            b"Cast" => cast_to(b"to", &|attribute| attribute.i == Some(STRING.into())),
-            b"CastMap" => cast_to(b"cast_to", &|attribute| attribute.s.as_deref() == Some(b"TO_STRING")),
-            _ => self.attributes.iter().any(|attribute| named_as_text(attribute) || holds_strings(attribute)),
+        for field in Fields::of(node) {
+            let (NODE_ATTRIBUTE, attribute) = field? else { continue };
+            let attribute = AttributeHead::read(attribute.bytes()?)?;
+            let makes_strings = match self.op_type {
+                b"Cast" => attribute.name == b"to" && (attribute.from_caller || attribute.int == Some(STRING.into())),
+                b"CastMap" => {
+                    attribute.name == b"cast_to" && (attribute.from_caller || attribute.string == Some(b"TO_STRING"))
+                }
+                // `Constant`'s `value_string(s)`; the ML operators' `classlabels_strings`,
+                // `cats_strings`, `keys_strings`, `values_strings`, `default_string`.
+                _ => {
+                    attribute.name.ends_with(b"_string")
+                        || attribute.name.ends_with(b"_strings")
+                        || attribute.tensor_of_strings
+                }
+            };
+            if makes_strings {
+                return Ok(true);
+            }
         }
+        Ok(false)
     }
 }
 
-impl AttributeProto {
-    fn collect(&self, found: &mut Found) {
-        self.tensor.iter().chain(&self.tensors).for_each(|tensor| tensor.collect(found));
-        self.sparse_tensor.iter().chain(&self.sparse_tensors).for_each(|sparse| sparse.collect(found));
-        self.graph.iter().chain(&self.graphs).for_each(|graph| graph.collect(found));
+/// What an attribute says of the types a node makes.
+struct AttributeHead<'a> {
+    name: &'a [u8],
+    int: Option<i64>,
+    string: Option<&'a [u8]>,
+    /// Inside a function: its value is the caller's attribute of that name.
+    from_caller: bool,
+    /// It holds a tensor, or a sparse tensor's values, of strings.
+    tensor_of_strings: bool,
+}
+
+impl<'a> AttributeHead<'a> {
+    fn read(attribute: &'a [u8]) -> Result<Self, OnnxError> {
+        let mut head =
+            AttributeHead { name: &[], int: None, string: None, from_caller: false, tensor_of_strings: false };
+        let of_strings =
+            |tensor: &'a [u8]| Ok::<_, OnnxError>(TensorHead::read(Fields::of(tensor))?.data_type == Some(STRING));
+        for field in Fields::of(attribute) {
+            match field? {
+                (ATTRIBUTE_NAME, value) => head.name = value.bytes()?,
+                (ATTRIBUTE_INT, value) => head.int = Some(value.int()?),
+                (ATTRIBUTE_STRING, value) => head.string = Some(value.bytes()?),
+                (ATTRIBUTE_REF_ATTR_NAME, value) => head.from_caller = !value.bytes()?.is_empty(),
+                (ATTRIBUTE_TENSOR | ATTRIBUTE_TENSORS, value) => head.tensor_of_strings |= of_strings(value.bytes()?)?,
+                (ATTRIBUTE_SPARSE_TENSOR | ATTRIBUTE_SPARSE_TENSORS, value) => {
+                    for field in Fields::of(value.bytes()?) {
+                        if let (SPARSE_VALUES, values) = field? {
+                            head.tensor_of_strings |= of_strings(values.bytes()?)?;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(head)
     }
 }
 
-impl SparseTensorProto {
-    fn collect(&self, found: &mut Found) {
-        self.values.iter().chain(&self.indices).for_each(|tensor| tensor.collect(found));
-        found.sparse_dense_bytes = found.sparse_dense_bytes.saturating_add(self.dense_bytes());
-    }
+/// A tensor's name, type and where its data lies; not its data.
+struct TensorHead<'a> {
+    name: &'a [u8],
+    data_type: Option<i32>,
+    /// Its data is in a file: marked so, or given an external data entry.
+    external: bool,
+    /// The file its first `location` entry names.
+    location: Option<&'a [u8]>,
+}
 
-    /// Its dense shape's elements times their size (all of memory where a dimension is
-    /// negative or the product overflows).
-    fn dense_bytes(&self) -> u64 {
-        let element = element_bytes(self.values.as_ref().and_then(|values| values.data_type).unwrap_or(0));
-        let elements = self.dims.iter().try_fold(1u64, |product, &dim| product.checked_mul(u64::try_from(dim).ok()?));
-        elements.and_then(|elements| elements.checked_mul(element)).unwrap_or(u64::MAX)
+impl<'a> TensorHead<'a> {
+    fn read(fields: impl Iterator<Item = Field<'a>>) -> Result<Self, OnnxError> {
+        let mut head = TensorHead { name: &[], data_type: None, external: false, location: None };
+        let mut data_location = None;
+        for field in fields {
+            match field? {
+                (TENSOR_NAME, value) => head.name = value.bytes()?,
+                (TENSOR_DATA_TYPE, value) => head.data_type = Some(value.int()? as i32),
+                (TENSOR_DATA_LOCATION, value) => data_location = Some(value.int()? as i32),
+                (TENSOR_EXTERNAL_DATA, entry) => {
+                    head.external = true;
+                    let (mut key, mut value) = (&[][..], &[][..]);
+                    for field in Fields::of(entry.bytes()?) {
+                        match field? {
+                            (ENTRY_KEY, text) => key = text.bytes()?,
+                            (ENTRY_VALUE, text) => value = text.bytes()?,
+                            _ => {}
+                        }
+                    }
+                    if key == b"location" && head.location.is_none() {
+                        head.location = Some(value);
+                    }
+                }
+                _ => {}
+            }
+        }
+        head.external |= data_location == Some(EXTERNAL);
+        Ok(head)
     }
 }
 
@@ -509,24 +878,156 @@ fn element_bytes(data_type: i32) -> u64 {
     }
 }
 
-impl TensorProto {
-    fn collect(&self, found: &mut Found) {
-        if found.not_numbers.is_none() && self.data_type == Some(STRING) {
-            found.not_numbers = Some(format!("tensor '{}'", shorten(&String::from_utf8_lossy(&self.name))));
-        }
-        if self.data_location == Some(EXTERNAL) || !self.external_data.is_empty() {
-            let location = self.external_data.iter().find(|e| e.key == b"location");
-            found.references.push(FileReference {
-                owner: String::from_utf8_lossy(&self.name).into_owned(),
-                location: location.map(|e| String::from_utf8_lossy(&e.value).into_owned()).unwrap_or_default(),
-            });
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use prost::Message;
+
     use super::*;
+
+    // Messages of `onnx.proto` to write test models with (the fields the walk reads).
+
+    #[derive(Clone, PartialEq, Message)]
+    struct ModelProto {
+        #[prost(message, optional, tag = "7")]
+        graph: Option<GraphProto>,
+        #[prost(message, repeated, tag = "20")]
+        training_info: Vec<TrainingInfoProto>,
+        #[prost(message, repeated, tag = "25")]
+        functions: Vec<FunctionProto>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct TrainingInfoProto {
+        #[prost(message, optional, tag = "1")]
+        initialization: Option<GraphProto>,
+        #[prost(message, optional, tag = "2")]
+        algorithm: Option<GraphProto>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct GraphProto {
+        #[prost(message, repeated, tag = "1")]
+        nodes: Vec<NodeProto>,
+        #[prost(message, repeated, tag = "5")]
+        initializers: Vec<TensorProto>,
+        #[prost(message, repeated, tag = "11")]
+        inputs: Vec<ValueInfoProto>,
+        #[prost(message, repeated, tag = "12")]
+        outputs: Vec<ValueInfoProto>,
+        #[prost(message, repeated, tag = "13")]
+        value_info: Vec<ValueInfoProto>,
+        #[prost(message, repeated, tag = "15")]
+        sparse_initializers: Vec<SparseTensorProto>,
+    }
+
+    /// A value's type, read only as far as a tensor's dimensions (their contents skipped).
+    #[derive(Clone, PartialEq, Message)]
+    struct ValueInfoProto {
+        #[prost(message, optional, tag = "2")]
+        r#type: Option<TypeProto>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct TypeProto {
+        #[prost(message, optional, tag = "1")]
+        tensor_type: Option<TypeProtoTensor>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct TypeProtoTensor {
+        #[prost(message, optional, tag = "2")]
+        shape: Option<TensorShapeProto>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct TensorShapeProto {
+        #[prost(message, repeated, tag = "1")]
+        dims: Vec<Dimension>,
+    }
+
+    /// A dimension, its value or name skipped.
+    #[derive(Clone, PartialEq, Message)]
+    struct Dimension {}
+
+    #[derive(Clone, PartialEq, Message)]
+    struct NodeProto {
+        #[prost(bytes = "vec", tag = "3")]
+        name: Vec<u8>,
+        #[prost(bytes = "vec", tag = "4")]
+        op_type: Vec<u8>,
+        #[prost(message, repeated, tag = "5")]
+        attributes: Vec<AttributeProto>,
+        #[prost(bytes = "vec", tag = "7")]
+        domain: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct AttributeProto {
+        #[prost(bytes = "vec", tag = "1")]
+        name: Vec<u8>,
+        #[prost(int64, optional, tag = "3")]
+        i: Option<i64>,
+        #[prost(bytes = "vec", optional, tag = "4")]
+        s: Option<Vec<u8>>,
+        #[prost(message, optional, tag = "5")]
+        tensor: Option<TensorProto>,
+        #[prost(message, optional, tag = "6")]
+        graph: Option<GraphProto>,
+        #[prost(message, repeated, tag = "10")]
+        tensors: Vec<TensorProto>,
+        #[prost(message, repeated, tag = "11")]
+        graphs: Vec<GraphProto>,
+        #[prost(message, optional, tag = "22")]
+        sparse_tensor: Option<SparseTensorProto>,
+        #[prost(message, repeated, tag = "23")]
+        sparse_tensors: Vec<SparseTensorProto>,
+        /// Inside a function: the caller's attribute this one takes its value from.
+        #[prost(bytes = "vec", tag = "21")]
+        ref_attr_name: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct TensorProto {
+        #[prost(int32, optional, tag = "2")]
+        data_type: Option<i32>,
+        #[prost(bytes = "vec", tag = "8")]
+        name: Vec<u8>,
+        #[prost(message, repeated, tag = "13")]
+        external_data: Vec<StringStringEntryProto>,
+        #[prost(int32, optional, tag = "14")]
+        data_location: Option<i32>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct SparseTensorProto {
+        #[prost(message, optional, tag = "1")]
+        values: Option<TensorProto>,
+        #[prost(message, optional, tag = "2")]
+        indices: Option<TensorProto>,
+        /// The dense shape.
+        #[prost(int64, repeated, tag = "3")]
+        dims: Vec<i64>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct FunctionProto {
+        #[prost(bytes = "vec", tag = "1")]
+        name: Vec<u8>,
+        #[prost(message, repeated, tag = "7")]
+        nodes: Vec<NodeProto>,
+        #[prost(bytes = "vec", tag = "10")]
+        domain: Vec<u8>,
+        #[prost(message, repeated, tag = "11")]
+        attribute_defaults: Vec<AttributeProto>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    struct StringStringEntryProto {
+        #[prost(bytes = "vec", tag = "1")]
+        key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        value: Vec<u8>,
+    }
 
     fn loaded_bytes(onnx: &[u8]) -> Result<u64, OnnxError> {
         inspect(onnx).map(|inspection| inspection.loaded_bytes())
@@ -604,7 +1105,8 @@ mod tests {
             ..Default::default()
         };
         let onnx = model(nested);
-        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + 4000 + 2 * NODE_BYTES), "and two nodes");
+        let two_nodes_of_an_attribute = 2 * (NODE_BYTES + ATTRIBUTE_BYTES);
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + 4000 + two_nodes_of_an_attribute));
         // Shapes that overflow or go negative take all of memory.
         for dims in [vec![1 << 40, 1 << 40], vec![-1, 4]] {
             let graph = GraphProto { sparse_initializers: vec![floats(dims)], ..Default::default() };
@@ -612,8 +1114,10 @@ mod tests {
         }
         let digits = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/digits/model/digits.onnx"))
             .expect("the digits model");
-        let nodes = ModelProto::decode(digits.as_slice()).expect("decodes").graph.expect("a graph").nodes.len() as u64;
-        assert_eq!(loaded_bytes(&digits), Ok(digits.len() as u64 + nodes * NODE_BYTES), "no sparse tensor");
+        // No sparse tensor; 12 nodes with 3 attributes among them, an input and two outputs with
+        // 5 dimensions among them.
+        let objects = 12 * NODE_BYTES + 3 * ATTRIBUTE_BYTES + 3 * VALUE_BYTES + 5 * DIM_BYTES;
+        assert_eq!(loaded_bytes(&digits), Ok(digits.len() as u64 + objects));
     }
 
     #[test]
@@ -758,12 +1262,156 @@ mod tests {
         let sparse = SparseTensorProto { values: Some(embedded("v")), indices: None, dims: vec![1] };
         let mut nodes = vec![call; 4096];
         nodes.extend([branching, constant_node]);
-        let graph = GraphProto { nodes, initializers: vec![embedded("w"); 96], sparse_initializers: vec![sparse; 96] };
+        let graph = GraphProto {
+            nodes,
+            initializers: vec![embedded("w"); 96],
+            sparse_initializers: vec![sparse; 96],
+            ..Default::default()
+        };
         let mut model = ModelProto { graph: Some(graph), training_info: Vec::new(), functions: vec![function] };
         let too_many = OnnxError::TooManyConstants { count: 16_385, limit: MAX_TENANT_CONSTANTS };
         assert_eq!(check_tenant_model(&model.encode_to_vec()), Err(too_many));
         model.graph.as_mut().map(|graph| graph.sparse_initializers.pop());
         assert_eq!(check_tenant_model(&model.encode_to_vec()), Ok(()));
+    }
+
+    #[test]
+    fn values_dimensions_and_attributes_count_and_inputs_and_outputs_are_bounded() {
+        let value = |dims: usize| ValueInfoProto {
+            r#type: Some(TypeProto {
+                tensor_type: Some(TypeProtoTensor { shape: Some(TensorShapeProto { dims: vec![Dimension {}; dims] }) }),
+            }),
+        };
+        let node = NodeProto {
+            domain: Vec::new(),
+            name: b"n".to_vec(),
+            op_type: b"Identity".to_vec(),
+            attributes: vec![AttributeProto::default(); 1000],
+        };
+        let graph = GraphProto {
+            nodes: vec![node],
+            inputs: vec![value(100_000)],
+            outputs: vec![value(0); 2],
+            value_info: vec![value(1); 10],
+            ..Default::default()
+        };
+        let onnx = model(graph.clone());
+        let objects = NODE_BYTES + 1000 * ATTRIBUTE_BYTES + 13 * VALUE_BYTES + 100_010 * DIM_BYTES;
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + objects));
+        assert_eq!(check_tenant_model(&onnx), Ok(()));
+        // Inputs and outputs are counted in every graph: the main graph's and an `If`'s branch's.
+        let branch = GraphProto { inputs: vec![value(0); 4095], outputs: vec![value(0); 4095], ..Default::default() };
+        let branching = NodeProto {
+            domain: Vec::new(),
+            name: b"if".to_vec(),
+            op_type: b"If".to_vec(),
+            attributes: vec![AttributeProto { graph: Some(branch), ..Default::default() }],
+        };
+        let onnx = model(GraphProto { nodes: vec![branching.clone()], outputs: vec![value(0)], ..graph.clone() });
+        assert_eq!(check_tenant_model(&onnx), Ok(()), "4,096 inputs and 4,096 outputs");
+        let onnx = model(GraphProto { nodes: vec![branching.clone()], ..graph.clone() });
+        let too_many = OnnxError::TooManyGraphValues { what: "outputs", count: 4097, limit: MAX_TENANT_GRAPH_VALUES };
+        assert_eq!(check_tenant_model(&onnx), Err(too_many));
+        let onnx =
+            model(GraphProto { nodes: vec![branching], inputs: vec![value(0); 2], outputs: vec![value(0)], ..graph });
+        let too_many = OnnxError::TooManyGraphValues { what: "inputs", count: 4097, limit: MAX_TENANT_GRAPH_VALUES };
+        assert_eq!(check_tenant_model(&onnx), Err(too_many));
+    }
+
+    /// Field `tag` holding `message`'s bytes as they are.
+    fn field(tag: u32, message: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        prost::encoding::encode_key(tag, WireType::LengthDelimited, &mut bytes);
+        prost::encoding::encode_varint(message.len() as u64, &mut bytes);
+        bytes.extend_from_slice(message);
+        bytes
+    }
+
+    #[test]
+    fn a_tensor_given_twice_is_one_tensor_merged_as_an_engine_reads_it() {
+        // A `Constant` whose one sparse tensor is given twice, with half its shape each: an engine
+        // joins them into one of 65,536 x 65,536 floats, so that is what it counts at.
+        let constant_of = |attribute: &[u8]| {
+            let mut node = NodeProto { attributes: Vec::new(), ..constant(embedded("c")) }.encode_to_vec();
+            node.extend(field(NODE_ATTRIBUTE, attribute));
+            field(MODEL_GRAPH, &field(GRAPH_NODE, &node))
+        };
+        let sparse = |data_type, dims| {
+            let values = Some(TensorProto { data_type: Some(data_type), ..embedded("v") });
+            AttributeProto {
+                sparse_tensor: Some(SparseTensorProto { values, indices: None, dims }),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let mut attribute = sparse(1, vec![65_536]);
+        attribute.extend(sparse(1, vec![65_536]));
+        let onnx = constant_of(&attribute);
+        let objects = NODE_BYTES + ATTRIBUTE_BYTES;
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + (4 << 32) + objects));
+        // Its values' type is the last given (a string counts as 32 bytes), and they are strings.
+        attribute.extend(sparse(STRING, vec![1]));
+        let onnx = constant_of(&attribute);
+        assert_eq!(loaded_bytes(&onnx), Ok(onnx.len() as u64 + (32 << 32) + objects));
+        assert!(matches!(check_tenant_model(&onnx), Err(OnnxError::NotNumbers { .. })));
+    }
+
+    #[test]
+    fn graphs_and_calls_nest_at_most_64_deep() {
+        let nested = |depth: usize| {
+            let mut graph = GraphProto { nodes: vec![constant(embedded("c"))], ..Default::default() };
+            for _ in 1..depth {
+                let attribute = AttributeProto { graph: Some(graph), ..Default::default() };
+                let node = NodeProto {
+                    domain: Vec::new(),
+                    name: b"if".to_vec(),
+                    op_type: b"If".to_vec(),
+                    attributes: vec![attribute],
+                };
+                graph = GraphProto { nodes: vec![node], ..Default::default() };
+            }
+            model(graph)
+        };
+        assert!(loaded_bytes(&nested(64)).is_ok());
+        assert_eq!(loaded_bytes(&nested(65)).map(drop), Err(OnnxError::TooDeep { limit: MAX_DEPTH }));
+        // A chain of functions each calling the next: a call is a level too.
+        let chain = |length: usize| {
+            let call = |index: usize| NodeProto {
+                domain: b"local".to_vec(),
+                name: Vec::new(),
+                op_type: format!("f{index}").into_bytes(),
+                attributes: Vec::new(),
+            };
+            let function = |index: usize| FunctionProto {
+                name: format!("f{index}").into_bytes(),
+                domain: b"local".to_vec(),
+                nodes: vec![if index + 1 < length { call(index + 1) } else { constant(embedded("c")) }],
+                attribute_defaults: Vec::new(),
+            };
+            let graph = GraphProto { nodes: vec![call(0)], ..Default::default() };
+            ModelProto { graph: Some(graph), training_info: Vec::new(), functions: (0..length).map(function).collect() }
+                .encode_to_vec()
+        };
+        // Calls build no node of their own: 63 deep, the one `Constant` at the end.
+        let deepest = chain(63);
+        assert_eq!(loaded_bytes(&deepest), Ok(deepest.len() as u64 + NODE_BYTES + ATTRIBUTE_BYTES));
+        assert_eq!(loaded_bytes(&chain(100_000)).map(drop), Err(OnnxError::TooManyFunctions { limit: MAX_FUNCTIONS }));
+        assert_eq!(loaded_bytes(&chain(60_000)).map(drop), Err(OnnxError::TooDeep { limit: MAX_DEPTH }));
+    }
+
+    #[test]
+    fn malformed_bytes_are_refused_with_what_is_wrong() {
+        for (bytes, expected) in [
+            (&[0x3a, 0x05, 0x01][..], "runs past the end"),
+            (&[0x38, 0x01][..], "holds a number"),
+            (&[0x3b][..], "a group field"),
+            (&[0xff][..], "varint"),
+        ] {
+            match inspect(bytes).map(drop) {
+                Err(OnnxError::Malformed(message)) => assert!(message.contains(expected), "{message}"),
+                other => panic!("{bytes:?}: {:?}", other.map_err(|e| e.to_string())),
+            }
+        }
     }
 
     #[test]
@@ -829,7 +1477,7 @@ mod tests {
         }
         .encode_to_vec();
         let owners: Vec<String> = file_references(&onnx).expect("decodes").into_iter().map(|r| r.owner).collect();
-        assert_eq!(owners, ["ctx (EPContext)", "f", "t"]);
+        assert_eq!(owners, ["ctx (EPContext)", "t", "f"], "in the order of the model's bytes");
         let refused = check_self_contained(&onnx).expect_err("refused");
         assert!(refused.to_string().contains("save_as_external_data=False"), "{refused}");
     }

@@ -10,6 +10,7 @@ mod output;
 #[cfg(feature = "tract")]
 pub mod tract;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -78,6 +79,36 @@ impl Signature {
             && self.outputs.iter().all(TensorSpec::has_batch_dim)
     }
 
+    /// `inputs` in the order the signature declares them, each present once; a name it does not
+    /// declare, or one given twice or not at all, is an error naming it. By position through a
+    /// map: a model of n inputs costs a request time linear in n, where comparing each name
+    /// with each cost 0.7 s of CPU for a request of 16,000.
+    pub fn order_inputs(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>, String> {
+        let positions: HashMap<&str, usize> =
+            self.inputs.iter().enumerate().map(|(position, spec)| (spec.name.as_str(), position)).collect();
+        let mut ordered: Vec<Option<(String, Tensor)>> =
+            std::iter::repeat_with(|| None).take(self.inputs.len()).collect();
+        for (name, tensor) in inputs {
+            let Some(&position) = positions.get(name.as_str()) else {
+                let expected: Vec<&str> = self.inputs.iter().take(16).map(|spec| spec.name.as_str()).collect();
+                let more = match self.inputs.len().saturating_sub(expected.len()) {
+                    0 => String::new(),
+                    more => format!(" and {more} more"),
+                };
+                return Err(format!("unexpected input '{name}'; the model takes {expected:?}{more}"));
+            };
+            if ordered[position].is_some() {
+                return Err(format!("input '{name}' is given twice"));
+            }
+            ordered[position] = Some((name, tensor));
+        }
+        self.inputs
+            .iter()
+            .zip(ordered)
+            .map(|(spec, input)| input.ok_or_else(|| format!("missing input '{}'", spec.name)))
+            .collect()
+    }
+
     /// The first input or output whose name is longer than [`MAX_TENSOR_NAME_BYTES`].
     pub fn overlong_name(&self) -> Option<&str> {
         self.inputs
@@ -85,6 +116,16 @@ impl Signature {
             .chain(&self.outputs)
             .map(|spec| spec.name.as_str())
             .find(|name| name.len() > MAX_TENSOR_NAME_BYTES)
+    }
+}
+
+/// The tensor named `name` in `inputs`, looked for first at `position`: inputs in their
+/// signature's order ([`Signature::order_inputs`]) have it there, so finding each of many by
+/// name costs linear time, not their square.
+pub fn input_at<'a>(inputs: &'a [(String, Tensor)], position: usize, name: &str) -> Option<&'a Tensor> {
+    match inputs.get(position) {
+        Some((at, tensor)) if at == name => Some(tensor),
+        _ => inputs.iter().find(|(at, _)| at == name).map(|(_, tensor)| tensor),
     }
 }
 
@@ -280,4 +321,50 @@ pub fn available(settings: &BackendSettings) -> Backends {
     backends.available.push(Arc::new(tract::Tract::new(settings)));
     let _ = settings;
     backends
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_float(name: &str) -> (String, Tensor) {
+        (name.to_string(), Tensor::new(ElementType::F32, vec![1], vec![0; 4]).expect("one float"))
+    }
+
+    fn signature(names: &[String]) -> Signature {
+        let spec = |name: &String| TensorSpec { name: name.clone(), ty: ElementType::F32, dims: vec![Some(1)] };
+        Signature { inputs: names.iter().map(spec).collect(), outputs: Vec::new() }
+    }
+
+    #[test]
+    fn inputs_are_put_in_the_signatures_order_and_each_is_found_where_it_is() {
+        let names: Vec<String> = ["a", "b", "c"].map(String::from).into();
+        let signature = signature(&names);
+        let given = vec![one_float("c"), one_float("a"), one_float("b")];
+        let ordered = signature.order_inputs(given).expect("all three");
+        assert_eq!(ordered.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert!(input_at(&ordered, 1, "b").is_some() && input_at(&ordered, 0, "c").is_some(), "anywhere");
+        assert!(input_at(&ordered, 0, "d").is_none());
+
+        let unexpected = signature.order_inputs(vec![one_float("a"), one_float("d")]).expect_err("unknown");
+        assert_eq!(unexpected, r#"unexpected input 'd'; the model takes ["a", "b", "c"]"#);
+        let twice = signature.order_inputs(vec![one_float("b"), one_float("b")]).expect_err("repeated");
+        assert_eq!(twice, "input 'b' is given twice");
+        let missing = signature.order_inputs(vec![one_float("c"), one_float("a")]).expect_err("one short");
+        assert_eq!(missing, "missing input 'b'");
+    }
+
+    #[test]
+    fn many_inputs_are_ordered_in_linear_time() {
+        // Comparing each given name with each declared one took 0.7 s of CPU for 16,000 inputs
+        // (measured on the server), so about 30 s for these.
+        let names: Vec<String> = (0..100_000).map(|index| format!("i{index}")).collect();
+        let signature = signature(&names);
+        let started = std::time::Instant::now();
+        let ordered = signature.order_inputs(names.iter().rev().map(|name| one_float(name)).collect());
+        assert_eq!(ordered.expect("all of them")[99_999].0, "i99999");
+        assert!(started.elapsed() < std::time::Duration::from_secs(3), "took {:?}", started.elapsed());
+        let error = signature.order_inputs(vec![one_float("x")]).expect_err("unknown");
+        assert!(error.ends_with(r#""i15"] and 99984 more"#), "{error}");
+    }
 }

@@ -193,11 +193,8 @@ impl Graph for TractGraph {
         }
         // tract takes inputs by position: order them as the signature declares.
         let mut ordered: TVec<TValue> = TVec::new();
-        for spec in &self.signature.inputs {
-            let tensor = inputs
-                .iter()
-                .find(|(name, _)| name == &spec.name)
-                .map(|(_, t)| t)
+        for (position, spec) in self.signature.inputs.iter().enumerate() {
+            let tensor = super::input_at(inputs, position, &spec.name)
                 .ok_or_else(|| run_error(format!("missing input '{}'", spec.name)))?;
             ordered.push(to_tract(tensor).map_err(run_error)?.into());
         }

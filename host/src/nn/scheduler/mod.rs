@@ -33,7 +33,7 @@ use tokio::task::JoinError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::backend::{BackendError, Graph, Output, Stop};
+use super::backend::{BackendError, Graph, Output, Stop, input_at};
 use super::device::{Device, Evictable, Reservation};
 use crate::registry::placement::DeviceId;
 use crate::telemetry::metrics::{ModelLabels, ModelSeries, metrics};
@@ -2179,9 +2179,9 @@ fn stack(mut inputs: Vec<NamedTensors>, buffers: &StackBuffers) -> Option<NamedT
     let names: Vec<String> = inputs.first()?.iter().map(|(name, _)| name.clone()).collect();
     names
         .into_iter()
-        .map(|name| {
-            let parts: Vec<&Tensor> =
-                inputs.iter().map(|job| job.iter().find(|(n, _)| *n == name).map(|(_, t)| t)).collect::<Option<_>>()?;
+        .enumerate()
+        .map(|(position, name)| {
+            let parts: Vec<&Tensor> = inputs.iter().map(|job| input_at(job, position, &name)).collect::<Option<_>>()?;
             let len = parts.iter().map(|part| part.data().len()).sum();
             Some((name, Tensor::concat_rows_into(&parts, buffers.take(len))?))
         })
