@@ -47,6 +47,8 @@ fn compile_proto(root: &Path) {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // prost's, counting an inference request's small messages before building them.
+        .codec_path("crate::api::grpc_codec::BoundedCodec")
         .compile_with_config(config, &[proto], &[root.join("proto")])
         .expect("compiling proto/grpc_predict_v2.proto");
 }

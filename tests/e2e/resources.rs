@@ -787,3 +787,25 @@ async fn one_tenants_busy_models_on_the_webgpu_adapter_run_one_at_a_time_and_the
     assert!(scrape.sum(TENANT_RUN_WAIT, &webgpu("evil")) > 0.0, "its runs waited their turns");
     assert_eq!(scrape.sum(TENANT_ENGINE_RUNS, &[]), 0.0, "every place went back");
 }
+
+#[tokio::test]
+async fn a_grpc_request_of_many_small_messages_is_refused_before_it_is_built() {
+    use sluice::api::grpc::proto::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use sluice::api::grpc::proto::{ModelInferRequest, model_infer_request};
+    let tenants = tenants("");
+    let server = Server::start(tenants.path(), &[]);
+    let mut grpc = GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("connects");
+    // 8 million empty inputs, 16 MB within the default `max_request_bytes`: prost built a
+    // struct for each before any check, and the server grew by 2.4 GiB for this one call.
+    let request = ModelInferRequest {
+        model_name: "hostile".into(),
+        inputs: vec![model_infer_request::InferInputTensor::default(); 8_000_000],
+        ..Default::default()
+    };
+    let (answer, grown) = server.peak_growth(grpc.model_infer(authed(request, EVIL))).await;
+    let status = answer.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{}", status.message());
+    assert!(status.message().contains("send fewer and larger ones"), "{}", status.message());
+    assert!(grown < 200 << 20, "the server grew by {} MiB", grown >> 20);
+    victim_served(&server).await;
+}

@@ -15,6 +15,7 @@ pub mod control;
 pub mod error;
 pub mod grpc;
 pub mod grpc_body;
+pub mod grpc_codec;
 mod grpc_stream;
 mod held;
 pub mod http;

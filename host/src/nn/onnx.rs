@@ -16,7 +16,9 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use prost::encoding::{WireType, decode_key, decode_varint};
+use prost::encoding::decode_varint;
+
+use crate::oip::wire::{Field, Fields, Value, WireError, submessage};
 
 /// One file a model would make an engine open.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +86,16 @@ pub const MAX_TENANT_FUNCTION_CALLS: u64 = 4096;
 /// expanded). ONNX Runtime's load takes time quadratic in their number, used or not: 65,536
 /// one-float initializers (1.3 MB of model) took 10.5 s of CPU, 16,384 0.34 s.
 pub const MAX_TENANT_CONSTANTS: u64 = 16_384;
+
+impl From<WireError> for OnnxError {
+    fn from(error: WireError) -> Self {
+        OnnxError::Malformed(error.0)
+    }
+}
+
+fn malformed(what: impl std::fmt::Display) -> OnnxError {
+    OnnxError::Malformed(what.to_string())
+}
 
 /// Graphs nested in nodes and calls of local functions, one within another, the walk follows
 /// (it recurses, as engines do; ONNX Runtime's protobuf reader stops at 100 messages deep, about
@@ -613,115 +625,6 @@ const FUNCTION_NODE: u32 = 7;
 const FUNCTION_DOMAIN: u32 = 10;
 const FUNCTION_ATTRIBUTE_DEFAULT: u32 = 11;
 
-/// A field's value as it lies in its message's bytes.
-#[derive(Clone, Copy)]
-enum Value<'a> {
-    Varint(u64),
-    /// An embedded message, a string or a packed list.
-    Bytes(&'a [u8]),
-    /// A fixed-width number, which no field read here is.
-    Fixed,
-}
-
-impl<'a> Value<'a> {
-    fn bytes(self) -> Result<&'a [u8], OnnxError> {
-        match self {
-            Value::Bytes(bytes) => Ok(bytes),
-            _ => Err(malformed("a message or text field holds a number")),
-        }
-    }
-
-    /// A varint as protobuf's `int64` reads it (`int32` and enums are its low 32 bits).
-    fn int(self) -> Result<i64, OnnxError> {
-        match self {
-            Value::Varint(value) => Ok(value as i64),
-            _ => Err(malformed("a number field holds bytes")),
-        }
-    }
-}
-
-type Field<'a> = Result<(u32, Value<'a>), OnnxError>;
-
-fn malformed(what: impl std::fmt::Display) -> OnnxError {
-    OnnxError::Malformed(what.to_string())
-}
-
-/// The fields of one message, read in place with `prost`'s wire decoding: nothing is copied
-/// or built, so a model of millions of small messages costs the walk no memory (decoded into
-/// structs, 16 MB of empty attributes grew the server by 3.9 GiB).
-#[derive(Clone)]
-struct Fields<'a> {
-    rest: &'a [u8],
-    failed: Option<OnnxError>,
-}
-
-impl<'a> Fields<'a> {
-    fn of(message: &'a [u8]) -> Self {
-        Self { rest: message, failed: None }
-    }
-
-    fn failing(error: OnnxError) -> Self {
-        Self { rest: &[], failed: Some(error) }
-    }
-
-    fn field(&mut self) -> Field<'a> {
-        let past_the_end = || malformed("a field runs past the end of its message");
-        let (tag, wire_type) = decode_key(&mut self.rest).map_err(malformed)?;
-        let value = match wire_type {
-            WireType::Varint => Value::Varint(decode_varint(&mut self.rest).map_err(malformed)?),
-            WireType::LengthDelimited => {
-                let length = decode_varint(&mut self.rest).map_err(malformed)?;
-                let length = usize::try_from(length).ok().filter(|&length| length <= self.rest.len());
-                let (bytes, rest) = self.rest.split_at(length.ok_or_else(past_the_end)?);
-                self.rest = rest;
-                Value::Bytes(bytes)
-            }
-            WireType::SixtyFourBit | WireType::ThirtyTwoBit => {
-                let width = if matches!(wire_type, WireType::SixtyFourBit) { 8 } else { 4 };
-                self.rest = self.rest.get(width..).ok_or_else(past_the_end)?;
-                Value::Fixed
-            }
-            WireType::StartGroup | WireType::EndGroup => {
-                return Err(malformed("a group field, which ONNX has none of"));
-            }
-        };
-        Ok((tag, value))
-    }
-}
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = Field<'a>;
-
-    fn next(&mut self) -> Option<Field<'a>> {
-        if let Some(error) = self.failed.take() {
-            return Some(Err(error));
-        }
-        if self.rest.is_empty() {
-            return None;
-        }
-        let field = self.field();
-        if field.is_err() {
-            self.rest = &[];
-        }
-        Some(field)
-    }
-}
-
-/// The fields of the message in field `tag` of the message `fields` reads: of each time it is
-/// given, in turn, as protobuf merges a message given more than once into one (its repeated
-/// fields joined, the last of each single one kept).
-fn submessage<'a>(
-    fields: impl Iterator<Item = Field<'a>> + Clone,
-    tag: u32,
-) -> impl Iterator<Item = Field<'a>> + Clone {
-    fields.filter(move |field| !matches!(field, Ok((other, _)) if *other != tag)).flat_map(|field| {
-        match field.and_then(|(_, value)| value.bytes()) {
-            Ok(message) => Fields::of(message),
-            Err(error) => Fields::failing(error),
-        }
-    })
-}
-
 /// A node's name, operator and domain (the last of each given, as protobuf keeps).
 struct NodeHead<'a> {
     name: &'a [u8],
@@ -881,6 +784,7 @@ fn element_bytes(data_type: i32) -> u64 {
 #[cfg(test)]
 mod tests {
     use prost::Message;
+    use prost::encoding::WireType;
 
     use super::*;
 

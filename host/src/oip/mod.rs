@@ -5,3 +5,4 @@
 
 pub mod raw;
 pub mod types;
+pub mod wire;
