@@ -101,37 +101,42 @@ fn string(bytes: &[u8]) -> usize {
 /// The bytes of the structs prost would build for a `ModelInferRequest`'s messages and strings.
 fn structs_of_request(message: &[u8]) -> Result<usize, WireError> {
     let mut bytes = 0usize;
-    let parameters = |map_field: u32, message: &[u8]| -> Result<usize, WireError> {
-        let mut bytes = 0usize;
-        for field in Fields::of(message) {
-            if field?.0 == map_field {
-                bytes += PARAMETER;
-            }
-        }
-        Ok(bytes)
-    };
     for field in Fields::of(message) {
         bytes += match field? {
             (4, _) => PARAMETER,
-            (5, input) => {
-                let input = input.bytes()?;
-                let mut strings = 0usize;
-                for field in Fields::of(input) {
-                    if let (5, contents) = field? {
-                        strings += size_of::<InferTensorContents>();
-                        for field in Fields::of(contents.bytes()?) {
-                            if let (8, text) = field? {
-                                strings += string(text.bytes()?);
-                            }
-                        }
+            (5, input) => size_of::<InferInputTensor>() + structs_of_input(input.bytes()?)?,
+            (6, output) => {
+                let mut bytes = size_of::<InferRequestedOutputTensor>();
+                for field in Fields::of(output.bytes()?) {
+                    if field?.0 == 2 {
+                        bytes += PARAMETER;
                     }
                 }
-                size_of::<InferInputTensor>() + parameters(4, input)? + strings
+                bytes
             }
-            (6, output) => size_of::<InferRequestedOutputTensor>() + parameters(2, output.bytes()?)?,
             (7, raw) => string(raw.bytes()?),
             _ => 0,
         };
+    }
+    Ok(bytes)
+}
+
+/// ... for an input's parameters, contents and strings.
+fn structs_of_input(input: &[u8]) -> Result<usize, WireError> {
+    let mut bytes = 0usize;
+    for field in Fields::of(input) {
+        match field? {
+            (4, _) => bytes += PARAMETER,
+            (5, contents) => {
+                bytes += size_of::<InferTensorContents>();
+                for field in Fields::of(contents.bytes()?) {
+                    if let (8, text) = field? {
+                        bytes += string(text.bytes()?);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
     Ok(bytes)
 }
