@@ -208,3 +208,85 @@ async fn deleting_frees_names_memory_and_disk_but_never_what_serves() {
     assert_eq!(server.send(Method::PUT, "/control/v1/models/extra", KEY, small).await.0, 201);
     assert_eq!(server.infer("extra", KEY, &row).await.0, 200);
 }
+
+/// `component` with a custom section named `name` at its end: another component to the
+/// server (its own digest, compiled apart), the same code.
+fn with_custom_section(component: &[u8], name: &str) -> Vec<u8> {
+    let leb = |mut n: usize| {
+        let mut bytes = Vec::new();
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            bytes.push(if n == 0 { byte } else { byte | 0x80 });
+            if n == 0 {
+                return bytes;
+            }
+        }
+    };
+    let mut payload = leb(name.len());
+    payload.extend_from_slice(name.as_bytes());
+    let mut out = component.to_vec();
+    out.push(0);
+    out.extend(leb(payload.len()));
+    out.extend(payload);
+    out
+}
+
+/// Another tenant's uploads that take long to load (a graph of many small nodes: seconds of
+/// the engine's CPU as it loads) or to compile hold nothing this tenant's upload waits for
+/// beyond one compile: each tenant's uploads take their turns among its own, beside (models)
+/// or between (components) other tenants'.
+#[tokio::test]
+async fn another_tenants_slow_uploads_never_hold_up_this_ones() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let tenants = tenants();
+    let quotas = "max_resident_model_mib = 8192\nmax_models = 64\nmax_model_bytes = 100000000";
+    tenants.write("globex.toml", &tenant_header("globex", OTHER, quotas));
+    let server = Arc::new(Server::start(tenants.path(), &[]));
+    let upload = |key: &'static str, path: String, body: Vec<u8>| {
+        let server = server.clone();
+        async move {
+            let started = Instant::now();
+            let (code, body) = server.send(Method::PUT, &format!("/control/v1/{path}"), key, body).await;
+            assert_eq!(code, 201, "{path}: {body}");
+            started.elapsed()
+        }
+    };
+
+    // Models: the other tenant's backlog loads on its own turn; this tenant's loads beside it.
+    const NODES: usize = 20_000;
+    let alone = upload(OTHER, "models/chain-0".into(), crate::onnx::add_chain(NODES)).await;
+    assert!(alone > Duration::from_millis(400), "a chain of {NODES} nodes loaded in {alone:?}");
+    // Three more at once (each its own weights: identical ones would share the first's copy).
+    let hogs: Vec<_> = (1..4)
+        .map(|i| tokio::spawn(upload(OTHER, format!("models/chain-{i}"), crate::onnx::add_chain(NODES + i))))
+        .collect();
+    tokio::time::sleep(alone / 4).await;
+    let took = upload(KEY, "models/small".into(), crate::onnx::passes_through()).await;
+    assert!(took < alone / 2, "a small model's upload took {took:?} behind the other tenant's ({alone:?} each)");
+    for hog in hogs {
+        hog.await.expect("an upload");
+    }
+
+    // Components: compiles go one at a time, but the line holds one of each tenant's at most.
+    let component = std::fs::read(guest("digits")).expect("component");
+    let alone = upload(OTHER, "apps/busy/versions/0".into(), with_custom_section(&component, "0")).await;
+    let backlog = 12;
+    let hogs: Vec<_> = (1..=backlog)
+        .map(|i| {
+            let version = with_custom_section(&component, &i.to_string());
+            tokio::spawn(upload(OTHER, format!("apps/busy/versions/{i}"), version))
+        })
+        .collect();
+    tokio::time::sleep(alone).await;
+    let took = upload(KEY, "apps/digits/versions/2".into(), with_custom_section(&component, "mine")).await;
+    assert!(
+        took < 4 * alone,
+        "a component's upload took {took:?} behind {backlog} of the other tenant's ({alone:?} each)"
+    );
+    for hog in hogs {
+        hog.await.expect("an upload");
+    }
+}

@@ -356,11 +356,11 @@ pub async fn add_app_version(
     let pins = Arc::new(pins);
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
     let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
-    let prepared = state
-        .runtime
-        .prepare_upload(label, uploaded.sha256.clone(), bytes)
-        .await
-        .map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
+    let prepared = {
+        let _its_turn = tenant.uploads.lock().await;
+        state.runtime.prepare_upload(label, uploaded.sha256.clone(), bytes).await
+    };
+    let prepared = prepared.map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
     let add = || {
         check_pins(tenant, &version, &pins)?;
         let (app, created) = match tenant.app(app_name.as_str()) {
@@ -415,7 +415,7 @@ fn check_pins(
 
 /// Load uploaded weights as a version of the tenant's model `name` on the best backend
 /// (building its plan is the check that they are a usable model), within the tenant's cap
-/// of resident model memory.
+/// of resident model memory; on the tenant's turn of uploads, beside other tenants' loads.
 async fn load_model(
     state: &ServingState,
     tenant: &TenantState,
@@ -423,6 +423,7 @@ async fn load_model(
     sha256: &str,
     bytes: Vec<u8>,
 ) -> Result<Arc<ModelCopy>, ControlError> {
+    let _its_turn = tenant.uploads.lock().await;
     let cap_full = |full: CapFull| match full.never_fits() {
         true => ControlError::TooLarge(format!("model '{name}' cannot be served: {full}")),
         false => ControlError::Unavailable(format!("model '{name}' cannot be loaded now: {full}")),
@@ -455,7 +456,7 @@ async fn load_model(
         on_missing_device: OnMissingDevice::Cpu,
         response_cache: false,
     };
-    let loaded = state.resident.lock().await.load(&spec, &state.backends, &state.model_defaults).await;
+    let loaded = state.resident.load(&spec, &state.backends, &state.model_defaults).await;
     let model = loaded.map_err(|e| match e {
         ModelLoadError::NoRoom { ref no_room, .. } if no_room.never_fits() => ControlError::TooLarge(e.to_string()),
         ModelLoadError::NoRoom { .. } => ControlError::Unavailable(e.to_string()),

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use sha2::Digest;
@@ -293,9 +293,12 @@ pub type ModelPins = Arc<BTreeMap<ModelName, ModelVersion>>;
 /// configured alike share one copy and one queue). The store does not keep a model alive: a
 /// model nothing serves any more (its names deleted, its upload refused) is unloaded when the
 /// last request using it ends, and loading the same weights again makes a fresh copy.
+///
+/// Its lock is held to look a copy up and to add one, never across a load: one tenant's upload
+/// that takes seconds to load kept every other tenant's upload waiting behind it.
 #[derive(Default)]
 pub struct ModelStore {
-    resident: Vec<(CopyKey, Weak<ModelCopy>)>,
+    resident: Mutex<Vec<(CopyKey, Weak<ModelCopy>)>>,
 }
 
 /// What a copy is made on. Identical weights share a copy only where every setting of its
@@ -355,7 +358,7 @@ impl ModelStore {
     /// Make a model resident (or reuse the resident copy of identical weights).
     /// `defaults` apply where the spec says nothing.
     pub async fn load(
-        &mut self,
+        &self,
         spec: &ModelSpec,
         backends: &Backends,
         defaults: &ModelDefaults,
@@ -398,7 +401,7 @@ impl ModelStore {
             if let Some(model) = self.copy_made_on(&key) {
                 return Ok(model);
             }
-            if self.resident.iter().any(|(other, copy)| other.same_weights(&key) && copy.strong_count() > 0) {
+            if self.copies().iter().any(|(other, copy)| other.same_weights(&key) && copy.strong_count() > 0) {
                 tracing::info!(model = %spec.name, backend = %backend.kind(), sha256 = %spec.sha256,
                     "identical weights are resident on other settings: this model gets a copy of its own");
             }
@@ -546,8 +549,13 @@ impl ModelStore {
                 "model resident"
             );
             metrics().model_loaded(&backend.kind().to_string(), LoadReason::Start.label(), started.elapsed());
-            self.resident.retain(|(_, model)| model.strong_count() > 0);
-            self.resident.push((key, Arc::downgrade(&model)));
+            let mut copies = self.copies();
+            copies.retain(|(_, model)| model.strong_count() > 0);
+            // The same weights on the same settings, loaded beside this one: the first stays.
+            if let Some(first) = made_on(&copies, &key) {
+                return Ok(first);
+            }
+            copies.push((key, Arc::downgrade(&model)));
             return Ok(model);
         }
         Err(ModelLoadError::Failed { model: spec.name.to_string(), reasons: reasons.join("; ") })
@@ -555,8 +563,17 @@ impl ModelStore {
 
     /// The resident copy made on `key`, if any.
     fn copy_made_on(&self, key: &CopyKey) -> Option<Arc<ModelCopy>> {
-        self.resident.iter().find(|(made_on, _)| made_on == key).and_then(|(_, copy)| copy.upgrade())
+        made_on(&self.copies(), key)
     }
+
+    fn copies(&self) -> MutexGuard<'_, Vec<(CopyKey, Weak<ModelCopy>)>> {
+        self.resident.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The copy in `copies` made on `key`, if it still serves.
+fn made_on(copies: &[(CopyKey, Weak<ModelCopy>)], key: &CopyKey) -> Option<Arc<ModelCopy>> {
+    copies.iter().find(|(made_on, _)| made_on == key).and_then(|(_, copy)| copy.upgrade())
 }
 
 /// The placement a loaded graph reports (its device; pinning is not visible from it).
@@ -960,11 +977,11 @@ impl TenantModels {
     }
 
     fn own_models(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ModelName, Binding>> {
-        self.own.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.own.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn own_models_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<ModelName, Binding>> {
-        self.own.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.own.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A model by name for `load-by-name`: the tenant's own first (unless it unloaded it),
@@ -1392,7 +1409,7 @@ mod tests {
         };
         let engine = SimulatedGpuEngine { memory: memory.clone(), started: Default::default() };
         let backends = Backends { available: vec![Arc::new(engine)], unavailable: Vec::new() };
-        let mut store = ModelStore::default();
+        let store = ModelStore::default();
         let first = store.load(&gpu_spec("m0"), &backends, &defaults).await.expect("loads");
         assert_eq!(first.footprint(), PER_GRAPH, "the engine's own first allocation is no model's");
         let second = store.load(&gpu_spec("m1"), &backends, &defaults).await.expect("loads");
@@ -1416,7 +1433,7 @@ mod tests {
         };
         let engine = SimulatedGpuEngine { memory: Arc::new(AtomicU64::new(0)), started: Default::default() };
         let backends = Backends { available: vec![Arc::new(engine)], unavailable: Vec::new() };
-        let mut store = ModelStore::default();
+        let store = ModelStore::default();
         let waits = |us| {
             let mut spec = gpu_spec("m");
             spec.batching.max_queue_delay_us = us;

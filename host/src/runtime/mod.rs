@@ -178,7 +178,9 @@ impl Runtime {
 
     /// [`Runtime::prepare`] for a component a tenant uploads: its world is checked before it
     /// is compiled, and it compiles on a thread of the lowest CPU priority, one upload at a
-    /// time, so that compiling never takes CPU from serving.
+    /// time, so that compiling never takes CPU from serving. The caller holds its tenant's
+    /// turn of uploads, so this line holds at most one of each tenant's: another tenant's
+    /// backlog of uploads never stands in front of it.
     pub async fn prepare_upload(
         self: &std::sync::Arc<Self>,
         label: PathBuf,

@@ -88,6 +88,10 @@ pub struct TenantState {
     pub usage: Usage,
     /// Its last hour of traffic per app and plain model (the status page).
     pub activity: TenantActivity,
+    /// Held while one of its uploads compiles or loads: its uploads take their turns among
+    /// themselves, so that a backlog of them waits on this tenant alone and never stands in
+    /// the line other tenants' uploads wait in.
+    pub uploads: tokio::sync::Mutex<()>,
 }
 
 impl TenantState {
@@ -109,6 +113,7 @@ impl TenantState {
             admin_managed: AtomicBool::new(false),
             usage: Usage::default(),
             activity: TenantActivity::default(),
+            uploads: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -230,7 +235,7 @@ pub struct ServingState {
     /// Held across the shared store's writes and reads (a tokio lock: they are awaited).
     pub control_writes: tokio::sync::Mutex<()>,
     /// Resident models by weights digest and backend, for models uploaded while serving.
-    pub resident: tokio::sync::Mutex<ModelStore>,
+    pub resident: ModelStore,
     pub backends: Backends,
     pub model_defaults: ModelDefaults,
     /// The platform's shared models, for tenants created while serving.
@@ -343,7 +348,7 @@ impl ServingState {
         store: Store,
         admin_token: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let mut resident = ModelStore::default();
+        let resident = ModelStore::default();
         let mut shared = BTreeMap::new();
         for (name, spec) in registry.shared_models() {
             let model = resident.load(spec, &backends, &model_defaults).await;
@@ -417,7 +422,7 @@ impl ServingState {
             shadows,
             store,
             control_writes: tokio::sync::Mutex::new(()),
-            resident: tokio::sync::Mutex::new(resident),
+            resident,
             backends,
             model_defaults,
             body_timeouts: BodyTimeouts::default(),
