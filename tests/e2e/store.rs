@@ -471,3 +471,66 @@ async fn the_lease_holder_analyses_every_replicas_traffic_and_a_killed_one_is_re
     })
     .await;
 }
+
+/// A replica applies what the others saved: another tenant's uploads that take long to load
+/// (graphs of many small nodes, seconds each) are made before the replica takes the lock its
+/// control changes take, so this tenant's changes there never wait for them.
+#[tokio::test]
+async fn a_replica_applying_another_tenants_slow_uploads_keeps_this_ones_changes_waiting_for_none() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const OTHER: &str = "test-key-replicas-globex";
+    let moto = Moto::start().await;
+    moto.bucket("fleet").await;
+    let tenants = Tenants::new();
+    tenants.write("acme.toml", &(tenant_header("acme", KEY, "") + &app_entry("digits", &guest("digits"))));
+    let quotas = "max_resident_model_mib = 8192\nmax_models = 64\nmax_model_bytes = 100000000\n\
+                  max_stored_bytes = 1000000000";
+    tenants.write("globex.toml", &tenant_header("globex", OTHER, quotas));
+    let uploading = replica(tenants.path(), &moto);
+    let applying = Arc::new(replica(tenants.path(), &moto));
+
+    // This tenant changes its traffic through the applying replica, one change after another.
+    let stop = Arc::new(AtomicBool::new(false));
+    let changes = {
+        let (applying, stop) = (applying.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            let traffic = serde_json::json!({ "stable": "1" }).to_string().into_bytes();
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let path = "/control/v1/apps/digits/traffic";
+                let (code, body) = applying.send(reqwest::Method::PUT, path, KEY, traffic.clone()).await;
+                assert_eq!(code, 200, "{body}");
+                slowest = slowest.max(started.elapsed());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            slowest
+        })
+    };
+    // The other tenant uploads three models through the other replica, and a component.
+    let mut alone = Duration::MAX;
+    for i in 0..3 {
+        let started = Instant::now();
+        let model = crate::onnx::add_chain(20_000 + i);
+        let path = format!("/control/v1/models/chain-{i}");
+        let (code, body) = uploading.send(reqwest::Method::PUT, &path, OTHER, model).await;
+        assert_eq!(code, 201, "{body}");
+        alone = alone.min(started.elapsed());
+    }
+    let component = std::fs::read(guest("echo_guest")).expect("component");
+    let (code, body) = uploading.send(reqwest::Method::PUT, "/control/v1/apps/echo/versions/1", OTHER, component).await;
+    assert_eq!(code, 201, "{body}");
+    let x = serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }] });
+    until(&applying, "the other tenant's uploads serve", async |s: &Server| {
+        s.infer("chain-2", OTHER, &x).await.0 == 200 && s.get("/control/v1/apps/echo", Some(OTHER)).await.0 == 200
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let slowest = changes.await.expect("the changes");
+    assert!(alone > Duration::from_millis(400), "a chain of 20,000 nodes loaded in {alone:?}");
+    assert!(
+        slowest < alone / 2,
+        "a traffic change took {slowest:?} while the replica applied uploads that load in {alone:?}"
+    );
+}

@@ -20,7 +20,7 @@ use crate::registry::store::{NewerState, SaveError, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::traffic::Traffic;
-use crate::runtime::World;
+use crate::runtime::{Component, World};
 use crate::state::{ServingState, TenantState};
 
 /// What is saved per tenant: its uploaded models' versions (by weights digest) and each
@@ -102,8 +102,9 @@ pub async fn save_control(state: &ServingState, tenant: &TenantState) -> Result<
 /// `undo` takes the change back, so what the client is answered (an error) and what
 /// serves, before and after a restart, agree. When another replica saved first, its version
 /// is applied and the change made again on it. `publish`: an upload the change references,
-/// stored (here and in the shared store) in the same critical section, so no deletion's
-/// blob collection sees it stored but unreferenced.
+/// stored in the shared store first, without the lock (a large upload's transfer held every
+/// tenant's changes), then here in the same critical section, so no deletion's blob
+/// collection sees it stored but unreferenced (collection removes this replica's copy only).
 pub(super) async fn change_and_save<T>(
     state: &ServingState,
     tenant: &TenantState,
@@ -111,9 +112,12 @@ pub(super) async fn change_and_save<T>(
     mut change: impl FnMut() -> Result<T, ControlError>,
     undo: impl Fn(&T),
 ) -> Result<T, ControlError> {
+    if let Some(uploaded) = publish {
+        state.store.share(uploaded).await.map_err(|e| store_failure("storing the upload", e))?;
+    }
     let _one_writer = state.control_writes.lock().await;
     if let Some(uploaded) = publish {
-        state.store.publish(uploaded).await.map_err(|e| store_failure("storing the upload", e))?;
+        state.store.commit(uploaded).map_err(|e| store_failure("storing the upload", e))?;
     }
     for _ in 0..SAVE_ATTEMPTS {
         let changed = change()?;
@@ -186,10 +190,19 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
 /// again at the next poll, without holding up the other tenants; only a failure to read the
 /// store, or to restore the data directory's state at start, is an error.
 pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
-    // Read without the lock (the store may be slow); applied under it, unless a save of this
-    // replica's has moved past the version meanwhile.
+    // Read without the lock (the store may be slow), and what the documents add made without
+    // it too; applied under it, unless a save of this replica's has moved past the version
+    // meanwhile.
     let newer =
         state.store.newer_states(None).await.map_err(|e| store_failure("reading the saved control state", e))?;
+    let mut made = BTreeMap::new();
+    for saved in &newer {
+        let tenant = TenantId::new(&saved.tenant).ok().and_then(|id| state.tenant(&id));
+        let unapplied = saved.version == 0 || saved.version > state.store.applied_version(&saved.tenant);
+        if let (Some(tenant), true, Ok(document)) = (tenant, unapplied, parse_saved(saved)) {
+            made.insert(saved.tenant.clone(), make_ahead(state, &tenant, &document).await);
+        }
+    }
     let _one_writer = state.control_writes.lock().await;
     let newer: Vec<_> = newer
         .into_iter()
@@ -207,7 +220,8 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
                 state.insert_tenant(Tenant { id: id.clone(), quotas, models: BTreeMap::new(), apps: BTreeMap::new() })
             }
         };
-        match apply_saved(state, &tenant, document).await {
+        let made = made.remove(&saved.tenant).unwrap_or_default();
+        match apply_saved(state, &tenant, document, made).await {
             Ok(()) => {
                 // Models may have left under their names (see `delete_model`).
                 tenant.policy().response_cache.clear();
@@ -232,7 +246,7 @@ async fn catch_up(state: &ServingState, tenant: &TenantState) -> Result<(), Cont
         .await
         .map_err(|e| store_failure("reading the saved control state", e))?;
     for saved in newer {
-        apply_saved(state, tenant, parse_saved(&saved)?).await?;
+        apply_saved(state, tenant, parse_saved(&saved)?, MadeAhead::default()).await?;
         state.store.set_applied(id.as_str(), saved.version);
     }
     Ok(())
@@ -243,10 +257,62 @@ fn parse_saved(saved: &NewerState) -> Result<TenantControl, ControlError> {
         .map_err(|e| internal("the saved control state", format!("tenant '{}': {e}", saved.tenant)))
 }
 
+/// What a saved document adds that takes long to make (models loaded, components compiled:
+/// seconds each), made before the control lock is taken, since every tenant's changes wait
+/// on that lock: one tenant's uploads applied under it stalled them all. Kept by model version
+/// and by component digest; what failed here is made again under the lock, for its error.
+#[derive(Default)]
+struct MadeAhead {
+    models: BTreeMap<(ModelName, ModelVersion), (String, Arc<ModelCopy>)>,
+    components: BTreeMap<String, Component>,
+}
+
+/// Load the models and compile the components `saved` names that `tenant` lacks (on its turn
+/// of uploads, like its own).
+async fn make_ahead(state: &ServingState, tenant: &TenantState, saved: &TenantControl) -> MadeAhead {
+    let mut made = MadeAhead::default();
+    let declared = tenant.spec();
+    for ((name, version), sha256) in saved.weights() {
+        let have = tenant.models.own_version(name.as_str(), version).is_some_and(|(_, model)| model.sha256 == sha256);
+        if have || declared.models.contains_key(&name) {
+            continue;
+        }
+        let loaded = match read_blob(state, &sha256).await {
+            Ok(bytes) => load_model(state, tenant, (&name, version), &sha256, bytes).await,
+            Err(error) => Err(error),
+        };
+        if let Ok(model) = loaded {
+            made.models.insert((name, version), (sha256, model));
+        }
+    }
+    for (name, app) in &saved.apps {
+        for sha256 in app.versions.values() {
+            let have = tenant.app(name.as_str()).is_some_and(|app| {
+                app.version_names().iter().any(|v| app.version(v).is_some_and(|version| version.sha256 == *sha256))
+            });
+            if have || made.components.contains_key(sha256) {
+                continue;
+            }
+            let Ok(bytes) = read_blob(state, sha256).await else { continue };
+            let _its_turn = tenant.uploads.lock().await;
+            let path = state.store.blob_path(sha256);
+            if let Ok(component) = state.runtime.prepare_upload(path, sha256.clone(), bytes).await {
+                made.components.insert(sha256.clone(), component);
+            }
+        }
+    }
+    made
+}
+
 /// Make a tenant serve what a saved document says: its quotas and keys when admin-managed,
 /// its uploaded models, its apps' versions and traffic; what the document lacks and the
-/// manifest does not declare goes.
-async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantControl) -> Result<(), ControlError> {
+/// manifest does not declare goes. What `made` holds is taken instead of made here.
+async fn apply_saved(
+    state: &ServingState,
+    tenant: &TenantState,
+    saved: TenantControl,
+    mut made: MadeAhead,
+) -> Result<(), ControlError> {
     let spec = tenant.spec();
     let id = spec.id.clone();
     let saved_weights = saved.weights();
@@ -270,8 +336,10 @@ async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantCo
             Some(_) => drop(tenant.models.remove_version(name, *version)),
             None => {}
         }
-        let bytes = read_blob(state, sha256).await?;
-        let model = load_model(state, tenant, (name, *version), sha256, bytes).await?;
+        let model = match made.models.remove(&(name.clone(), *version)) {
+            Some((made_from, model)) if made_from == *sha256 => model,
+            _ => load_model(state, tenant, (name, *version), sha256, read_blob(state, sha256).await?).await?,
+        };
         tenant.models.add(name.clone(), *version, model);
         models_changed = true;
     }
@@ -296,11 +364,16 @@ async fn apply_saved(state: &ServingState, tenant: &TenantState, saved: TenantCo
             if app.version(version).is_some() {
                 continue;
             }
-            let bytes = read_blob(state, sha256).await?;
-            let path = state.store.blob_path(sha256);
-            let prepared = state.runtime.prepare(&path, sha256, &bytes).map_err(|e| {
-                store_failure("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
-            })?;
+            let prepared = match made.components.get(sha256).cloned() {
+                Some(component) => component,
+                None => {
+                    let bytes = read_blob(state, sha256).await?;
+                    let path = state.store.blob_path(sha256);
+                    state.runtime.prepare(&path, sha256, &bytes).map_err(|e| {
+                        store_failure("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
+                    })?
+                }
+            };
             let pins = saved_app.pins.get(version).cloned().unwrap_or_default();
             app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone(), Arc::new(pins)));
         }

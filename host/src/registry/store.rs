@@ -231,14 +231,13 @@ impl Store {
         sync_dir(&self.control)
     }
 
-    /// Make a complete upload a blob here and, with a shared store, there too (before any
-    /// control document names it).
-    pub async fn publish(&self, uploaded: &Uploaded) -> Result<PathBuf, SaveError> {
-        let path = self.commit(uploaded)?;
-        if let Some(shared) = &self.shared {
-            shared.put_blob_file(&uploaded.sha256, &path).await.map_err(SaveError::Shared)?;
+    /// With a shared store, put a complete upload there as a blob (before any control
+    /// document names it, and before [`Store::commit`] makes it one here).
+    pub async fn share(&self, uploaded: &Uploaded) -> Result<(), SaveError> {
+        match &self.shared {
+            Some(shared) => shared.put_blob_file(&uploaded.sha256, &uploaded.path).await.map_err(SaveError::Shared),
+            None => Ok(()),
         }
-        Ok(path)
     }
 
     /// The local file of a blob, fetched from the shared store into the cache when missing
