@@ -167,6 +167,45 @@ async fn a_failing_or_spinning_shadow_leaves_the_primary_answers_alone() {
     assert!(beside_traps <= bound && beside_spinners <= bound, "{baseline:?} {beside_traps:?} {beside_spinners:?}");
 }
 
+/// Two tenants' shadows share the server's shadow thread: one tenant's mirrors that spin to
+/// their deadline (5 s each, more than the queue holds) neither crowd the other's out of the
+/// queue nor make them wait their turn behind all of its own.
+#[tokio::test]
+async fn one_tenants_spinning_shadows_leave_anothers_compared() {
+    const EVIL: &str = "test-key-evil";
+    let tenants = shadowed_digits();
+    let mut evil = tenant_header("evil", EVIL, "guest_deadline_ms = 5000\nmax_concurrent_requests = 128");
+    evil += &model_entry("digits-mlp", &digits_model(), None);
+    evil += &format!(
+        "[apps.digits]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\nversions.\"2\".component = \"{}\"\n\
+         [apps.digits.traffic]\nshadow = {{ version = \"2\", sample = 1.0 }}\n\n",
+        guest("digits").display(),
+        guest("hostile_guest").display()
+    );
+    tenants.write("evil.toml", &evil);
+    let server = Server::start(tenants.path(), &[]);
+    // More spinning mirrors than the whole queue holds (64), all answered at once.
+    let spinning = digit_request(json!({ "mode": "loop" }));
+    let answers = futures::future::join_all((0..80).map(|_| server.infer("digits", EVIL, &spinning))).await;
+    assert!(answers.iter().all(|(status, _)| *status == 200), "the primary answers");
+
+    // The other tenant's ten mirrors are all queued and compared, within seconds.
+    for _ in 0..10 {
+        let (status, body) = server.infer("digits", KEY, &digit_request(json!({}))).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let started = Instant::now();
+    let status = wait_for_shadows(&server, |s| s["compared"].as_u64() == Some(10)).await;
+    let shadow = &status["shadow_comparison"];
+    assert_eq!((&shadow["mirrored"], &shadow["dropped"]), (&json!(10), &json!(0)), "{status}");
+    assert_eq!(shadow["compared"], 10, "after {:?}: {status}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(2), "compared after {:?}", started.elapsed());
+    // The spinning tenant's own mirrors past its share of the queue were dropped.
+    let (code, evil) = server.get("/control/v1/apps/digits", Some(EVIL)).await;
+    assert_eq!(code, 200, "{evil}");
+    assert!(evil["shadow_comparison"]["dropped"].as_u64().unwrap_or(0) >= 80 - 64 / 4 - 1, "{evil}");
+}
+
 /// Digits as stable and `canary` as a canary at `weight` percent, analysed every 300 ms.
 /// The p99 bound is loose: a window of a few requests on a busy test machine is too noisy
 /// to judge latency by (the latency rule is unit-tested in `rollout::analysis`).

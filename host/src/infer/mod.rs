@@ -442,7 +442,9 @@ async fn run_app(
     if let (Some((prepared, call)), Some(shadow_version)) = (mirror, &route.shadow) {
         let series = metrics().shadow_series(spec.id.as_str(), name, shadow_version.as_str());
         let bytes = request_bytes + outputs.iter().map(|t| t.payload.byte_size()).sum::<usize>();
-        let job = ShadowJob { prepared, call, primary: outputs.clone(), stats: app.shadow.clone(), series, bytes };
+        let tenant: Arc<str> = Arc::from(spec.id.as_str());
+        let (primary, stats) = (outputs.clone(), app.shadow.clone());
+        let job = ShadowJob { tenant, prepared, call, primary, stats, series, bytes };
         state.shadows.mirror(job);
     }
     Ok((outputs, response.parameters, route.version.to_string()))
