@@ -533,4 +533,23 @@ async fn a_replica_applying_another_tenants_slow_uploads_keeps_this_ones_changes
         slowest < alone / 2,
         "a traffic change took {slowest:?} while the replica applied uploads that load in {alone:?}"
     );
+
+    // Deleted through the uploading replica, the models leave the applying one's disk too:
+    // its cached blobs and their optimised forms.
+    use sha2::Digest;
+    let data = applying.data_dir().expect("its own data directory");
+    let blob = |i: usize| {
+        data.join("registry/blobs/sha256").join(hex::encode(sha2::Sha256::digest(crate::onnx::add_chain(20_000 + i))))
+    };
+    assert!(blob(0).exists(), "the applying replica fetched the blob");
+    for i in 0..3 {
+        let path = format!("/control/v1/models/chain-{i}");
+        let (code, body) = uploading.send(reqwest::Method::DELETE, &path, OTHER, Vec::new()).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    until(&applying, "the deletions are applied", async |s: &Server| s.infer("chain-2", OTHER, &x).await.0 == 404)
+        .await;
+    assert!((0..3).all(|i| !blob(i).exists()), "the deleted models' blobs are gone");
+    let optimized = std::fs::read_dir(data.join("optimized")).expect("optimised models").count();
+    assert_eq!(optimized, 0, "and their optimised forms");
 }

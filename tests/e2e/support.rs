@@ -242,7 +242,8 @@ pub struct Server {
     /// The metrics base URL, unless started with `--no-metrics`.
     pub metrics: Option<String>,
     log: PathBuf,
-    _data: Option<tempfile::TempDir>,
+    /// The data directory the server made for itself, if it did.
+    data: Option<tempfile::TempDir>,
     client: reqwest::Client,
 }
 
@@ -257,7 +258,7 @@ impl Server {
         let data = tempfile::tempdir().expect("temporary data directory");
         let mut server = Self::launch(tenants, data.path(), extra, env, None, true)
             .unwrap_or_else(|log| panic!("sluice serve did not start:\n{log}"));
-        server._data = Some(data);
+        server.data = Some(data);
         server
     }
 
@@ -343,7 +344,7 @@ impl Server {
                 return Err(format!("timed out\n{}", std::fs::read_to_string(&log).unwrap_or_default()));
             }
         };
-        Ok(Self { child, base, grpc, metrics, log, _data: None, client: reqwest::Client::new() })
+        Ok(Self { child, base, grpc, metrics, log, data: None, client: reqwest::Client::new() })
     }
 
     /// Ask the server to stop (SIGTERM) and wait (up to 30 s) for it to exit; whether it
@@ -500,6 +501,11 @@ impl Server {
     pub async fn send(&self, method: reqwest::Method, path: &str, key: &str, body: Vec<u8>) -> (u16, Value) {
         let request = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(key).body(body);
         read(request.send().await.expect("request reaches the server")).await
+    }
+
+    /// The data directory of a server started without one given.
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.data.as_ref().map(tempfile::TempDir::path)
     }
 
     /// The `host:port` the HTTP API listens on.

@@ -25,7 +25,7 @@ use crate::registry::store::{UploadError, Uploaded};
 use crate::rollout::app::AppState;
 use crate::rollout::status::status;
 use crate::rollout::traffic::Traffic;
-use crate::state::{ServingState, TenantState};
+use crate::state::{ServingState, TenantState, UPLOADS_IN_PROGRESS};
 
 type Shared = Arc<ServingState>;
 
@@ -128,6 +128,19 @@ async fn model_status(
     Ok(Json(body).into_response())
 }
 
+/// One of the tenant's places for an upload in progress, or 429.
+fn upload_slot(tenant: &TenantState) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+    tenant.upload_slot().ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::QuotaExceeded,
+            format!(
+                "the tenant has {UPLOADS_IN_PROGRESS} uploads in progress, as many as it may have; retry once one \
+                 is answered"
+            ),
+        )
+    })
+}
+
 /// Stream a body to a temp file within `max` bytes (the quota named `quota`).
 async fn receive(
     state: &ServingState,
@@ -195,6 +208,7 @@ async fn upload_version(
     body: Body,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
+    let _in_progress = upload_slot(tenant)?;
     let app_name = parse("app name", &app, AppName::new)?;
     let version = parse("version", &version, VersionName::new)?;
     let Query(query) = query.map_err(|e| ApiError::invalid(format!("the upload's query: {}", e.body_text())))?;
@@ -219,6 +233,7 @@ async fn upload_model(
     body: Body,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
+    let _in_progress = upload_slot(tenant)?;
     let name = parse("model name", &path.model, ModelName::new)?;
     let version = path.version()?;
     let max = tenant.spec().quotas.max_model_bytes;

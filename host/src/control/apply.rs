@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use super::ControlError;
-use crate::nn::models::{CapFull, ModelCopy, ModelLoadError};
+use crate::nn::models::{CapFull, ModelCopy, ModelLoadError, forget_optimized};
 use crate::registry::ids::{AppName, ModelName, ModelVersion, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, VersionPolicy, Warmup};
 use crate::registry::placement::{OnMissingDevice, Placement};
@@ -327,13 +327,15 @@ async fn apply_saved(
         tenant.admin_managed.store(true, Ordering::Relaxed);
     }
     let mut models_changed = false;
+    // Digests of what leaves, whose blobs and compiled forms go unless still referenced.
+    let mut removed = Vec::new();
     for ((name, version), sha256) in &saved_weights {
         if spec.models.contains_key(name) {
             continue; // the manifest's model, from the manifest's files
         }
         match tenant.models.own_version(name.as_str(), *version) {
             Some((_, model)) if model.sha256 == *sha256 => continue,
-            Some(_) => drop(tenant.models.remove_version(name, *version)),
+            Some(_) => removed.extend(tenant.models.remove_version(name, *version).map(|m| m.sha256.clone())),
             None => {}
         }
         let model = match made.models.remove(&(name.clone(), *version)) {
@@ -345,7 +347,7 @@ async fn apply_saved(
     }
     for (name, version, _) in tenant.models.own_weights() {
         if !saved_weights.contains_key(&(name.clone(), version)) && !spec.models.contains_key(&name) {
-            tenant.models.remove_version(&name, version);
+            removed.extend(tenant.models.remove_version(&name, version).map(|m| m.sha256.clone()));
             models_changed = true;
         }
     }
@@ -391,14 +393,18 @@ async fn apply_saved(
         for version in app.version_names() {
             let declared = saved_app.versions.contains_key(&version) || app.spec.versions.contains_key(&version);
             if !declared && !in_traffic.uses(&version) {
-                app.remove_version(&version);
+                removed.extend(app.remove_version(&version).map(|v| v.sha256));
             }
         }
     }
-    for (name, _) in tenant.apps() {
+    for (name, app) in tenant.apps() {
         if !saved.apps.contains_key(&name) && !spec.apps.contains_key(&name) {
+            removed.extend(app.version_names().iter().filter_map(|v| app.version(v)).map(|v| v.sha256));
             tenant.remove_app(&name);
         }
+    }
+    for sha256 in removed {
+        forget_unreferenced(state, &sha256);
     }
     Ok(())
 }
@@ -724,15 +730,36 @@ pub async fn delete_version(
 /// shared store, another replica may be adding a reference to it right now.
 async fn collect_blob(state: &ServingState, sha256: &str) {
     let _one_writer = state.control_writes.lock().await;
+    forget_unreferenced(state, sha256);
+}
+
+/// [`collect_blob`]'s work; the caller holds `control_writes`. Applying another replica's
+/// deletion collects here too: its cache of blobs would otherwise only grow.
+fn forget_unreferenced(state: &ServingState, sha256: &str) {
     let referenced = state.all_tenants().iter().any(|tenant| {
         tenant.models.own_weights().iter().any(|(_, _, digest)| digest == sha256)
             || tenant.apps().iter().any(|(_, app)| {
                 app.version_names().iter().any(|v| app.version(v).is_some_and(|version| version.sha256 == sha256))
             })
     });
-    if !referenced && let Err(error) = state.store.remove_blob(sha256) {
-        // Only space is lost: the next deletion or start does not depend on it.
-        tracing::warn!(sha256, %error, "an unreferenced blob could not be removed");
+    if referenced {
+        return;
+    }
+    // What the upload left beside the blob goes with it (a platform's shared model of the same
+    // weights keeps its optimised form): a tenant uploading and deleting in a loop grew the
+    // data directory without bound. Only space is lost where one cannot be removed: the next
+    // deletion or start does not depend on it.
+    let shared = state.shared_models.values().any(|model| model.sha256 == sha256);
+    let optimized = state.model_defaults.optimized_dir.as_deref().filter(|_| !shared);
+    let optimized = optimized.map(|dir| forget_optimized(dir, sha256));
+    for (what, removed) in [
+        ("blob", state.store.remove_blob(sha256)),
+        ("compiled component", state.runtime.forget_compiled(sha256)),
+        ("optimised model", optimized.unwrap_or(Ok(()))),
+    ] {
+        if let Err(error) = removed {
+            tracing::warn!(sha256, %error, "an unreferenced {what} could not be removed");
+        }
     }
 }
 

@@ -421,7 +421,7 @@ impl ModelStore {
                 .optimized_dir
                 .as_ref()
                 .filter(|_| file.is_none() && on_cpu)
-                .map(|dir| dir.join(format!("{}-{}.onnx", backend.kind(), spec.sha256)));
+                .map(|dir| dir.join(optimized_name(backend.kind(), &spec.sha256)));
             let measured_devices: Vec<Arc<Device>> = estimates.iter().map(|(device, _)| device.clone()).collect();
             let load_all = move || {
                 let mut memory = reserve_all(&estimates, Device::reserve_evicting)?;
@@ -656,6 +656,25 @@ fn load_instances(
 struct Optimized {
     path: std::path::PathBuf,
     sha256: String,
+}
+
+/// The name of an engine's optimised form of the weights `sha256` in the optimised models'
+/// directory.
+fn optimized_name(backend: BackendKind, sha256: &str) -> String {
+    format!("{backend}-{sha256}.onnx")
+}
+
+/// Remove every engine's optimised form of the weights `sha256` from `dir`: nothing serves
+/// them, and what stays would be disk no quota counts. A copy still reloading reads its
+/// weights instead.
+pub fn forget_optimized(dir: &std::path::Path, sha256: &str) -> std::io::Result<()> {
+    for backend in BackendKind::ALL {
+        match std::fs::remove_file(dir.join(optimized_name(backend, sha256))) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Have the engine optimise `bytes` (`author`'s) and write the result to `target`; that form

@@ -18,6 +18,10 @@ pub enum BackendKind {
     Tract,
 }
 
+impl BackendKind {
+    pub const ALL: [Self; 2] = [Self::Onnxruntime, Self::Tract];
+}
+
 impl fmt::Display for BackendKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -42,6 +42,20 @@ pub fn load_or_compile(engine: &Engine, cache_dir: &Path, sha256: &str, wasm: &[
     Ok(Compiled { component, stored })
 }
 
+/// Remove every compiled form of the component `sha256` (one per engine configuration it
+/// was compiled for): its upload is gone, and what stays would be disk no quota counts.
+pub fn forget(cache_dir: &Path, sha256: &str) -> std::io::Result<()> {
+    let prefix = format!("{sha256}-");
+    for entry in std::fs::read_dir(cache_dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+        if name.starts_with(&prefix) && name.ends_with(".cwasm") {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
 #[allow(unsafe_code)] // deserializing native code: only files this module wrote, checked by wasmtime's header
 fn deserialize(engine: &Engine, file: &Path) -> wasmtime::Result<Component> {
     // SAFETY: the file was produced by `Component::serialize` for an engine with the same

@@ -201,6 +201,11 @@ impl Runtime {
         receiver.await.map_err(|_| failed("the compile thread ended without an answer".to_string()))?
     }
 
+    /// Remove the cached compiled forms of the component `sha256`, which nothing serves.
+    pub fn forget_compiled(&self, sha256: &str) -> std::io::Result<()> {
+        compile::forget(&self.settings.cache_dir, sha256)
+    }
+
     /// The most linear memory one guest may have (the pool's slot size).
     pub fn max_memory_bytes(&self) -> usize {
         self.settings.max_memory_bytes

@@ -92,7 +92,15 @@ pub struct TenantState {
     /// themselves, so that a backlog of them waits on this tenant alone and never stands in
     /// the line other tenants' uploads wait in.
     pub uploads: tokio::sync::Mutex<()>,
+    /// Its uploads in progress, from the body's first byte to the answer: each holds a temp
+    /// file as large as its quota in the data directory and, as it loads, its bytes in memory.
+    upload_slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// A tenant's uploads in progress at once; past them an upload is refused at once (429): a
+/// tenant's bodies held open (HTTP/2 multiplexes hundreds on one connection) filled the disk
+/// and the memory every tenant shares.
+pub const UPLOADS_IN_PROGRESS: usize = 2;
 
 impl TenantState {
     /// `raw_backend`: the server's backend for raw loads (used only where quotas allow them).
@@ -114,7 +122,14 @@ impl TenantState {
             usage: Usage::default(),
             activity: TenantActivity::default(),
             uploads: tokio::sync::Mutex::new(()),
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(UPLOADS_IN_PROGRESS)),
         }
+    }
+
+    /// A place for one more upload in progress, held until it is answered; `None` when
+    /// [`UPLOADS_IN_PROGRESS`] are.
+    pub fn upload_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.upload_slots.clone().try_acquire_owned().ok()
     }
 
     /// The tenant's current policy (a copy of the handle: hold it for one request).
