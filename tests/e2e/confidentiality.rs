@@ -180,7 +180,7 @@ async fn statistics_of_shared_weights_count_the_callers_use_only() {
         assert_eq!(server.infer("spy", MALLORY, &digit_row()).await.0, 200);
     }
     assert_eq!(stats(&server, "spy", MALLORY).await, (2, 2, 2, 2));
-    assert_eq!(stats(&server, "digits-mlp", MALLORY).await, (2, 2, 2, 2), "one model: the caller's use of it");
+    assert_eq!(stats(&server, "digits-mlp", MALLORY).await, (0, 0, 0, 0), "its upload is a copy of its own");
     assert_eq!(stats(&server, "digits-mlp", VICTIM).await, (5, 5, 5, 5), "the victim's view is its own");
     assert_eq!(grpc_stats(&server, "digits-mlp", VICTIM).await, (5, 5, 5));
 }
@@ -286,4 +286,30 @@ async fn errors_of_shared_weights_name_the_callers_model_never_anothers() {
     request["parameters"] = json!({ "timeout": 1 });
     let (code, body) = server.infer(SECRET, VICTIM, &request).await;
     assert_eq!((code, error_message(&body).contains(SECRET)), (504, true), "{body}");
+}
+
+/// Whether another tenant holds some weights is not for a tenant to learn by uploading them:
+/// a tenant's upload loads a copy of its own, taking as long as any upload of its size (a copy
+/// shared with another tenant's upload answered at once, so the upload's time told).
+#[tokio::test]
+async fn uploading_weights_another_tenant_uploaded_tells_nothing_of_them() {
+    use std::time::Instant;
+
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let upload = async |key: &str, name: &str, model: Vec<u8>| {
+        let started = Instant::now();
+        let (code, body) = server.send(Method::PUT, &format!("/control/v1/models/{name}"), key, model).await;
+        assert_eq!(code, 201, "{name}: {body}");
+        started.elapsed()
+    };
+    // A graph that takes the engine a while to load (10,000 small nodes).
+    upload(VICTIM, "secret", onnx::add_chain(10_000)).await;
+    let other = upload(MALLORY, "other", onnx::add_chain(10_001)).await;
+    let same = upload(MALLORY, "same", onnx::add_chain(10_000)).await;
+    assert!(same * 3 > other, "the victim's weights uploaded in {same:?}, others of their size in {other:?}");
+    // Each tenant's call runs on its own copy: the victim's queue is not the prober's.
+    let x = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }] });
+    assert_eq!(server.infer("same", MALLORY, &x).await.0, 200);
+    assert_eq!(server.infer("secret", VICTIM, &x).await.0, 200);
 }

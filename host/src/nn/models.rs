@@ -26,7 +26,7 @@ use super::scheduler::{
     ComputeError, LoadError, LoadReason, Loaded, Loader, ModelQueue, NamedTensors, QueueSettings, Residence, Residency,
     Share,
 };
-use crate::registry::ids::{ModelName, ModelVersion};
+use crate::registry::ids::{ModelName, ModelVersion, TenantId};
 use crate::registry::manifest::{Autoscale, Batching, BreakerSettings, Drift, Padding};
 use crate::registry::placement::{DeviceId, Placement};
 use crate::registry::{ModelOrigin, ModelSpec};
@@ -317,6 +317,10 @@ struct CopyKey {
     idle_unload: Option<Duration>,
     pinned: bool,
     warmup: Vec<usize>,
+    /// A tenant's upload shares a copy with its own uploads only: had it shared another
+    /// tenant's, its upload would have answered at once where a load takes its time, telling
+    /// it that another tenant holds these weights.
+    uploaded_by: Option<TenantId>,
 }
 
 impl CopyKey {
@@ -331,6 +335,7 @@ impl CopyKey {
             idle_unload: spec.idle_unload,
             pinned: spec.pinned,
             warmup: spec.warmup.clone(),
+            uploaded_by: spec.uploaded_by.clone(),
         }
     }
 
@@ -1403,6 +1408,7 @@ mod tests {
             drift: Drift::default(),
             breaker: BreakerSettings::default(),
             origin: ModelOrigin::Manifest,
+            uploaded_by: None,
             idle_unload: None,
             warmup: Vec::new(),
             pinned: false,

@@ -58,6 +58,9 @@ pub struct ModelSpec {
     pub drift: Drift,
     pub breaker: BreakerSettings,
     pub origin: ModelOrigin,
+    /// The tenant whose upload these weights are: its copy is its own, never another tenant's
+    /// (`None`: the operator's, shared where identical).
+    pub uploaded_by: Option<TenantId>,
     /// Leave memory after this long without a call (zero: never); `None`: the server's default.
     pub idle_unload: Option<std::time::Duration>,
     /// Batch sizes each loaded instance runs once on zeros before it serves.
@@ -393,6 +396,7 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         drift: model.drift,
         breaker: model.breaker,
         origin: ModelOrigin::Manifest,
+        uploaded_by: None,
         idle_unload: model.idle_unload_s.map(std::time::Duration::from_secs),
         warmup: model.warmup.batch_sizes,
         pinned,
