@@ -896,7 +896,7 @@ fn percentiles(took: std::sync::Mutex<Vec<Duration>>) -> (f64, f64) {
 fn http_app(runtime: &Runtime, file: &str) -> anyhow::Result<HttpPrepared> {
     let path = std::path::Path::new(env!("SLUICE_GUEST_DIR")).join(file);
     let wasm = std::fs::read(&path)?;
-    match runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm)? {
+    match runtime.prepare(&path, &hex::encode(Sha256::digest(&wasm)), &wasm, None)? {
         Component::Http(prepared) => Ok(prepared),
         Component::Oip(_) => anyhow::bail!("{} is an OIP component, not an HTTP app", path.display()),
     }

@@ -313,3 +313,25 @@ async fn uploading_weights_another_tenant_uploaded_tells_nothing_of_them() {
     assert_eq!(server.infer("same", MALLORY, &x).await.0, 200);
     assert_eq!(server.infer("secret", VICTIM, &x).await.0, 200);
 }
+
+/// The same for components: a tenant's upload is compiled for it, never taken from another
+/// tenant's compiled form (which answered in a few milliseconds where a compile takes its time).
+#[tokio::test]
+async fn uploading_a_component_another_tenant_uploaded_tells_nothing_of_it() {
+    use std::time::Instant;
+
+    let tenants = tenants();
+    let server = Server::start(tenants.path(), &[]);
+    let upload = async |key: &str, app: &str, component: Vec<u8>| {
+        let started = Instant::now();
+        let (code, body) =
+            server.send(Method::PUT, &format!("/control/v1/apps/{app}/versions/9"), key, component).await;
+        assert_eq!(code, 201, "{app}: {body}");
+        started.elapsed()
+    };
+    let component = std::fs::read(guest("digits")).expect("component");
+    upload(VICTIM, "digits", with_custom_section(&component, "secret")).await;
+    let other = upload(MALLORY, "probe-other", with_custom_section(&component, "other")).await;
+    let same = upload(MALLORY, "probe-same", with_custom_section(&component, "secret")).await;
+    assert!(same * 3 > other, "the victim's component uploaded in {same:?}, another of its size in {other:?}");
+}

@@ -304,29 +304,6 @@ async fn a_tenant_has_at_most_two_uploads_in_progress() {
     drop(held);
 }
 
-/// `component` with a custom section named `name` at its end: another component to the
-/// server (its own digest, compiled apart), the same code.
-fn with_custom_section(component: &[u8], name: &str) -> Vec<u8> {
-    let leb = |mut n: usize| {
-        let mut bytes = Vec::new();
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            bytes.push(if n == 0 { byte } else { byte | 0x80 });
-            if n == 0 {
-                return bytes;
-            }
-        }
-    };
-    let mut payload = leb(name.len());
-    payload.extend_from_slice(name.as_bytes());
-    let mut out = component.to_vec();
-    out.push(0);
-    out.extend(leb(payload.len()));
-    out.extend(payload);
-    out
-}
-
 /// What an upload leaves beside its blob (a component's compiled form, a model's form
 /// optimised by its engine) goes with the blob: a tenant uploading and deleting in a loop
 /// grew the data directory every tenant shares without bound.

@@ -93,7 +93,7 @@ pub fn prepare(runtime: &Runtime, file: &str) -> anyhow::Result<Prepared> {
 /// A `sluice:tenant/component` at `path`, ready to call.
 pub fn oip(runtime: &Runtime, path: &Path) -> anyhow::Result<Prepared> {
     let wasm = std::fs::read(path)?;
-    match runtime.prepare(path, &hex::encode(Sha256::digest(&wasm)), &wasm)? {
+    match runtime.prepare(path, &hex::encode(Sha256::digest(&wasm)), &wasm, None)? {
         Component::Oip(prepared) => Ok(prepared),
         Component::Http(_) => anyhow::bail!("{} is an HTTP app, not an OIP component", path.display()),
     }

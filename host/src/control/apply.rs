@@ -296,7 +296,8 @@ async fn make_ahead(state: &ServingState, tenant: &TenantState, saved: &TenantCo
             let Ok(bytes) = read_blob(state, sha256).await else { continue };
             let _its_turn = tenant.uploads.lock().await;
             let path = state.store.blob_path(sha256);
-            if let Ok(component) = state.runtime.prepare_upload(path, sha256.clone(), bytes).await {
+            let owner = (sha256.as_str(), declared.id.as_str());
+            if let Ok(component) = state.runtime.prepare_upload(path, owner, bytes).await {
                 made.components.insert(sha256.clone(), component);
             }
         }
@@ -371,7 +372,7 @@ async fn apply_saved(
                 None => {
                     let bytes = read_blob(state, sha256).await?;
                     let path = state.store.blob_path(sha256);
-                    state.runtime.prepare(&path, sha256, &bytes).map_err(|e| {
+                    state.runtime.prepare(&path, sha256, &bytes, Some(id.as_str())).map_err(|e| {
                         store_failure("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
                     })?
                 }
@@ -437,7 +438,8 @@ pub async fn add_app_version(
     let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
     let prepared = {
         let _its_turn = tenant.uploads.lock().await;
-        state.runtime.prepare_upload(label, uploaded.sha256.clone(), bytes).await
+        let spec = tenant.spec();
+        state.runtime.prepare_upload(label, (&uploaded.sha256, spec.id.as_str()), bytes).await
     };
     let prepared = prepared.map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
     let add = || {

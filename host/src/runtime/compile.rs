@@ -13,11 +13,32 @@ pub struct Compiled {
     pub stored: Option<std::path::PathBuf>,
 }
 
+/// Whose compiled form is cached: the component's digest, and the tenant whose upload it is.
+/// A tenant's upload never takes another tenant's compiled form, nor the operator's: taken
+/// from the cache it answered in 2 ms where a compile took 115 ms, telling the uploader that
+/// someone else holds the component.
+pub struct CacheKey {
+    sha256: String,
+    uploaded_by: Option<String>,
+}
+
+impl CacheKey {
+    pub fn new(sha256: &str, uploaded_by: Option<&str>) -> Self {
+        Self { sha256: sha256.to_string(), uploaded_by: uploaded_by.map(str::to_string) }
+    }
+}
+
 /// Load the compiled form of `wasm` from `cache_dir`, or compile and store it.
-pub fn load_or_compile(engine: &Engine, cache_dir: &Path, sha256: &str, wasm: &[u8]) -> wasmtime::Result<Compiled> {
+pub fn load_or_compile(engine: &Engine, cache_dir: &Path, key: &CacheKey, wasm: &[u8]) -> wasmtime::Result<Compiled> {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
-    let file = cache_dir.join(format!("{sha256}-{:016x}.cwasm", hasher.finish()));
+    let engine_hash = hasher.finish();
+    let sha256 = &key.sha256;
+    let name = match &key.uploaded_by {
+        None => format!("{sha256}-{engine_hash:016x}.cwasm"),
+        Some(tenant) => format!("{sha256}-{engine_hash:016x}-{tenant}.cwasm"),
+    };
+    let file = cache_dir.join(name);
     if file.is_file() {
         match deserialize(engine, &file) {
             Ok(component) => {

@@ -142,11 +142,18 @@ impl Runtime {
     }
 
     /// Compile (or load from the cache) and link a component of either world. A compiled
-    /// form that does not link is not kept.
-    pub fn prepare(&self, path: &std::path::Path, sha256: &str, wasm: &[u8]) -> Result<Component, RuntimeError> {
+    /// form that does not link is not kept. `uploaded_by`: the tenant whose upload it is,
+    /// whose compiled form is its own (`None`: the operator's, shared by every tenant).
+    pub fn prepare(
+        &self,
+        path: &std::path::Path,
+        sha256: &str,
+        wasm: &[u8],
+        uploaded_by: Option<&str>,
+    ) -> Result<Component, RuntimeError> {
         let world = world::check(wasm)
             .map_err(|message| RuntimeError::Component { path: path.display().to_string(), message })?;
-        self.prepare_world(world, path, sha256, wasm)
+        self.prepare_world(world, path, &compile::CacheKey::new(sha256, uploaded_by), wasm)
     }
 
     /// [`Runtime::prepare`] of a component whose world has been read.
@@ -154,12 +161,12 @@ impl Runtime {
         &self,
         world: World,
         path: &std::path::Path,
-        sha256: &str,
+        key: &compile::CacheKey,
         wasm: &[u8],
     ) -> Result<Component, RuntimeError> {
         let component_error = |message: String| RuntimeError::Component { path: path.display().to_string(), message };
         let compile::Compiled { component, stored } =
-            compile::load_or_compile(&self.engine, &self.settings.cache_dir, sha256, wasm)
+            compile::load_or_compile(&self.engine, &self.settings.cache_dir, key, wasm)
                 .map_err(|e| component_error(format!("{e:#}")))?;
         let linker = match world {
             World::Oip => &self.linker,
@@ -184,9 +191,10 @@ impl Runtime {
     pub async fn prepare_upload(
         self: &std::sync::Arc<Self>,
         label: PathBuf,
-        sha256: String,
+        (sha256, uploaded_by): (&str, &str),
         wasm: Vec<u8>,
     ) -> Result<Component, RuntimeError> {
+        let key = compile::CacheKey::new(sha256, Some(uploaded_by));
         let world = world::check(&wasm)
             .map_err(|message| RuntimeError::Component { path: label.display().to_string(), message })?;
         let _one_at_a_time = self.uploads.acquire().await;
@@ -194,7 +202,7 @@ impl Runtime {
         let runtime = self.clone();
         let spawned = std::thread::Builder::new().name("sluice-compile".to_string()).spawn(move || {
             lowest_cpu_priority();
-            let _ = sender.send(runtime.prepare_world(world, &label, &sha256, &wasm));
+            let _ = sender.send(runtime.prepare_world(world, &label, &key, &wasm));
         });
         let failed = |message: String| RuntimeError::Engine(message);
         spawned.map_err(|e| failed(format!("cannot start a compile thread: {e}")))?;

@@ -394,7 +394,7 @@ impl ServingState {
                 let mut versions = BTreeMap::new();
                 for (version, component) in &spec.versions {
                     let prepared = runtime
-                        .prepare(&component.path, &component.sha256, &component.bytes)
+                        .prepare(&component.path, &component.sha256, &component.bytes, None)
                         .with_context(|| format!("tenant '{}', app '{name}', version '{version}'", tenant.id))?;
                     let pins = Arc::new(component.models.clone());
                     versions.insert(version.clone(), AppVersion::new(prepared, component.sha256.clone(), pins));
