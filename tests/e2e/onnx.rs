@@ -10,6 +10,7 @@ pub const FLOAT: i32 = 1;
 pub const UINT8: i32 = 2;
 pub const INT64: i32 = 7;
 pub const STRING: i32 = 8;
+pub const BOOL: i32 = 9;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct ModelProto {
@@ -707,6 +708,26 @@ pub fn many_graph_inputs(count: usize) -> Vec<u8> {
         name: "many-graph-inputs".into(),
         input,
         output: vec![value("sum", FLOAT, &[Some(1), Some(1)])],
+        ..Default::default()
+    })
+}
+
+/// `NonZero` of a tensor of `true` shaped by the input `shape` (INT64 [rank]); output `counts`
+/// (INT64 [2]) is the shape of its result: the rank and the number of elements. ONNX
+/// Runtime gathers 8 bytes per dimension for each of them as it works.
+pub fn nonzero_of_shape(rank: i64) -> Vec<u8> {
+    let yes = tensor("value", BOOL, &[1], vec![1]);
+    let fill = AttributeProto { name: "value".into(), t: Some(yes), r#type: 4, ..Default::default() };
+    model(GraphProto {
+        node: vec![
+            node("ConstantOfShape", &["shape"], &["all"], vec![fill]),
+            node("NonZero", &["all"], &["where"], Vec::new()),
+            node("Shape", &["where"], &["counts"], Vec::new()),
+        ],
+        name: "nonzero".into(),
+        initializer: Vec::new(),
+        input: vec![value("shape", INT64, &[Some(rank)])],
+        output: vec![value("counts", INT64, &[Some(2)])],
         ..Default::default()
     })
 }

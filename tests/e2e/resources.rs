@@ -416,7 +416,8 @@ async fn a_tenants_graph_may_not_hold_memory_that_no_cap_sees() {
     // into n pieces (the arena holds the n sizes), a million by 249 MiB, seven million by
     // 1.7 GiB before the caller's deadline of 2 s; `RoiAlign` of one 4000×4000 region of an 8×8
     // image (its sampling grid as fine as the region is large), by 732 MiB from 260 bytes of
-    // graph and 272 bytes of input, growing as the region's area.
+    // graph and 272 bytes of input, growing as the region's area; `NonZero` of 4 MB of
+    // booleans shaped [4000000, 1, ..., 1] (rank 32), by 977 MiB for one request.
     let strings_sequences_or_maps = "the model makes strings, sequences or maps";
     let models = [
         ("strings", onnx::doubling_string(27), strings_sequences_or_maps, "(node 'Constant_s0' (Constant))"),
@@ -425,8 +426,9 @@ async fn a_tenants_graph_may_not_hold_memory_that_no_cap_sees() {
             "regions",
             onnx::roi_align(),
             "the model uses node 'RoiAlign_pooled' (RoiAlign)",
-            "follows its inputs' values",
+            "grows past it with its inputs",
         ),
+        ("nonzero", onnx::nonzero_of_shape(32), "the model uses node 'NonZero_where' (NonZero)", "outside the memory"),
     ];
     for (name, model, refusal, detail) in models {
         let path = format!("/control/v1/models/{name}");

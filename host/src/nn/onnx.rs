@@ -70,8 +70,8 @@ pub enum OnnxError {
     #[error("the model names more than {limit} external files and blobs")]
     TooManyFileReferences { limit: usize },
     #[error(
-        "the model uses {owner}, whose working memory follows its inputs' values, outside the memory that model \
-         runs may hold; a tenant's model may not"
+        "the model uses {owner}, whose working memory lies outside the memory that model runs may hold and grows \
+         past it with its inputs; a tenant's model may not"
     )]
     UnboundedOperator { owner: String },
 }
@@ -571,11 +571,15 @@ pub fn shorten(name: &str) -> String {
 const EXTERNAL: i32 = 1;
 /// `TensorProto.DataType.STRING`.
 const STRING: i32 = 8;
-/// Operators whose working memory, outside ONNX Runtime's capped arena, follows the values of
-/// their inputs, not their sizes: `RoiAlign` samples each region on a grid as fine as the region
-/// is large (sampling_ratio 0) and precomputes every point of it, so a 196-byte graph given one
-/// 8000×8000 region of an 8×8 image grew a process by 2.9 GiB in 2 s (ONNX Runtime 1.32).
-const UNBOUNDED_OPERATORS: [&[u8]; 1] = [b"RoiAlign"];
+/// Operators whose working memory, outside ONNX Runtime's capped arena, is a multiple of their
+/// inputs past any the cap allows for (ONNX Runtime 1.32): `RoiAlign` samples each region on a
+/// grid as fine as the region is large (sampling_ratio 0) and precomputes every point of it, so
+/// a 196-byte graph given one 8000×8000 region of an 8×8 image grew a process by 2.9 GiB in 2 s;
+/// `NonZero` gathers 8 bytes per dimension for each non-zero element (4 MB of booleans reshaped
+/// to rank 32 grew the server by 977 MiB under a 64 MiB cap, and a graph reshapes to any rank);
+/// `Unique` ~30× and `DFT` ~17× the tensors they are given, which the cap, a quarter of the
+/// machine's memory by default, lets be large enough to take the rest of it.
+const UNBOUNDED_OPERATORS: [&[u8]; 4] = [b"RoiAlign", b"NonZero", b"Unique", b"DFT"];
 /// The operators that make a sequence or a map out of tensors.
 const COLLECTION_MAKERS: [&[u8]; 4] = [b"SequenceConstruct", b"SequenceEmpty", b"SplitToSequence", b"ZipMap"];
 /// The operator that runs a precompiled blob, which it may name as a file.
@@ -1071,6 +1075,10 @@ mod tests {
         }
         let regions = graph_of(vec![in_branch(op("RoiAlign", vec![int("sampling_ratio", 2)]))]);
         assert!(matches!(check_tenant_model(&regions), Err(OnnxError::UnboundedOperator { .. })));
+        for operator in ["NonZero", "Unique", "DFT"] {
+            let used = called(op(operator, Vec::new()));
+            assert!(matches!(check_tenant_model(&used), Err(OnnxError::UnboundedOperator { .. })), "{operator}");
+        }
         let message =
             check_tenant_model(&graph_of(vec![in_branch(op("Cast", vec![int("to", 8)]))])).expect_err("refused");
         assert!(
