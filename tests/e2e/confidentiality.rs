@@ -288,50 +288,35 @@ async fn errors_of_shared_weights_name_the_callers_model_never_anothers() {
     assert_eq!((code, error_message(&body).contains(SECRET)), (504, true), "{body}");
 }
 
-/// Whether another tenant holds some weights is not for a tenant to learn by uploading them:
-/// a tenant's upload loads a copy of its own, taking as long as any upload of its size (a copy
-/// shared with another tenant's upload answered at once, so the upload's time told).
+/// Whether another tenant holds some weights or component is not for a tenant to learn by
+/// uploading them: its upload loads a copy of its own and is compiled for it, taking as long as
+/// any upload of its size (a copy shared with another tenant's upload, or its compiled form,
+/// answered at once, so the upload's time told).
 #[tokio::test]
-async fn uploading_weights_another_tenant_uploaded_tells_nothing_of_them() {
+async fn uploading_what_another_tenant_uploaded_tells_nothing_of_it() {
     use std::time::Instant;
 
     let tenants = tenants();
     let server = Server::start(tenants.path(), &[]);
-    let upload = async |key: &str, name: &str, model: Vec<u8>| {
+    let upload = async |key: &str, path: &str, body: Vec<u8>| {
         let started = Instant::now();
-        let (code, body) = server.send(Method::PUT, &format!("/control/v1/models/{name}"), key, model).await;
-        assert_eq!(code, 201, "{name}: {body}");
+        let (code, body) = server.send(Method::PUT, &format!("/control/v1/{path}"), key, body).await;
+        assert_eq!(code, 201, "{path}: {body}");
         started.elapsed()
     };
     // A graph that takes the engine a while to load (10,000 small nodes).
-    upload(VICTIM, "secret", onnx::add_chain(10_000)).await;
-    let other = upload(MALLORY, "other", onnx::add_chain(10_001)).await;
-    let same = upload(MALLORY, "same", onnx::add_chain(10_000)).await;
+    upload(VICTIM, "models/secret", onnx::add_chain(10_000)).await;
+    let other = upload(MALLORY, "models/other", onnx::add_chain(10_001)).await;
+    let same = upload(MALLORY, "models/same", onnx::add_chain(10_000)).await;
     assert!(same * 3 > other, "the victim's weights uploaded in {same:?}, others of their size in {other:?}");
     // Each tenant's call runs on its own copy: the victim's queue is not the prober's.
     let x = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }] });
     assert_eq!(server.infer("same", MALLORY, &x).await.0, 200);
     assert_eq!(server.infer("secret", VICTIM, &x).await.0, 200);
-}
 
-/// The same for components: a tenant's upload is compiled for it, never taken from another
-/// tenant's compiled form (which answered in a few milliseconds where a compile takes its time).
-#[tokio::test]
-async fn uploading_a_component_another_tenant_uploaded_tells_nothing_of_it() {
-    use std::time::Instant;
-
-    let tenants = tenants();
-    let server = Server::start(tenants.path(), &[]);
-    let upload = async |key: &str, app: &str, component: Vec<u8>| {
-        let started = Instant::now();
-        let (code, body) =
-            server.send(Method::PUT, &format!("/control/v1/apps/{app}/versions/9"), key, component).await;
-        assert_eq!(code, 201, "{app}: {body}");
-        started.elapsed()
-    };
     let component = std::fs::read(guest("digits")).expect("component");
-    upload(VICTIM, "digits", with_custom_section(&component, "secret")).await;
-    let other = upload(MALLORY, "probe-other", with_custom_section(&component, "other")).await;
-    let same = upload(MALLORY, "probe-same", with_custom_section(&component, "secret")).await;
+    upload(VICTIM, "apps/digits/versions/9", with_custom_section(&component, "secret")).await;
+    let other = upload(MALLORY, "apps/probe-other/versions/1", with_custom_section(&component, "other")).await;
+    let same = upload(MALLORY, "apps/probe-same/versions/1", with_custom_section(&component, "secret")).await;
     assert!(same * 3 > other, "the victim's component uploaded in {same:?}, another of its size in {other:?}");
 }

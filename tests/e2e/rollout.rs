@@ -79,7 +79,14 @@ async fn a_20_percent_canary_gets_its_share_and_a_sticky_key_stays_on_one_versio
 /// traps or spins depending on the `mode` parameter, which digits ignores).
 fn shadowed_digits() -> Tenants {
     let tenants = Tenants::new();
-    let mut manifest = tenant_header("acme", KEY, "guest_deadline_ms = 500\nmax_concurrent_requests = 64");
+    let quotas = "guest_deadline_ms = 500\nmax_concurrent_requests = 64";
+    tenants.write("acme.toml", &shadowed_digits_manifest("acme", KEY, quotas));
+    tenants
+}
+
+/// The manifest of [`shadowed_digits`]' tenant, for tenant `id`.
+fn shadowed_digits_manifest(id: &str, key: &str, quotas: &str) -> String {
+    let mut manifest = tenant_header(id, key, quotas);
     manifest += &model_entry("digits-mlp", &digits_model(), None);
     manifest += &format!(
         "[apps.digits]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\nversions.\"2\".component = \"{}\"\n\
@@ -87,8 +94,7 @@ fn shadowed_digits() -> Tenants {
         guest("digits").display(),
         guest("hostile_guest").display()
     );
-    tenants.write("acme.toml", &manifest);
-    tenants
+    manifest
 }
 
 async fn wait_for_shadows(server: &Server, settled: impl Fn(&Value) -> bool) -> Value {
@@ -174,15 +180,8 @@ async fn a_failing_or_spinning_shadow_leaves_the_primary_answers_alone() {
 async fn one_tenants_spinning_shadows_leave_anothers_compared() {
     const EVIL: &str = "test-key-evil";
     let tenants = shadowed_digits();
-    let mut evil = tenant_header("evil", EVIL, "guest_deadline_ms = 5000\nmax_concurrent_requests = 128");
-    evil += &model_entry("digits-mlp", &digits_model(), None);
-    evil += &format!(
-        "[apps.digits]\nstable = \"1\"\nversions.\"1\".component = \"{}\"\nversions.\"2\".component = \"{}\"\n\
-         [apps.digits.traffic]\nshadow = {{ version = \"2\", sample = 1.0 }}\n\n",
-        guest("digits").display(),
-        guest("hostile_guest").display()
-    );
-    tenants.write("evil.toml", &evil);
+    let quotas = "guest_deadline_ms = 5000\nmax_concurrent_requests = 128";
+    tenants.write("evil.toml", &shadowed_digits_manifest("evil", EVIL, quotas));
     let server = Server::start(tenants.path(), &[]);
     // More spinning mirrors than the whole queue holds (64), all answered at once.
     let spinning = digit_request(json!({ "mode": "loop" }));

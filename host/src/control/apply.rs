@@ -209,6 +209,7 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
         .filter(|saved| saved.version == 0 || saved.version > state.store.applied_version(&saved.tenant))
         .collect();
     let count = newer.len();
+    let mut left = Vec::new();
     for saved in newer {
         let id = TenantId::new(&saved.tenant)
             .map_err(|e| internal("the saved control state", format!("tenant '{}': {e}", saved.tenant)))?;
@@ -221,7 +222,7 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
             }
         };
         let made = made.remove(&saved.tenant).unwrap_or_default();
-        match apply_saved(state, &tenant, document, made).await {
+        match apply_saved(state, &tenant, document, made, &mut left).await {
             Ok(()) => {
                 // Models may have left under their names (see `delete_model`).
                 tenant.policy().response_cache.clear();
@@ -234,6 +235,10 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
             }
         }
     }
+    // Once every document is applied: what one tenant's left may be what another's took.
+    for sha256 in left {
+        forget_unreferenced(state, &sha256);
+    }
     Ok(count)
 }
 
@@ -245,8 +250,11 @@ async fn catch_up(state: &ServingState, tenant: &TenantState) -> Result<(), Cont
         .newer_states(Some(id.as_str()))
         .await
         .map_err(|e| store_failure("reading the saved control state", e))?;
+    // What the newer versions dropped is not collected here: the change being made again may
+    // have just stored one of those blobs, and references it only once made again.
+    let mut left = Vec::new();
     for saved in newer {
-        apply_saved(state, tenant, parse_saved(&saved)?, MadeAhead::default()).await?;
+        apply_saved(state, tenant, parse_saved(&saved)?, MadeAhead::default(), &mut left).await?;
         state.store.set_applied(id.as_str(), saved.version);
     }
     Ok(())
@@ -307,12 +315,15 @@ async fn make_ahead(state: &ServingState, tenant: &TenantState, saved: &TenantCo
 
 /// Make a tenant serve what a saved document says: its quotas and keys when admin-managed,
 /// its uploaded models, its apps' versions and traffic; what the document lacks and the
-/// manifest does not declare goes. What `made` holds is taken instead of made here.
+/// manifest does not declare goes. What `made` holds is taken instead of made here; the
+/// digests of what goes are added to `left`, for the caller to collect once nothing it
+/// applies may still take them.
 async fn apply_saved(
     state: &ServingState,
     tenant: &TenantState,
     saved: TenantControl,
     mut made: MadeAhead,
+    left: &mut Vec<String>,
 ) -> Result<(), ControlError> {
     let spec = tenant.spec();
     let id = spec.id.clone();
@@ -328,15 +339,13 @@ async fn apply_saved(
         tenant.admin_managed.store(true, Ordering::Relaxed);
     }
     let mut models_changed = false;
-    // Digests of what leaves, whose blobs and compiled forms go unless still referenced.
-    let mut removed = Vec::new();
     for ((name, version), sha256) in &saved_weights {
         if spec.models.contains_key(name) {
             continue; // the manifest's model, from the manifest's files
         }
         match tenant.models.own_version(name.as_str(), *version) {
             Some((_, model)) if model.sha256 == *sha256 => continue,
-            Some(_) => removed.extend(tenant.models.remove_version(name, *version).map(|m| m.sha256.clone())),
+            Some(_) => left.extend(tenant.models.remove_version(name, *version).map(|m| m.sha256.clone())),
             None => {}
         }
         let model = match made.models.remove(&(name.clone(), *version)) {
@@ -348,7 +357,7 @@ async fn apply_saved(
     }
     for (name, version, _) in tenant.models.own_weights() {
         if !saved_weights.contains_key(&(name.clone(), version)) && !spec.models.contains_key(&name) {
-            removed.extend(tenant.models.remove_version(&name, version).map(|m| m.sha256.clone()));
+            left.extend(tenant.models.remove_version(&name, version).map(|m| m.sha256.clone()));
             models_changed = true;
         }
     }
@@ -394,18 +403,15 @@ async fn apply_saved(
         for version in app.version_names() {
             let declared = saved_app.versions.contains_key(&version) || app.spec.versions.contains_key(&version);
             if !declared && !in_traffic.uses(&version) {
-                removed.extend(app.remove_version(&version).map(|v| v.sha256));
+                left.extend(app.remove_version(&version).map(|v| v.sha256));
             }
         }
     }
     for (name, app) in tenant.apps() {
         if !saved.apps.contains_key(&name) && !spec.apps.contains_key(&name) {
-            removed.extend(app.version_names().iter().filter_map(|v| app.version(v)).map(|v| v.sha256));
+            left.extend(app.version_names().iter().filter_map(|v| app.version(v)).map(|v| v.sha256));
             tenant.remove_app(&name);
         }
-    }
-    for sha256 in removed {
-        forget_unreferenced(state, &sha256);
     }
     Ok(())
 }
