@@ -20,7 +20,7 @@ use crate::registry::store::{NewerState, SaveError, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::traffic::Traffic;
-use crate::runtime::{Component, World};
+use crate::runtime::{Component, RuntimeError, World};
 use crate::state::{ServingState, TenantState};
 
 /// What is saved per tenant: its uploaded models' versions (by weights digest) and each
@@ -302,15 +302,26 @@ async fn make_ahead(state: &ServingState, tenant: &TenantState, saved: &TenantCo
                 continue;
             }
             let Ok(bytes) = read_blob(state, sha256).await else { continue };
-            let _its_turn = tenant.uploads.lock().await;
-            let path = state.store.blob_path(sha256);
-            let owner = (sha256.as_str(), declared.id.as_str());
-            if let Ok(component) = state.runtime.prepare_upload(path, owner, bytes).await {
+            if let Ok(component) = compile_upload(state, tenant, state.store.blob_path(sha256), sha256, bytes).await {
                 made.components.insert(sha256.clone(), component);
             }
         }
     }
     made
+}
+
+/// Compile a component `tenant` uploaded, on its turn of uploads, into a compiled form of its
+/// own.
+async fn compile_upload(
+    state: &ServingState,
+    tenant: &TenantState,
+    label: std::path::PathBuf,
+    sha256: &str,
+    bytes: Vec<u8>,
+) -> Result<Component, RuntimeError> {
+    let _its_turn = tenant.uploads.lock().await;
+    let spec = tenant.spec();
+    state.runtime.prepare_upload(label, (sha256, spec.id.as_str()), bytes).await
 }
 
 /// Make a tenant serve what a saved document says: its quotas and keys when admin-managed,
@@ -442,12 +453,9 @@ pub async fn add_app_version(
     let pins = Arc::new(pins);
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
     let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
-    let prepared = {
-        let _its_turn = tenant.uploads.lock().await;
-        let spec = tenant.spec();
-        state.runtime.prepare_upload(label, (&uploaded.sha256, spec.id.as_str()), bytes).await
-    };
-    let prepared = prepared.map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
+    let prepared = compile_upload(state, tenant, label, &uploaded.sha256, bytes)
+        .await
+        .map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
     let add = || {
         check_pins(tenant, &version, &pins)?;
         let (app, created) = match tenant.app(app_name.as_str()) {
