@@ -72,9 +72,11 @@ pub struct AttributeProto {
     pub name: String,
     #[prost(int64, tag = "3")]
     pub i: i64,
+    #[prost(bytes = "vec", tag = "4")]
+    pub s: Vec<u8>,
     #[prost(message, optional, tag = "5")]
     pub t: Option<TensorProto>,
-    /// `AttributeType`: INT = 2, TENSOR = 4.
+    /// `AttributeType`: INT = 2, STRING = 3, TENSOR = 4.
     #[prost(int32, tag = "20")]
     pub r#type: i32,
 }
@@ -727,6 +729,53 @@ pub fn nonzero_of_shape(rank: i64) -> Vec<u8> {
         name: "nonzero".into(),
         initializer: Vec::new(),
         input: vec![value("shape", INT64, &[Some(rank)])],
+        output: vec![value("counts", INT64, &[Some(2)])],
+        ..Default::default()
+    })
+}
+
+/// A row of ones shaped by the input `shape` (INT64 [4]: [1, 1, 1, width]), resized to four
+/// rows by `Resize` in cubic mode; output `counts` (INT64 [4]) is the shape of the result.
+/// ONNX Runtime keeps each one-dimensional interpolation it computes in a hash map of its own
+/// as it works, one entry per row and column read.
+pub fn bicubic_of_shape() -> Vec<u8> {
+    let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
+    let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
+    let cubic = AttributeProto { name: "mode".into(), s: b"cubic".to_vec(), r#type: 3, ..Default::default() };
+    let scales = [1f32, 1.0, 4.0, 1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    model(GraphProto {
+        node: vec![
+            node("ConstantOfShape", &["shape"], &["row"], vec![fill]),
+            node("Resize", &["row", "", "scales"], &["rows"], vec![cubic]),
+            node("Shape", &["rows"], &["counts"], Vec::new()),
+        ],
+        name: "bicubic".into(),
+        initializer: vec![tensor("scales", FLOAT, &[4], scales)],
+        input: vec![value("shape", INT64, &[Some(4)])],
+        output: vec![value("counts", INT64, &[Some(4)])],
+        ..Default::default()
+    })
+}
+
+/// `NonMaxSuppression` of one box scored 1 in as many classes as the input `shape` (INT64 [3]:
+/// [1, classes, 1]) asks, keeping one box a class; output `counts` (INT64 [2]) is the shape of
+/// the result. ONNX Runtime lists every box it keeps, 24 bytes each, before it makes its output.
+pub fn suppression_of_shape() -> Vec<u8> {
+    let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
+    let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
+    let corners = [0f32, 0.0, 1.0, 1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    model(GraphProto {
+        node: vec![
+            node("ConstantOfShape", &["shape"], &["scores"], vec![fill]),
+            node("NonMaxSuppression", &["box", "scores", "per_class"], &["kept"], Vec::new()),
+            node("Shape", &["kept"], &["counts"], Vec::new()),
+        ],
+        name: "suppression".into(),
+        initializer: vec![
+            tensor("box", FLOAT, &[1, 1, 4], corners),
+            tensor("per_class", INT64, &[1], 1i64.to_le_bytes().to_vec()),
+        ],
+        input: vec![value("shape", INT64, &[Some(3)])],
         output: vec![value("counts", INT64, &[Some(2)])],
         ..Default::default()
     })

@@ -417,7 +417,9 @@ async fn a_tenants_graph_may_not_hold_memory_that_no_cap_sees() {
     // 1.7 GiB before the caller's deadline of 2 s; `RoiAlign` of one 4000×4000 region of an 8×8
     // image (its sampling grid as fine as the region is large), by 732 MiB from 260 bytes of
     // graph and 272 bytes of input, growing as the region's area; `NonZero` of 4 MB of
-    // booleans shaped [4000000, 1, ..., 1] (rank 32), by 977 MiB for one request.
+    // booleans shaped [4000000, 1, ..., 1] (rank 32), by 977 MiB for one request; a cubic
+    // `Resize` of a row of 2 million ones to four rows, by 462 MiB in 1.7 s, answered 200;
+    // `NonMaxSuppression` of one box in 12 million classes, by 453 MiB before it failed.
     let strings_sequences_or_maps = "the model makes strings, sequences or maps";
     let models = [
         ("strings", onnx::doubling_string(27), strings_sequences_or_maps, "(node 'Constant_s0' (Constant))"),
@@ -429,6 +431,18 @@ async fn a_tenants_graph_may_not_hold_memory_that_no_cap_sees() {
             "grows past it with its inputs",
         ),
         ("nonzero", onnx::nonzero_of_shape(32), "the model uses node 'NonZero_where' (NonZero)", "outside the memory"),
+        (
+            "bicubic",
+            onnx::bicubic_of_shape(),
+            "the model uses node 'Resize_rows' (Resize) in cubic mode without antialiasing",
+            "outside the memory",
+        ),
+        (
+            "suppression",
+            onnx::suppression_of_shape(),
+            "the model uses node 'NonMaxSuppression_kept' (NonMaxSuppression)",
+            "grows past it with its inputs",
+        ),
     ];
     for (name, model, refusal, detail) in models {
         let path = format!("/control/v1/models/{name}");

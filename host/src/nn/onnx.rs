@@ -116,7 +116,7 @@ struct Found {
     sparse_dense_bytes: u64,
     /// The first tensor or node that makes strings, sequences or maps.
     not_numbers: Option<String>,
-    /// The first node of an operator in [`UNBOUNDED_OPERATORS`].
+    /// The first node whose operator works in memory outside the cap ([`NodeHead::unbounded`]).
     unbounded: Option<String>,
 }
 
@@ -176,8 +176,8 @@ impl Found {
         if self.not_numbers.is_none() && head.makes_non_numbers(node)? {
             self.not_numbers = Some(head.describe());
         }
-        if self.unbounded.is_none() && UNBOUNDED_OPERATORS.contains(&head.op_type) {
-            self.unbounded = Some(head.describe());
+        if self.unbounded.is_none() {
+            self.unbounded = head.unbounded(node)?;
         }
         for field in Fields::of(node) {
             if let (NODE_ATTRIBUTE, value) = field? {
@@ -301,10 +301,10 @@ impl Inspection {
     }
 
     /// Refuse a model a tenant uploads or a guest loads from bytes that names any file, makes
-    /// strings, sequences or maps, uses an operator of [`UNBOUNDED_OPERATORS`], or, once its
-    /// local functions are expanded, makes more than [`MAX_TENANT_FUNCTION_CALLS`] calls, has more
-    /// than [`MAX_TENANT_GRAPH_VALUES`] graph inputs or outputs or holds more than
-    /// [`MAX_TENANT_CONSTANTS`] constants. ONNX Runtime keeps a string's contents and a
+    /// strings, sequences or maps, uses an operator that works outside the cap
+    /// ([`NodeHead::unbounded`]), or, once its local functions are expanded, makes more than
+    /// [`MAX_TENANT_FUNCTION_CALLS`] calls, has more than [`MAX_TENANT_GRAPH_VALUES`] graph
+    /// inputs or outputs or holds more than [`MAX_TENANT_CONSTANTS`] constants. ONNX Runtime keeps a string's contents and a
     /// sequence's elements in the process's heap, outside its capped arena (`--run-memory`, which
     /// sees 32 bytes a string and nothing of an empty tensor): under a 64 MiB cap, a 1,607-byte
     /// graph doubling a one-letter string thirty times grew the server by 2 GiB in one run, and a
@@ -579,7 +579,16 @@ const STRING: i32 = 8;
 /// to rank 32 grew the server by 977 MiB under a 64 MiB cap, and a graph reshapes to any rank);
 /// `Unique` ~30× and `DFT` ~17× the tensors they are given, which the cap, a quarter of the
 /// machine's memory by default, lets be large enough to take the rest of it.
-const UNBOUNDED_OPERATORS: [&[u8]; 4] = [b"RoiAlign", b"NonZero", b"Unique", b"DFT"];
+/// `NonMaxSuppression` lists each box it keeps, 24 bytes, before it makes its output: six times
+/// its scores (one box scored in 12 million classes grew the server by 453 MiB under a 64 MiB
+/// cap, then failed for its output).
+const UNBOUNDED_OPERATORS: [&[u8]; 5] = [b"RoiAlign", b"NonZero", b"Unique", b"DFT", b"NonMaxSuppression"];
+/// The operators that resize images. In cubic mode without antialiasing (ONNX Runtime 1.32)
+/// they keep each one-dimensional interpolation they compute in a hash map of the heap, ~50
+/// bytes an entry, up to four entries for each element of their output: one row of 2 million
+/// ones resized to four rows grew the server by 462 MiB under a 64 MiB cap, 13 times its output.
+/// Linear, nearest and antialiased cubic modes work in the arena (measured).
+const RESIZERS: [&[u8]; 2] = [b"Resize", b"Upsample"];
 /// The operators that make a sequence or a map out of tensors.
 const COLLECTION_MAKERS: [&[u8]; 4] = [b"SequenceConstruct", b"SequenceEmpty", b"SplitToSequence", b"ZipMap"];
 /// The operator that runs a precompiled blob, which it may name as a file.
@@ -685,6 +694,32 @@ impl<'a> NodeHead<'a> {
             }
         }
         Ok(false)
+    }
+
+    /// The node `node` (read as `self`), described, if its operator works in memory outside
+    /// the cap: one of [`UNBOUNDED_OPERATORS`], or a resize in cubic mode that does not
+    /// antialias (its mode, or whether it antialiases, the function's caller picks: the same).
+    fn unbounded(&self, node: &'a [u8]) -> Result<Option<String>, OnnxError> {
+        if UNBOUNDED_OPERATORS.contains(&self.op_type) {
+            return Ok(Some(self.describe()));
+        }
+        if !RESIZERS.contains(&self.op_type) {
+            return Ok(None);
+        }
+        let (mut cubic, mut antialiased) = (false, false);
+        for field in Fields::of(node) {
+            let (NODE_ATTRIBUTE, attribute) = field? else { continue };
+            let attribute = AttributeHead::read(attribute.bytes()?)?;
+            match attribute.name {
+                b"mode" => cubic = attribute.from_caller || attribute.string == Some(b"cubic"),
+                // Only `Resize` antialiases (opset 18 on); `Upsample` has no such attribute.
+                b"antialias" => {
+                    antialiased = self.op_type == b"Resize" && !attribute.from_caller && attribute.int == Some(1)
+                }
+                _ => {}
+            }
+        }
+        Ok((cubic && !antialiased).then(|| format!("{} in cubic mode without antialiasing", self.describe())))
     }
 }
 
@@ -1075,9 +1110,26 @@ mod tests {
         }
         let regions = graph_of(vec![in_branch(op("RoiAlign", vec![int("sampling_ratio", 2)]))]);
         assert!(matches!(check_tenant_model(&regions), Err(OnnxError::UnboundedOperator { .. })));
-        for operator in ["NonZero", "Unique", "DFT"] {
+        for operator in ["NonZero", "Unique", "DFT", "NonMaxSuppression"] {
             let used = called(op(operator, Vec::new()));
             assert!(matches!(check_tenant_model(&used), Err(OnnxError::UnboundedOperator { .. })), "{operator}");
+        }
+        let cubic = || text("mode", "cubic");
+        let mode_by_caller =
+            AttributeProto { name: b"mode".to_vec(), ref_attr_name: b"how".to_vec(), ..Default::default() };
+        let antialias_by_caller =
+            AttributeProto { name: b"antialias".to_vec(), ref_attr_name: b"smooth".to_vec(), ..Default::default() };
+        let cubic_resizes = [
+            ("a cubic resize", graph_of(vec![op("Resize", vec![cubic()])])),
+            ("one in a branch", graph_of(vec![in_branch(op("Resize", vec![int("antialias", 0), cubic()]))])),
+            ("a cubic upsample", graph_of(vec![op("Upsample", vec![cubic(), int("antialias", 1)])])),
+            ("the caller's mode", called(op("Resize", vec![mode_by_caller]))),
+            ("the caller's antialiasing", called(op("Resize", vec![cubic(), antialias_by_caller]))),
+        ];
+        for (what, onnx) in cubic_resizes {
+            let message = check_tenant_model(&onnx).expect_err(what);
+            assert!(matches!(message, OnnxError::UnboundedOperator { .. }), "{what}: {message}");
+            assert!(message.to_string().contains("in cubic mode without antialiasing, whose"), "{message}");
         }
         let message =
             check_tenant_model(&graph_of(vec![in_branch(op("Cast", vec![int("to", 8)]))])).expect_err("refused");
@@ -1099,6 +1151,10 @@ mod tests {
             graph_of(vec![op("LabelEncoder", vec![int("values_int64s", 1)])]),
             graph_of(vec![op("LSTM", vec![text("activations", "Tanh")])]),
             graph_of(vec![op("Split", Vec::new())]),
+            // Resizes that work in the arena: nearest (the default), linear, antialiased cubic.
+            graph_of(vec![op("Resize", Vec::new())]),
+            graph_of(vec![op("Upsample", vec![text("mode", "linear")])]),
+            called(op("Resize", vec![int("antialias", 1), text("mode", "cubic")])),
         ];
         for onnx in allowed {
             assert_eq!(check_tenant_model(&onnx), Ok(()));

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""What ONNX Runtime's CPU kernels hold outside the arena that `--run-memory` caps.
+
+Sluice caps what model runs hold with ONNX Runtime's arena, registered for the environment
+(`max_mem`, extended as requested). A kernel that works in the heap instead is not capped: a
+tenant's graph that feeds it tensors the arena allows can grow the server past the cap. Each
+case below is one graph, its tensors made inside the graph (RandomUniform, ConstantOfShape)
+from nothing, as a tenant's graph can, ending in `Shape` so that no big output leaves it; each
+runs once in a process of its own under an arena of CAP MiB, optimisations off (nothing folded
+at load), two intra-op threads. It prints the process's peak resident growth during the run
+and how the run ended. An operator whose growth passes the cap by far works outside it; one
+the arena refused before it grew past the cap did not, as far as this input shows.
+
+Needs onnxruntime 1.32.0, onnx and numpy in the Python that runs it, e.g.
+  python3 -m venv /tmp/ortv && /tmp/ortv/bin/pip install onnxruntime==1.32.0 onnx numpy
+Usage: /tmp/ortv/bin/python scripts/ort_working_memory.py [CAP_MIB] [CASE ...]
+"""
+
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import onnxruntime as ort
+from onnx import TensorProto as T
+from onnx import helper as h
+
+MIB = 1 << 20
+N = 4 * MIB  # elements of the cases' main tensor: 16 MiB of floats
+
+
+def const(name, dtype, dims, values):
+    return h.make_node("Constant", [], [name], value=h.make_tensor(name + "_value", dtype, dims, values))
+
+
+def fill(name, shape, dtype=T.FLOAT, value=1):
+    return [
+        const(name + "_shape", T.INT64, [len(shape)], shape),
+        h.make_node("ConstantOfShape", [name + "_shape"], [name], value=h.make_tensor(name + "_v", dtype, [1], [value])),
+    ]
+
+
+def rand(name, shape, dtype=T.FLOAT):
+    if dtype == T.FLOAT:
+        return [h.make_node("RandomUniform", [], [name], shape=shape, dtype=T.FLOAT, seed=1.0)]
+    return [h.make_node("RandomUniform", [], [name + "_f"], shape=shape, dtype=T.FLOAT, seed=1.0),
+            h.make_node("Cast", [name + "_f"], [name], to=dtype)]
+
+
+def op(op_type, inputs, outputs=("y",), **attributes):
+    return [h.make_node(op_type, list(inputs), list(outputs), **attributes)]
+
+
+def resize(shape, scales, **attributes):
+    return rand("x", shape) + [const("s", T.FLOAT, [len(scales)], scales)] + op("Resize", ["x", "", "s"], **attributes)
+
+
+ML = (("ai.onnx.ml", 3),)
+MS = (("com.microsoft", 1),)
+# name: (nodes whose output `y` is measured, opset, other domains)
+CASES = {
+    "Add (the floor)": (rand("x", [N]) + op("Add", ["x", "x"]), 21, ()),
+    "Unique": (rand("x", [N]) + op("Unique", ["x"]), 21, ()),
+    "NonZero, rank 8": (fill("x", [N // 8] + [1] * 7, T.BOOL) + op("NonZero", ["x"]), 21, ()),
+    "DFT, length 2^22": (rand("x", [1, N, 1]) + op("DFT", ["x"]), 19, ()),
+    "DFT, a prime length": (rand("x", [1, 500_009, 1]) + op("DFT", ["x"]), 19, ()),
+    "TopK, k all": (rand("x", [N // 2]) + [const("k", T.INT64, [1], [N // 2])] + op("TopK", ["x", "k"], ["v", "y"]), 21, ()),
+    "ArgMax, axis 0": (rand("x", [N // 2, 2]) + op("ArgMax", ["x"], axis=0), 21, ()),
+    "ReduceMax, uint8, axis 0": (
+        rand("x", [N, 2], T.UINT8) + [const("a", T.INT64, [1], [0])] + op("ReduceMax", ["x", "a"]), 21, ()),
+    "ReduceSum, rank 22, every other axis": (
+        rand("x", [2] * 22) + [const("a", T.INT64, [11], list(range(0, 22, 2)))] + op("ReduceSum", ["x", "a"]), 21, ()),
+    "Transpose, rank 22, reversed": (rand("x", [2] * 22) + op("Transpose", ["x"], perm=list(range(21, -1, -1))), 21, ()),
+    "GatherND, one index a slice": (rand("x", [N]) + fill("i", [N // 2, 1], T.INT64, 0) + op("GatherND", ["x", "i"]), 21, ()),
+    "ScatterND, one index a slice": (
+        rand("x", [N // 2]) + fill("i", [N // 4, 1], T.INT64, 0) + rand("u", [N // 4]) + op("ScatterND", ["x", "i", "u"]), 21, ()),
+    "ScatterElements, rank 20": (
+        rand("x", [2] * 20) + fill("i", [2] * 20, T.INT64, 0) + rand("u", [2] * 20) + op("ScatterElements", ["x", "i", "u"]), 21, ()),
+    "NonMaxSuppression, one box, N classes": (
+        rand("b", [1, 1, 4]) + rand("s", [1, N, 1]) + [const("m", T.INT64, [1], [1])]
+        + op("NonMaxSuppression", ["b", "s", "m"]), 21, ()),
+    "Resize linear, 512² up 4×": (resize([1, 1, 512, 512], [1, 1, 4, 4], mode="linear"), 21, ()),
+    "Resize linear, a row to 4 rows": (resize([1, 1, 1, N // 4], [1, 1, 4, 1], mode="linear"), 21, ()),
+    "Resize nearest, a row to 4 rows": (resize([1, 1, 1, N // 2], [1, 1, 4, 1]), 21, ()),
+    "Resize cubic, 512² up 4×": (resize([1, 1, 512, 512], [1, 1, 4, 4], mode="cubic"), 21, ()),
+    "Resize cubic, a row to 4 rows": (resize([1, 1, 1, N // 2], [1, 1, 4, 1], mode="cubic"), 21, ()),
+    "Resize cubic antialiased, a row to 4 rows": (
+        resize([1, 1, 1, N // 4], [1, 1, 4, 1], mode="cubic", antialias=1), 21, ()),
+    "Resize cubic, 2048² down 4×": (resize([1, 1, 2048, 2048], [1, 1, 0.25, 0.25], mode="cubic"), 21, ()),
+    "Upsample cubic (opset 9), a row to 4 rows": (
+        rand("x", [1, 1, 1, N // 2]) + [const("s", T.FLOAT, [4], [1, 1, 4, 1])] + op("Upsample", ["x", "s"], mode="cubic"), 9, ()),
+    "GridSample cubic": (rand("x", [1, 1, 512, 512]) + rand("g", [1, 1024, 1024, 2]) + op("GridSample", ["x", "g"], mode="cubic"), 21, ()),
+    "STFT, frames of 16, step 1": (
+        rand("x", [1, N // 8, 1]) + [const("st", T.INT64, [], [1]), const("fl", T.INT64, [], [16])]
+        + op("STFT", ["x", "st", "", "fl"]), 21, ()),
+    "Einsum, rank 8 transposed": (rand("x", [8] * 7 + [2]) + op("Einsum", ["x"], equation="abcdefgh->hgfedcba"), 21, ()),
+    "Einsum, batched matmul": (
+        rand("a", [256, 64, 64]) + rand("b", [256, 64, 64]) + op("Einsum", ["a", "b"], equation="bij,bjk->bik"), 21, ()),
+    "CumSum": (rand("x", [N]) + [const("a", T.INT64, [], [0])] + op("CumSum", ["x", "a"], reverse=1), 21, ()),
+    "Compress, all kept": (rand("x", [N]) + fill("c", [N], T.BOOL, 1) + op("Compress", ["x", "c"], axis=0), 21, ()),
+    "Pad reflect, rank 8": (rand("x", [4] * 8) + [const("p", T.INT64, [16], [1] * 16)] + op("Pad", ["x", "p"], mode="reflect"), 21, ()),
+    "Conv, 64×64 kernel": (rand("x", [1, 1, 512, 512]) + rand("w", [1, 1, 64, 64]) + op("Conv", ["x", "w"]), 21, ()),
+    "MaxPool with indices": (rand("x", [1, 1, 2048, 2048]) + op("MaxPool", ["x"], ["v", "y"], kernel_shape=[2, 2]), 21, ()),
+    "Col2Im": (rand("x", [1, 64, 65536]) + [const("i", T.INT64, [2], [263, 263]), const("b", T.INT64, [2], [8, 8])]
+               + op("Col2Im", ["x", "i", "b"]), 21, ()),
+    "LSTM, a long sequence": (rand("x", [N // 64, 1, 16]) + rand("w", [1, 64, 16]) + rand("r", [1, 64, 16])
+                              + op("LSTM", ["x", "w", "r"], hidden_size=16), 21, ()),
+    "Multinomial, N samples": (rand("x", [1, 2]) + op("Multinomial", ["x"], sample_size=N), 21, ()),
+    "Softmax, axis 0": (rand("x", [N // 2, 2]) + op("Softmax", ["x"], axis=0), 21, ()),
+    "Hardmax, axis 0": (rand("x", [N // 2, 2]) + op("Hardmax", ["x"], axis=0), 21, ()),
+    "LayerNormalization": (rand("x", [4, N // 4]) + rand("s", [N // 4]) + op("LayerNormalization", ["x", "s"]), 21, ()),
+    "TfIdfVectorizer": (fill("x", [N // 2, 2], T.INT64, 1) + op(
+        "TfIdfVectorizer", ["x"], mode="TF", min_gram_length=1, max_gram_length=2, max_skip_count=0,
+        ngram_counts=[0, 2], ngram_indexes=[0, 1, 2], pool_int64s=[1, 2, 1, 1]), 21, ()),
+    "Where, broadcast, rank 21": (rand("x", [2] * 21) + fill("c", [1] * 21, T.BOOL, 1) + op("Where", ["c", "x", "x"]), 21, ()),
+    "Expand to rank 22": (rand("x", [1]) + [const("s", T.INT64, [22], [2] * 22)] + op("Expand", ["x", "s"]), 21, ()),
+    "MaxRoiPool, many regions": (rand("x", [1, 1, 64, 64]) + fill("r", [N // 16, 5], T.FLOAT, 0)
+                                 + op("MaxRoiPool", ["x", "r"], pooled_shape=[4, 4]), 21, ()),
+    "ai.onnx.ml TreeEnsembleRegressor": (rand("x", [N, 1]) + op(
+        "TreeEnsembleRegressor", ["x"], domain="ai.onnx.ml", n_targets=1, nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2],
+        nodes_featureids=[0, 0, 0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0, 0],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0], target_treeids=[0, 0], target_nodeids=[1, 2],
+        target_ids=[0, 0], target_weights=[1.0, 2.0]), 21, ML),
+    "ai.onnx.ml OneHotEncoder": (fill("x", [N // 2], T.INT64, 1) + op(
+        "OneHotEncoder", ["x"], domain="ai.onnx.ml", cats_int64s=[0, 1, 2, 3]), 21, ML),
+    "ai.onnx.ml LabelEncoder": (fill("x", [N // 2], T.INT64, 1) + op(
+        "LabelEncoder", ["x"], domain="ai.onnx.ml", keys_int64s=[1, 2], values_int64s=[3, 4]), 21, (("ai.onnx.ml", 4),)),
+    "com.microsoft Unique": (rand("x", [N]) + op("Unique", ["x"], ["y", "i", "c"], domain="com.microsoft"), 21, MS),
+    "com.microsoft CDist": (rand("a", [2048, 4]) + rand("b", [2048, 4]) + op("CDist", ["a", "b"], domain="com.microsoft"), 21, MS),
+    "com.microsoft CropAndResize": (
+        rand("x", [1, 1, 64, 64]) + fill("r", [N // 64, 4], T.FLOAT, 0) + fill("b", [N // 64], T.INT32, 0)
+        + [const("c", T.INT32, [2], [8, 8])] + op("CropAndResize", ["x", "r", "b", "c"], domain="com.microsoft"), 21, MS),
+    "com.microsoft Inverse": (rand("x", [N // 4, 2, 2]) + op("Inverse", ["x"], domain="com.microsoft"), 21, MS),
+}
+
+
+def run(name, cap_mib):
+    """One run of the case, in this process; prints its growth as JSON."""
+    nodes, opset, domains = CASES[name]
+    graph = h.make_graph(nodes + op("Shape", ["y"], ["shape"]), "case", [],
+                         [h.make_tensor_value_info("shape", T.INT64, None)])
+    opsets = [h.make_opsetid("", opset)] + [h.make_opsetid(domain, version) for domain, version in domains]
+    model = h.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    ort.set_default_logger_severity(4)
+    memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(memory, ort.OrtArenaCfg({"max_mem": cap_mib * MIB, "arena_extend_strategy": 1}))
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.use_env_allocators", "1")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cpu = time.process_time()
+    try:
+        ended = "shape " + str(session.run(None, {})[0].tolist())
+    except Exception as error:  # noqa: BLE001 - how the run ended is the result
+        text = str(error)
+        ended = "arena refused" if "Available memory of" in text else text.splitlines()[0][-80:]
+    print(json.dumps({
+        "growth_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024,
+        "cpu_s": time.process_time() - cpu,
+        "ended": ended,
+    }))
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        run(sys.argv[2], int(sys.argv[3]))
+        return
+    cap = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    names = sys.argv[2:] or list(CASES)
+    print(f"| case | growth of one run under a {cap} MiB arena | × the cap | CPU | how it ended |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in names:
+        done = subprocess.run([sys.executable, __file__, "--one", name, str(cap)], capture_output=True, text=True)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            print(f"| {name} | | | | failed: {(done.stderr.strip().splitlines() or ['?'])[-1][-100:]} |", flush=True)
+            continue
+        result = json.loads(lines[-1])
+        growth = result["growth_mib"]
+        print(f"| {name} | {growth:.0f} MiB | {growth / cap:.1f} | {result['cpu_s']:.2f} s | {result['ended']} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
