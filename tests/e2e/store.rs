@@ -116,6 +116,11 @@ const KEY: &str = "test-key-replicas";
 
 /// A replica of `s3://fleet/sluice` on `moto`, following the store every 200 ms.
 fn replica(tenants: &std::path::Path, moto: &Moto) -> Server {
+    replica_polling(tenants, moto, "200")
+}
+
+/// A replica of `s3://fleet/sluice` on `moto`, following the store every `poll_ms`.
+fn replica_polling(tenants: &std::path::Path, moto: &Moto, poll_ms: &str) -> Server {
     let env = [
         ("AWS_ENDPOINT_URL", moto.endpoint.as_str()),
         ("AWS_ALLOW_HTTP", "true"),
@@ -123,7 +128,7 @@ fn replica(tenants: &std::path::Path, moto: &Moto) -> Server {
         ("AWS_SECRET_ACCESS_KEY", "testing"),
         ("AWS_REGION", "us-east-1"),
     ];
-    let args = ["--store", "s3://fleet/sluice", "--store-poll-ms", "200", "--admin-token", ADMIN];
+    let args = ["--store", "s3://fleet/sluice", "--store-poll-ms", poll_ms, "--admin-token", ADMIN];
     Server::start_with_env(tenants, &args, &env)
 }
 
@@ -552,4 +557,36 @@ async fn a_replica_applying_another_tenants_slow_uploads_keeps_this_ones_changes
     assert!((0..3).all(|i| !blob(i).exists()), "the deleted models' blobs are gone");
     let optimized = std::fs::read_dir(data.join("optimized")).expect("optimised models").count();
     assert_eq!(optimized, 0, "and their optimised forms");
+}
+
+#[tokio::test]
+async fn what_a_replica_catching_up_drops_leaves_its_disk() {
+    use sha2::Digest;
+    let moto = Moto::start().await;
+    moto.bucket("fleet").await;
+    let tenants = Tenants::new();
+    let quotas = "max_stored_bytes = 100000000";
+    tenants.write("acme.toml", &(tenant_header("acme", KEY, quotas) + &app_entry("digits", &guest("digits"))));
+    let deleting = replica(tenants.path(), &moto);
+    // This one reads the store only when it starts and when one of its saves loses to another.
+    let behind = replica_polling(tenants.path(), &moto, "3600000");
+    let x = serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }] });
+    let chain = crate::onnx::add_chain(64);
+    let (code, body) = behind.send(reqwest::Method::PUT, "/control/v1/models/chain", KEY, chain.clone()).await;
+    assert_eq!(code, 201, "{body}");
+    until(&deleting, "the upload serves", async |s: &Server| s.infer("chain", KEY, &x).await.0 == 200).await;
+    let (code, body) = deleting.send(reqwest::Method::DELETE, "/control/v1/models/chain", KEY, Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    // A change through the replica that has not seen the deletion loses its save, takes the
+    // deletion, and is made again on it.
+    let traffic = serde_json::json!({ "stable": "1" }).to_string().into_bytes();
+    let (code, body) = behind.send(reqwest::Method::PUT, "/control/v1/apps/digits/traffic", KEY, traffic).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(behind.log().contains("the change made again"), "the save was not lost:\n{}", behind.log());
+    assert_eq!(behind.infer("chain", KEY, &x).await.0, 404, "the deletion is applied");
+    let data = behind.data_dir().expect("its own data directory");
+    let blob = data.join("registry/blobs/sha256").join(hex::encode(sha2::Sha256::digest(&chain)));
+    assert!(!blob.exists(), "the deleted model's blob is left on the disk of the replica that caught up");
+    let optimized = std::fs::read_dir(data.join("optimized")).expect("optimised models").count();
+    assert_eq!(optimized, 0, "and its optimised form");
 }

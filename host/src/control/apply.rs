@@ -91,7 +91,10 @@ pub async fn save_control(state: &ServingState, tenant: &TenantState) -> Result<
     let _one_writer = state.control_writes.lock().await;
     match write_control(state, tenant).await {
         Err(SaveError::Conflict(conflict)) => {
-            catch_up(state, tenant).await?;
+            let mut left = Vec::new();
+            let caught_up = catch_up(state, tenant, &mut left).await;
+            forget_all_unreferenced(state, left);
+            caught_up?;
             Err(ControlError::Conflict(conflict.to_string()))
         }
         saved => saved.map_err(|e| store_failure("saving the control state", e)),
@@ -119,25 +122,33 @@ pub(super) async fn change_and_save<T>(
     if let Some(uploaded) = publish {
         state.store.commit(uploaded).map_err(|e| store_failure("storing the upload", e))?;
     }
-    for _ in 0..SAVE_ATTEMPTS {
-        let changed = change()?;
-        match write_control(state, tenant).await {
-            Ok(()) => return Ok(changed),
-            Err(SaveError::Conflict(conflict)) => {
-                undo(&changed);
-                catch_up(state, tenant).await?;
-                tracing::info!(%conflict, "another replica saved first: its version applied, the change made again on it");
-            }
-            Err(error) => {
-                undo(&changed);
-                return Err(store_failure("saving the control state", error));
+    // What the versions caught up with dropped, collected once the change is made again (or
+    // given up): the change may have just stored one of those blobs, referenced only once made.
+    let mut left = Vec::new();
+    let saved = async {
+        for _ in 0..SAVE_ATTEMPTS {
+            let changed = change()?;
+            match write_control(state, tenant).await {
+                Ok(()) => return Ok(changed),
+                Err(SaveError::Conflict(conflict)) => {
+                    undo(&changed);
+                    catch_up(state, tenant, &mut left).await?;
+                    tracing::info!(%conflict, "another replica saved first: its version applied, the change made again on it");
+                }
+                Err(error) => {
+                    undo(&changed);
+                    return Err(store_failure("saving the control state", error));
+                }
             }
         }
+        Err(ControlError::Conflict(format!(
+            "tenant '{}' changed through other replicas while this change was saved, {SAVE_ATTEMPTS} times; retry",
+            tenant.spec().id
+        )))
     }
-    Err(ControlError::Conflict(format!(
-        "tenant '{}' changed through other replicas while this change was saved, {SAVE_ATTEMPTS} times; retry",
-        tenant.spec().id
-    )))
+    .await;
+    forget_all_unreferenced(state, left);
+    saved
 }
 
 /// Write a tenant's control state; the caller holds `control_writes`.
@@ -236,25 +247,21 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
         }
     }
     // Once every document is applied: what one tenant's left may be what another's took.
-    for sha256 in left {
-        forget_unreferenced(state, &sha256);
-    }
+    forget_all_unreferenced(state, left);
     Ok(count)
 }
 
-/// After losing a save to another replica: apply the tenant's newest saved version.
-async fn catch_up(state: &ServingState, tenant: &TenantState) -> Result<(), ControlError> {
+/// After losing a save to another replica: apply the tenant's newest saved version. The
+/// digests of what it drops are added to `left`, for the caller to collect.
+async fn catch_up(state: &ServingState, tenant: &TenantState, left: &mut Vec<String>) -> Result<(), ControlError> {
     let id = tenant.spec().id.clone();
     let newer = state
         .store
         .newer_states(Some(id.as_str()))
         .await
         .map_err(|e| store_failure("reading the saved control state", e))?;
-    // What the newer versions dropped is not collected here: the change being made again may
-    // have just stored one of those blobs, and references it only once made again.
-    let mut left = Vec::new();
     for saved in newer {
-        apply_saved(state, tenant, parse_saved(&saved)?, MadeAhead::default(), &mut left).await?;
+        apply_saved(state, tenant, parse_saved(&saved)?, MadeAhead::default(), left).await?;
         state.store.set_applied(id.as_str(), saved.version);
     }
     Ok(())
@@ -748,6 +755,13 @@ pub async fn delete_version(
 async fn collect_blob(state: &ServingState, sha256: &str) {
     let _one_writer = state.control_writes.lock().await;
     forget_unreferenced(state, sha256);
+}
+
+/// [`forget_unreferenced`] for each of `digests`; the caller holds `control_writes`.
+fn forget_all_unreferenced(state: &ServingState, digests: Vec<String>) {
+    for sha256 in digests {
+        forget_unreferenced(state, &sha256);
+    }
 }
 
 /// [`collect_blob`]'s work; the caller holds `control_writes`. Applying another replica's
