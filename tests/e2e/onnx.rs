@@ -780,3 +780,20 @@ pub fn suppression_of_shape() -> Vec<u8> {
         ..Default::default()
     })
 }
+
+/// `total` (INT64 [1]): the sum of `Range(0, n)` for the scalar input `n` (INT64), a run that
+/// needs `8 n` bytes at once whatever the size of its answer.
+pub fn sum_of_range() -> Vec<u8> {
+    let scalar = |name: &str, value: i64| tensor(name, INT64, &[], value.to_le_bytes().to_vec());
+    model(GraphProto {
+        node: vec![
+            node("Range", &["zero", "n", "step"], &["counted"], Vec::new()),
+            node("ReduceSum", &["counted"], &["total"], Vec::new()),
+        ],
+        name: "sum-of-range".into(),
+        initializer: vec![scalar("zero", 0), scalar("step", 1)],
+        input: vec![value("n", INT64, &[])],
+        output: vec![value("total", INT64, &[Some(1)])],
+        ..Default::default()
+    })
+}

@@ -825,3 +825,43 @@ async fn a_grpc_request_of_many_small_messages_is_refused_before_it_is_built() {
     assert!(grown < 200 << 20, "the server grew by {} MiB", grown >> 20);
     victim_served(&server).await;
 }
+
+#[tokio::test]
+async fn a_tenants_graph_loads_on_one_engine_and_never_falls_to_one_without_a_cap() {
+    use prost::Message;
+    let tenants = tenants("allow_raw_model_load = true");
+    let server = Server::start(tenants.path(), &["--run-memory", "64MiB"]);
+    // A 150-byte graph summing `Range(0, n)`. Marked with an IR version ONNX Runtime does not
+    // know, it refused it, and the build before then loaded it on tract, which bounds nothing:
+    // one request for n = 2^28 took the server 2 GiB in 1 s, answered 200 (2^31: 16 GiB).
+    let mut unknown_ir = onnx::ModelProto::decode(onnx::sum_of_range().as_slice()).expect("decodes");
+    unknown_ir.ir_version = 99;
+    let request = json!({ "inputs": [{ "name": "n", "shape": [], "datatype": "INT64", "data": [268_435_456] }] });
+    let upload = server.send(Method::PUT, "/control/v1/models/range", EVIL, unknown_ir.encode_to_vec());
+    let ((code, body), grown) = server.peak_growth(upload).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(error_message(&body).contains("Unsupported model IR version"), "{body}");
+    assert!(grown < 50 << 20, "the upload grew the server by {} MiB", grown >> 20);
+    assert_eq!(server.infer("range", EVIL, &request).await.0, 404);
+    assert!(!server.log().contains("backend=tract"), "another engine was tried:\n{}", server.log());
+    // The same graph ONNX Runtime knows serves on it, within the cap.
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/range", EVIL, onnx::sum_of_range()).await;
+    assert_eq!(code, 201, "{body}");
+    let ((status, body), grown) = server.peak_growth(server.infer("range", EVIL, &request)).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(error_message(&body).contains("more than all model runs on this server may hold (64 MiB)"), "{body}");
+    assert!(grown < 200 << 20, "the run grew the server by {} MiB", grown >> 20);
+    let small = json!({ "inputs": [{ "name": "n", "shape": [], "datatype": "INT64", "data": [1000] }] });
+    let (status, body) = server.infer("range", EVIL, &small).await;
+    assert_eq!((status, &output(&body, "total")["data"]), (200, &json!([499_500])), "{body}");
+    // A guest's raw load of the unknown IR: refused by ONNX Runtime, tried on nothing else.
+    let model = unknown_ir.encode_to_vec();
+    let load = json!({
+        "inputs": [{ "name": "graph", "shape": [model.len()], "datatype": "UINT8", "data": model }],
+        "parameters": { "mode": "load-bytes" },
+    });
+    let (status, body) = server.infer("hostile", EVIL, &load).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(error_message(&body).contains("Unsupported model IR version"), "{body}");
+    victim_served(&server).await;
+}

@@ -90,4 +90,13 @@ async fn a_wrong_onnxruntime_library_falls_back_to_tract_with_a_clear_message() 
     assert!(log.contains("onnxruntime is not available") && log.contains("cannot load"), "{log}");
     let (status, model) = server.get("/v2/models/digits-mlp", Some("k")).await;
     assert_eq!((status, model["platform"].as_str()), (200, Some("tract_onnx")));
+    // The operator's models serve on tract; a tenant's own graphs, whose runs tract would not
+    // bound, are refused, saying why.
+    let weights = std::fs::read(digits_model()).expect("weights");
+    let (code, body) = server.send(reqwest::Method::PUT, "/control/v1/models/mine", "k", weights).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        error_message(&body).contains("loads tenants' own models only on ONNX Runtime, whose memory cap bounds"),
+        "{body}"
+    );
 }

@@ -562,7 +562,9 @@ async fn load_model(
     let loaded = state.resident.load(&spec, &state.backends, &state.model_defaults).await;
     let model = loaded.map_err(|e| match e {
         ModelLoadError::NoRoom { ref no_room, .. } if no_room.never_fits() => ControlError::TooLarge(e.to_string()),
-        ModelLoadError::NoRoom { .. } => ControlError::Unavailable(e.to_string()),
+        ModelLoadError::NoRoom { .. } | ModelLoadError::NoEngineForTenants { .. } => {
+            ControlError::Unavailable(e.to_string())
+        }
         e => ControlError::Invalid(format!("not a usable model: {e}")),
     })?;
     tenant.models.settle(&model).await.map_err(cap_full)?;

@@ -344,8 +344,9 @@ impl graph::Host for NnView<'_> {
         let Some(raw) = &self.ctx.raw_load else {
             return self.error(
                 errors::ErrorCode::Security,
-                "loading models from raw bytes is not allowed for this tenant (quota allow_raw_model_load); \
-                 use load-by-name with a model from the tenant's manifest"
+                "loading models from raw bytes is not allowed for this tenant (quota allow_raw_model_load; a \
+                 server without ONNX Runtime allows it no tenant); use load-by-name with a model from the \
+                 tenant's manifest"
                     .to_string(),
             );
         };

@@ -270,6 +270,11 @@ fn breaker_outcome(result: &Result<NamedTensors, ComputeError>) -> Outcome {
 pub enum ModelLoadError {
     #[error("model '{model}' pins backend {backend}, which is not available here")]
     BackendMissing { model: String, backend: BackendKind },
+    #[error(
+        "model '{model}' cannot be loaded: this server loads tenants' own models only on ONNX Runtime, whose \
+         memory cap bounds their runs, and ONNX Runtime is not available here (the server's log says why)"
+    )]
+    NoEngineForTenants { model: String },
     #[error("model '{model}' could not be loaded: {reasons}")]
     Failed { model: String, reasons: String },
     #[error("model '{model}' is refused: {reason}")]
@@ -369,14 +374,19 @@ impl ModelStore {
         defaults: &ModelDefaults,
     ) -> Result<Arc<ModelCopy>, ModelLoadError> {
         let candidates: Vec<Arc<dyn Backend>> =
-            match spec.backend.or(defaults.backend) {
-                Some(kind) => {
+            match (spec.backend.or(defaults.backend), spec.origin) {
+                (Some(kind), _) => {
                     vec![backends.get(kind).ok_or_else(|| ModelLoadError::BackendMissing {
                         model: spec.name.to_string(),
                         backend: kind,
                     })?]
                 }
-                None => backends.available.clone(),
+                (None, ModelOrigin::Upload) => vec![
+                    backends
+                        .for_tenant_graphs()
+                        .ok_or_else(|| ModelLoadError::NoEngineForTenants { model: spec.name.to_string() })?,
+                ],
+                (None, ModelOrigin::Manifest) => backends.available.clone(),
             };
         // Weights never make an engine open a file, except an operator's beside the model.
         let refused = |reason| ModelLoadError::Refused { model: spec.name.to_string(), reason };
@@ -432,9 +442,7 @@ impl ModelStore {
                 let mut memory = reserve_all(&estimates, Device::reserve_evicting)?;
                 let loaded = (|| {
                     let optimized = match &target {
-                        Some(target) if loader.writes_optimized() => {
-                            save_optimized(&*loader, (&bytes, author), target)?
-                        }
+                        Some(target) if loader.writes_optimized() => save_optimized(&*loader, (&bytes, author), target),
                         _ => None,
                     };
                     // Measured apart from the optimising load (its session held more than one
@@ -683,15 +691,20 @@ pub fn forget_optimized(dir: &std::path::Path, sha256: &str) -> std::io::Result<
 }
 
 /// Have the engine optimise `bytes` (`author`'s) and write the result to `target`; that form
-/// and its bytes, unless the engine wrote none or it names a file (then nothing is kept).
-/// Fails as loading the bytes would.
+/// and its bytes, unless the engine wrote none, could not, or it names a file (then nothing is
+/// kept).
 fn save_optimized(
     backend: &dyn Backend,
     (bytes, author): (&[u8], Author),
     target: &std::path::Path,
-) -> Result<Option<(Optimized, Vec<u8>)>, BackendError> {
+) -> Option<(Optimized, Vec<u8>)> {
     let temporary = target.with_extension(format!("{}.partial", std::process::id()));
-    let written = backend.save_optimized(bytes, &temporary, author)?;
+    // Writing it fails where loading would not too (a full disk: the model's upload was
+    // refused as unusable); the load from the bytes then says whether the model is.
+    let written = backend.save_optimized(bytes, &temporary, author).unwrap_or_else(|error| {
+        tracing::warn!(backend = %backend.kind(), %error, "the engine's optimised form was not written; the model loads as it is");
+        false
+    });
     let kept = written
         .then(|| {
             let optimized = std::fs::read(&temporary).ok().filter(|bytes| check_self_contained(bytes).is_ok())?;
@@ -703,7 +716,7 @@ fn save_optimized(
     if kept.is_none() {
         let _ = std::fs::remove_file(&temporary);
     }
-    Ok(kept)
+    kept
 }
 
 /// Longest a tenant's model may warm up as it loads, every batch size together. A warm-up runs

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::nn::backend::{Backend, Backends};
 use crate::nn::models::{ModelCopy, ModelDefaults, ModelStore, TenantModels};
 use crate::registry::ids::{AppName, ModelName, TenantId};
-use crate::registry::manifest::Quotas;
+use crate::registry::manifest::{BackendKind, Quotas};
 use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
@@ -286,7 +286,7 @@ impl ServingState {
 
     /// The backend a tenant allowed raw `load` uses.
     pub(crate) fn raw_backend(&self) -> Option<Arc<dyn Backend>> {
-        self.model_defaults.backend.and_then(|kind| self.backends.get(kind)).or_else(|| self.backends.preferred())
+        raw_backend(self.model_defaults.backend, &self.backends)
     }
 
     /// The tenant owning an API key.
@@ -418,8 +418,7 @@ impl ServingState {
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
                 apps.insert(name.clone(), Arc::new(AppState::new(spec.clone(), versions)));
             }
-            let raw_backend =
-                model_defaults.backend.and_then(|kind| backends.get(kind)).or_else(|| backends.preferred());
+            let raw_backend = raw_backend(model_defaults.backend, &backends);
             let state = TenantState::new(tenant.clone(), models, apps, raw_backend);
             tenants.insert(tenant.id.clone(), Arc::new(state));
         }
@@ -444,4 +443,10 @@ impl ServingState {
             readiness: Arc::default(),
         })
     }
+}
+
+/// The backend tenants' raw `load`s use: the server's pinned one (`--backend`), else the one
+/// engine tenants' graphs load on ([`Backends::for_tenant_graphs`]); none, no raw loads.
+fn raw_backend(pinned: Option<BackendKind>, backends: &Backends) -> Option<Arc<dyn Backend>> {
+    pinned.map_or_else(|| backends.for_tenant_graphs(), |kind| backends.get(kind))
 }
