@@ -334,3 +334,54 @@ async fn what_an_upload_leaves_on_disk_goes_when_it_is_deleted() {
     }
     assert_eq!((bytes_in("compiled"), bytes_in("optimized")), before, "nothing of the deleted uploads is left");
 }
+
+#[tokio::test]
+async fn a_saved_model_the_server_now_refuses_stops_no_start_and_is_kept_until_deleted() {
+    use sha2::Digest;
+    let tenants = tenants();
+    let data = tempfile::tempdir().expect("tmp");
+    let weights = std::fs::read(digits_small_model()).expect("weights");
+    {
+        let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
+        let (code, body) = server.send(Method::PUT, "/control/v1/models/small", KEY, weights.clone()).await;
+        assert_eq!(code, 201, "{body}");
+    }
+    // Saved by an earlier build that took it: a model this one refuses (NonZero works outside
+    // the engine's capped memory). The build before stopped at start on it, every tenant's
+    // server with it: "restoring the saved control state".
+    let refused = crate::onnx::nonzero_of_shape(4);
+    let sha256 = hex::encode(sha2::Sha256::digest(&refused));
+    let registry = data.path().join("registry");
+    std::fs::write(registry.join("blobs/sha256").join(&sha256), &refused).expect("blob");
+    let control = registry.join("control/acme.json");
+    let mut saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&control).expect("saved")).expect("json");
+    saved["models"]["nonzero"] = serde_json::json!(sha256);
+    std::fs::write(&control, saved.to_string()).expect("saved");
+
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts with the refused model saved");
+    let request = serde_json::json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] });
+    assert_eq!(server.infer("small", KEY, &request).await.0, 200, "the tenant's other upload serves");
+    assert_eq!(server.infer("digits-mlp", KEY, &request).await.0, 200, "and its manifest's model");
+    let (code, index) = server.post_raw("/v2/repository/index", Some(KEY), Vec::new()).await;
+    assert_eq!(code, 200, "{index}");
+    let entry = index.as_array().expect("index").iter().find(|e| e["name"] == "nonzero").cloned().expect("listed");
+    assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
+    assert!(entry["reason"].as_str().is_some_and(|r| r.contains("(NonZero)")), "{entry}");
+    assert_eq!(server.get("/v2/models/nonzero", Some(KEY)).await.0, 404, "it does not serve");
+    // Kept through the tenant's other changes, and its name taken until it is deleted.
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/other", KEY, weights.clone()).await;
+    assert_eq!(code, 201, "{body}");
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&control).expect("saved")).expect("json");
+    assert_eq!(saved["models"]["nonzero"], serde_json::json!(sha256), "{saved}");
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/nonzero", KEY, weights.clone()).await;
+    assert_eq!(code, 409, "{body}");
+    let blob = registry.join("blobs/sha256").join(&sha256);
+    assert!(blob.exists(), "its blob is kept");
+    let (code, body) = server.send(Method::DELETE, "/control/v1/models/nonzero", KEY, Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(!blob.exists(), "deleted, its blob goes");
+    let (_, index) = server.post_raw("/v2/repository/index", Some(KEY), Vec::new()).await;
+    assert!(!index.to_string().contains("nonzero"), "{index}");
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&control).expect("saved")).expect("json");
+    assert!(saved["models"].get("nonzero").is_none(), "{saved}");
+}

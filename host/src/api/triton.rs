@@ -123,7 +123,13 @@ pub fn repository_index(tenant: &TenantState, ready_only: bool) -> Vec<IndexEntr
         let (state, reason) = state_and_reason(state);
         IndexEntry { name: name.to_string(), version: version.to_string(), state, reason }
     });
-    let mut index: Vec<IndexEntry> = apps.chain(models).collect();
+    let unrestored = tenant.unrestored().into_iter().map(|((name, version), unrestored)| IndexEntry {
+        name: name.to_string(),
+        version: version.to_string(),
+        state: "UNAVAILABLE",
+        reason: unrestored.reason,
+    });
+    let mut index: Vec<IndexEntry> = apps.chain(models).chain(unrestored).collect();
     index.retain(|entry| !ready_only || entry.state == "READY");
     // A model's versions in order (apps' and models' names never clash).
     index.sort_by(|a, b| {

@@ -21,7 +21,7 @@ use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
 use crate::rollout::traffic::Traffic;
 use crate::runtime::{Component, RuntimeError, World};
-use crate::state::{ServingState, TenantState};
+use crate::state::{ServingState, TenantState, Unrestored};
 
 /// What is saved per tenant: its uploaded models' versions (by weights digest) and each
 /// app's versions (by component digest, with their model pins) and traffic.
@@ -176,7 +176,9 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
         .collect();
     let (mut models, mut model_versions) = (BTreeMap::new(), BTreeMap::<ModelName, BTreeMap<_, _>>::new());
     let declared = tenant.spec();
-    for (name, version, sha256) in tenant.models.own_weights() {
+    let unrestored =
+        tenant.unrestored().into_iter().map(|((name, version), unrestored)| (name, version, unrestored.sha256));
+    for (name, version, sha256) in unrestored.chain(tenant.models.own_weights()) {
         if declared.models.contains_key(&name) {
             continue; // the manifest's, from the manifest's files
         }
@@ -233,7 +235,8 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
             }
         };
         let made = made.remove(&saved.tenant).unwrap_or_default();
-        match apply_saved(state, &tenant, document, made, &mut left).await {
+        // A local restore (version 0) at start cannot be tried again: what fails is recorded.
+        match apply_saved(state, &tenant, document, (made, saved.version != 0), &mut left).await {
             Ok(()) => {
                 // Models may have left under their names (see `delete_model`).
                 tenant.policy().response_cache.clear();
@@ -261,7 +264,7 @@ async fn catch_up(state: &ServingState, tenant: &TenantState, left: &mut Vec<Str
         .await
         .map_err(|e| store_failure("reading the saved control state", e))?;
     for saved in newer {
-        apply_saved(state, tenant, parse_saved(&saved)?, MadeAhead::default(), left).await?;
+        apply_saved(state, tenant, parse_saved(&saved)?, (MadeAhead::default(), true), left).await?;
         state.store.set_applied(id.as_str(), saved.version);
     }
     Ok(())
@@ -340,7 +343,7 @@ async fn apply_saved(
     state: &ServingState,
     tenant: &TenantState,
     saved: TenantControl,
-    mut made: MadeAhead,
+    (mut made, retry): (MadeAhead, bool),
     left: &mut Vec<String>,
 ) -> Result<(), ControlError> {
     let spec = tenant.spec();
@@ -366,13 +369,29 @@ async fn apply_saved(
             Some(_) => left.extend(tenant.models.remove_version(name, *version).map(|m| m.sha256.clone())),
             None => {}
         }
-        let model = match made.models.remove(&(name.clone(), *version)) {
-            Some((made_from, model)) if made_from == *sha256 => model,
-            _ => load_model(state, tenant, (name, *version), sha256, read_blob(state, sha256).await?).await?,
+        let key = (name.clone(), *version);
+        let loaded = match made.models.remove(&key) {
+            Some((made_from, model)) if made_from == *sha256 => Ok(model),
+            _ => load_model(state, tenant, (name, *version), sha256, read_blob(state, sha256).await?).await,
         };
+        let model = match loaded {
+            Ok(model) => model,
+            // What may pass (no room now) the caller tries again, where it can.
+            Err(error @ ControlError::Unavailable(_)) if retry => return Err(error),
+            Err(error) => {
+                tracing::error!(tenant = %id, model = %name, %version, %error,
+                    "a saved model could not be loaded here: it is not served, and kept until its tenant deletes it");
+                let reason = format!("it could not be loaded when its saved state was applied: {error}");
+                tenant.set_unrestored(name.clone(), *version, Unrestored { sha256: sha256.clone(), reason });
+                continue;
+            }
+        };
+        left.extend(tenant.take_unrestored(|unrestored, _| *unrestored != key).into_iter().map(|(_, u)| u.sha256));
         tenant.models.add(name.clone(), *version, model);
         models_changed = true;
     }
+    let listed = tenant.take_unrestored(|key, unrestored| saved_weights.get(key) == Some(&unrestored.sha256));
+    left.extend(listed.into_iter().map(|(_, unrestored)| unrestored.sha256));
     for (name, version, _) in tenant.models.own_weights() {
         if !saved_weights.contains_key(&(name.clone(), version)) && !spec.models.contains_key(&name) {
             left.extend(tenant.models.remove_version(&name, version).map(|m| m.sha256.clone()));
@@ -587,11 +606,17 @@ pub async fn add_model(
             "model '{name}' is declared in the tenant's manifest; its versions are declared there"
         )));
     }
+    let unrestored = tenant.unrestored();
     let exists = match version {
-        None if tenant.models.own(name.as_str()).is_some() => Some(format!(
-            "model '{name}' exists; upload new weights as a version: PUT /control/v1/models/{name}/versions/{{version}}"
-        )),
-        Some(version) if tenant.models.own_version(name.as_str(), version).is_some() => {
+        None if tenant.models.own(name.as_str()).is_some() || unrestored.keys().any(|(n, _)| *n == name) => {
+            Some(format!(
+                "model '{name}' exists; upload new weights as a version: PUT /control/v1/models/{name}/versions/{{version}}"
+            ))
+        }
+        Some(version)
+            if tenant.models.own_version(name.as_str(), version).is_some()
+                || unrestored.contains_key(&(name.clone(), version)) =>
+        {
             Some(format!("version {version} of model '{name}' exists; versions are immutable, upload a new one"))
         }
         _ => None,
@@ -660,7 +685,8 @@ pub async fn delete_model(
             ControlError::NotFound(format!("version {version} of model '{name}' not found in this tenant"))
         }
     };
-    let (name, _) = tenant.models.own(name).ok_or_else(not_found)?;
+    let unrestored_name = tenant.unrestored().into_keys().map(|(n, _)| n).find(|n| n.as_str() == name);
+    let name = tenant.models.own(name).map(|(name, _)| name).or(unrestored_name).ok_or_else(not_found)?;
     if tenant.spec().models.contains_key(&name) {
         return Err(ControlError::Conflict(format!(
             "model '{name}' is declared in the tenant's manifest; remove it there"
@@ -672,25 +698,33 @@ pub async fn delete_model(
                 "{pinned_by}; delete that app version or upload one pinning another"
             )));
         }
-        match version {
-            None => tenant.models.remove(&name).ok_or_else(not_found),
+        let loaded = match version {
+            None => tenant.models.remove(&name).unwrap_or_default(),
             Some(version) => {
-                let model = tenant.models.remove_version(&name, version).ok_or_else(not_found)?;
-                Ok(BTreeMap::from([(version, model)]))
+                tenant.models.remove_version(&name, version).map(|m| BTreeMap::from([(version, m)])).unwrap_or_default()
             }
+        };
+        let unloaded = tenant.take_unrestored(|(n, v), _| *n != name || version.is_some_and(|want| *v != want));
+        match loaded.is_empty() && unloaded.is_empty() {
+            true => Err(not_found()),
+            false => Ok((loaded, unloaded)),
         }
     };
-    let undo = |removed: &BTreeMap<ModelVersion, Arc<ModelCopy>>| {
-        for (version, model) in removed {
+    let undo = |(loaded, unloaded): &(BTreeMap<ModelVersion, Arc<ModelCopy>>, Vec<_>)| {
+        for (version, model) in loaded {
             tenant.models.add(name.clone(), *version, model.clone());
         }
+        for ((name, version), unrestored) in unloaded.iter().cloned() {
+            tenant.set_unrestored(name, version, unrestored);
+        }
     };
-    let removed = change_and_save(state, tenant, None, remove, undo).await?;
+    let (loaded, unloaded) = change_and_save(state, tenant, None, remove, undo).await?;
     // Its name may come back with other weights: no app answer computed with it may stay.
     tenant.policy().response_cache.clear();
-    for (version, model) in removed {
-        collect_blob(state, &model.sha256).await;
-        tracing::info!(tenant = %tenant.spec().id, model = %name, %version, sha256 = %model.sha256, "model deleted");
+    let removed = loaded.into_iter().map(|(version, model)| (version, model.sha256.clone()));
+    for (version, sha256) in removed.chain(unloaded.into_iter().map(|((_, version), u)| (version, u.sha256))) {
+        collect_blob(state, &sha256).await;
+        tracing::info!(tenant = %tenant.spec().id, model = %name, %version, %sha256, "model deleted");
     }
     Ok(name)
 }
@@ -771,6 +805,7 @@ fn forget_all_unreferenced(state: &ServingState, digests: Vec<String>) {
 fn forget_unreferenced(state: &ServingState, sha256: &str) {
     let referenced = state.all_tenants().iter().any(|tenant| {
         tenant.models.own_weights().iter().any(|(_, _, digest)| digest == sha256)
+            || tenant.unrestored().values().any(|unrestored| unrestored.sha256 == sha256)
             || tenant.apps().iter().any(|(_, app)| {
                 app.version_names().iter().any(|v| app.version(v).is_some_and(|version| version.sha256 == sha256))
             })

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::nn::backend::{Backend, Backends};
 use crate::nn::models::{ModelCopy, ModelDefaults, ModelStore, TenantModels};
-use crate::registry::ids::{AppName, ModelName, TenantId};
+use crate::registry::ids::{AppName, ModelName, ModelVersion, TenantId};
 use crate::registry::manifest::{BackendKind, Quotas};
 use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
@@ -95,6 +95,19 @@ pub struct TenantState {
     /// Its uploads in progress, from the body's first byte to the answer: each holds a temp
     /// file as large as its quota in the data directory and, as it loads, its bytes in memory.
     upload_slots: Arc<tokio::sync::Semaphore>,
+    /// Its saved uploads this server could not load (refused by a check added since, say), by
+    /// name and version: their weights' digests. Not served, but kept in its saved state and
+    /// its blobs until it deletes them: one tenant's model the server now refuses stopped every
+    /// tenant's server at its start.
+    unrestored: std::sync::Mutex<BTreeMap<(ModelName, ModelVersion), Unrestored>>,
+}
+
+/// A saved upload the server could not load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unrestored {
+    pub sha256: String,
+    /// Why, for its tenant's repository index.
+    pub reason: String,
 }
 
 /// A tenant's uploads in progress at once; past them an upload is refused at once (429): a
@@ -123,7 +136,32 @@ impl TenantState {
             activity: TenantActivity::default(),
             uploads: tokio::sync::Mutex::new(()),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(UPLOADS_IN_PROGRESS)),
+            unrestored: std::sync::Mutex::default(),
         }
+    }
+
+    /// Its saved uploads that could not be loaded here.
+    pub fn unrestored(&self) -> BTreeMap<(ModelName, ModelVersion), Unrestored> {
+        self.unrestored.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Record a saved upload that could not be loaded here.
+    pub fn set_unrestored(&self, name: ModelName, version: ModelVersion, unrestored: Unrestored) {
+        self.unrestored.lock().unwrap_or_else(PoisonError::into_inner).insert((name, version), unrestored);
+    }
+
+    /// Forget the unloadable uploads `keep` says no to, returning them.
+    pub fn take_unrestored(
+        &self,
+        mut keep: impl FnMut(&(ModelName, ModelVersion), &Unrestored) -> bool,
+    ) -> Vec<((ModelName, ModelVersion), Unrestored)> {
+        let mut unrestored = self.unrestored.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken: Vec<_> =
+            unrestored.iter().filter(|(key, sha256)| !keep(key, sha256)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (key, _) in &taken {
+            unrestored.remove(key);
+        }
+        taken
     }
 
     /// A place for one more upload in progress, held until it is answered; `None` when
