@@ -83,10 +83,7 @@ async fn weights_that_name_a_file_are_refused_on_every_path_and_nothing_is_read(
             assert_eq!(code, 404, "a refused model does not exist");
 
             // A guest allowed raw loads is refused the same bytes.
-            let request = json!({
-                "inputs": [{ "name": "graph", "shape": [weights.len()], "datatype": "UINT8", "data": weights }],
-                "parameters": { "mode": "load-bytes" },
-            });
+            let request = load_bytes_request(&weights);
             let (code, body) = server.infer("hostile", MALLORY, &request).await;
             assert_eq!(code, 500, "{body}");
             assert!(error_message(&body).contains("external file"), "{body}");

@@ -88,10 +88,7 @@ async fn raw_model_loading_needs_the_quota() {
     };
     let before = resident().await;
     let weights = std::fs::read(digits_model()).expect("weights");
-    let request = json!({
-        "inputs": [{ "name": "graph", "shape": [weights.len()], "datatype": "UINT8", "data": weights }],
-        "parameters": { "mode": "load-bytes" },
-    });
+    let request = load_bytes_request(&weights);
     let (status, body) = server.infer("hostile", BETA, &request).await;
     assert_eq!(status, 200, "{body}");
     // Its queue's task ends (and the graph is dropped) just after the answer.

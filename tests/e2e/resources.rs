@@ -247,10 +247,7 @@ async fn a_guests_raw_load_of_a_graph_computes_nothing_from_its_constants() {
     // The graph above, loaded from the guest's bytes: folded, the load held a blocking thread
     // and a core for tens of seconds while the guest waited (without its turn).
     let graph = onnx::computes_from_constants(2048, 200);
-    let request = json!({
-        "inputs": [{ "name": "graph", "shape": [graph.len()], "datatype": "UINT8", "data": graph }],
-        "parameters": { "mode": "load-bytes" },
-    });
+    let request = load_bytes_request(&graph);
     let (cpu, started) = (server.cpu_time(), Instant::now());
     let (status, body) = server.infer("hostile", EVIL, &request).await;
     assert_eq!(status, 200, "{body}");
@@ -274,10 +271,7 @@ async fn a_sparse_tensor_counts_at_its_dense_size_before_any_engine_sees_it() {
     assert!(error_message(&body).contains("max_resident_model_mib"), "{body}");
     assert!(grown < 100 << 20, "the server grew by {} MiB in {:?}", grown >> 20, started.elapsed());
     // Through a guest's raw load, the same against its raw graph limit (32 MiB).
-    let request = json!({
-        "inputs": [{ "name": "graph", "shape": [model.len()], "datatype": "UINT8", "data": model }],
-        "parameters": { "mode": "load-bytes" },
-    });
+    let request = load_bytes_request(&model);
     let ((status, body), grown) = server.peak_growth(server.infer("hostile", EVIL, &request)).await;
     assert_eq!(status, 500, "{body}");
     assert!(error_message(&body).contains("once its sparse tensors are dense"), "{body}");
@@ -454,10 +448,7 @@ async fn a_tenants_graph_may_not_hold_memory_that_no_cap_sees() {
         let (code, body) = server.get(&format!("/v2/models/{name}/ready"), Some(EVIL)).await;
         assert_eq!(code, 404, "{name}: {body}");
         // Through a guest's raw load, the same.
-        let request = json!({
-            "inputs": [{ "name": "graph", "shape": [model.len()], "datatype": "UINT8", "data": model }],
-            "parameters": { "mode": "load-bytes" },
-        });
+        let request = load_bytes_request(&model);
         let (status, body) = server.infer("hostile", EVIL, &request).await;
         assert_eq!(status, 500, "{name}: {body}");
         assert!(error_message(&body).contains(refusal), "{body}");
@@ -856,10 +847,7 @@ async fn a_tenants_graph_loads_on_one_engine_and_never_falls_to_one_without_a_ca
     assert_eq!((status, &output(&body, "total")["data"]), (200, &json!([499_500])), "{body}");
     // A guest's raw load of the unknown IR: refused by ONNX Runtime, tried on nothing else.
     let model = unknown_ir.encode_to_vec();
-    let load = json!({
-        "inputs": [{ "name": "graph", "shape": [model.len()], "datatype": "UINT8", "data": model }],
-        "parameters": { "mode": "load-bytes" },
-    });
+    let load = load_bytes_request(&model);
     let (status, body) = server.infer("hostile", EVIL, &load).await;
     assert_eq!(status, 500, "{body}");
     assert!(error_message(&body).contains("Unsupported model IR version"), "{body}");

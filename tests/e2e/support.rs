@@ -642,3 +642,11 @@ pub fn with_custom_section(component: &[u8], name: &str) -> Vec<u8> {
     out.extend(payload);
     out
 }
+
+/// The hostile guest's request to load `graph` from its bytes (wasi:nn `load`).
+pub fn load_bytes_request(graph: &[u8]) -> Value {
+    serde_json::json!({
+        "inputs": [{ "name": "graph", "shape": [graph.len()], "datatype": "UINT8", "data": graph }],
+        "parameters": { "mode": "load-bytes" },
+    })
+}

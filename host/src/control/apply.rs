@@ -236,7 +236,7 @@ pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
         };
         let made = made.remove(&saved.tenant).unwrap_or_default();
         // A local restore (version 0) at start cannot be tried again: what fails is recorded.
-        match apply_saved(state, &tenant, document, (made, saved.version != 0), &mut left).await {
+        match apply_saved(state, &tenant, document, made, saved.version != 0, &mut left).await {
             Ok(()) => {
                 // Models may have left under their names (see `delete_model`).
                 tenant.policy().response_cache.clear();
@@ -264,7 +264,7 @@ async fn catch_up(state: &ServingState, tenant: &TenantState, left: &mut Vec<Str
         .await
         .map_err(|e| store_failure("reading the saved control state", e))?;
     for saved in newer {
-        apply_saved(state, tenant, parse_saved(&saved)?, (MadeAhead::default(), true), left).await?;
+        apply_saved(state, tenant, parse_saved(&saved)?, MadeAhead::default(), true, left).await?;
         state.store.set_applied(id.as_str(), saved.version);
     }
     Ok(())
@@ -338,12 +338,15 @@ async fn compile_upload(
 /// its uploaded models, its apps' versions and traffic; what the document lacks and the
 /// manifest does not declare goes. What `made` holds is taken instead of made here; the
 /// digests of what goes are added to `left`, for the caller to collect once nothing it
-/// applies may still take them.
+/// applies may still take them. A saved model that cannot be loaded is recorded as such
+/// ([`TenantState::unrestored`]) and the rest applied; with `retry`, one that may load later
+/// (no room now) fails the document instead, for the caller to apply again.
 async fn apply_saved(
     state: &ServingState,
     tenant: &TenantState,
     saved: TenantControl,
-    (mut made, retry): (MadeAhead, bool),
+    mut made: MadeAhead,
+    retry: bool,
     left: &mut Vec<String>,
 ) -> Result<(), ControlError> {
     let spec = tenant.spec();
@@ -386,7 +389,7 @@ async fn apply_saved(
                 continue;
             }
         };
-        left.extend(tenant.take_unrestored(|unrestored, _| *unrestored != key).into_iter().map(|(_, u)| u.sha256));
+        left.extend(tenant.take_unrestored(|other, _| *other != key).into_iter().map(|(_, u)| u.sha256));
         tenant.models.add(name.clone(), *version, model);
         models_changed = true;
     }
