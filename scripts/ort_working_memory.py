@@ -106,6 +106,41 @@ CASES = {
                + op("Col2Im", ["x", "i", "b"]), 21, ()),
     "LSTM, a long sequence": (rand("x", [N // 64, 1, 16]) + rand("w", [1, 64, 16]) + rand("r", [1, 64, 16])
                               + op("LSTM", ["x", "w", "r"], hidden_size=16), 21, ()),
+    "ConvTranspose, 16×16 kernel": (rand("x", [1, 1, 128, 128]) + rand("w", [1, 1, 16, 16]) + op("ConvTranspose", ["x", "w"]), 21, ()),
+    "GRU, a long sequence": (rand("x", [N // 64, 1, 16]) + rand("w", [1, 48, 16]) + rand("r", [1, 48, 16])
+                             + op("GRU", ["x", "w", "r"], hidden_size=16), 21, ()),
+    "Einsum, a diagonal": (rand("x", [2048, 2048]) + op("Einsum", ["x"], equation="ii->i"), 21, ()),
+    "Einsum, outer product": (rand("a", [2048]) + rand("b", [2048]) + op("Einsum", ["a", "b"], equation="i,j->ij"), 21, ()),
+    "OneHot, depth 1024": (fill("i", [N // 1024], T.INT64, 3) + [const("d", T.INT64, [], [1024]), const("v", T.FLOAT, [2], [0, 1])]
+                           + op("OneHot", ["i", "d", "v"]), 21, ()),
+    "Gather, negative indices": (rand("x", [N]) + fill("i", [N // 2], T.INT64, -1) + op("Gather", ["x", "i"]), 21, ()),
+    "Split into 1,024": (rand("x", [1024, N // 1024]) + op("Split", ["x"], ["y"] + [f"s{i}" for i in range(1023)], num_outputs=1024), 21, ()),
+    "LRN, size 63": (rand("x", [1, 64, 256, 256]) + op("LRN", ["x"], size=63), 21, ()),
+    "InstanceNormalization": (rand("x", [1, 64, 256, 256]) + rand("s", [64]) + rand("b", [64])
+                              + op("InstanceNormalization", ["x", "s", "b"]), 21, ()),
+    "GroupNormalization": (rand("x", [1, 64, 256, 256]) + rand("s", [64]) + rand("b", [64])
+                           + op("GroupNormalization", ["x", "s", "b"], num_groups=8), 21, ()),
+    "MeanVarianceNormalization": (rand("x", [1, 64, 256, 256]) + op("MeanVarianceNormalization", ["x"]), 21, ()),
+    "ReduceLogSumExp, axis 0": (rand("x", [N // 2, 2]) + [const("a", T.INT64, [1], [0])] + op("ReduceLogSumExp", ["x", "a"]), 21, ()),
+    "DynamicQuantizeLinear": (rand("x", [N]) + op("DynamicQuantizeLinear", ["x"], ["y", "s", "z"]), 21, ()),
+    "MatMulInteger": (rand("a", [1024, 1024], T.UINT8) + rand("b", [1024, 1024], T.UINT8) + op("MatMulInteger", ["a", "b"]), 21, ()),
+    "SpaceToDepth": (rand("x", [1, 1, 2048, 2048]) + op("SpaceToDepth", ["x"], blocksize=8), 21, ()),
+    "LpPool": (rand("x", [1, 1, 2048, 2048]) + op("LpPool", ["x"], kernel_shape=[8, 8]), 21, ()),
+    "MaxPool, dilated": (rand("x", [1, 1, 2048, 2048]) + op("MaxPool", ["x"], kernel_shape=[4, 4], dilations=[64, 64]), 21, ()),
+    "Mod, fmod": (rand("a", [N]) + rand("b", [N]) + op("Mod", ["a", "b"], fmod=1), 21, ()),
+    "Bernoulli": (rand("x", [N]) + op("Bernoulli", ["x"], seed=1.0), 21, ()),
+    "MelWeightMatrix": ([const("n", T.INT64, [], [1024]), const("d", T.INT64, [], [8192]), const("r", T.INT64, [], [16000]),
+                         const("l", T.FLOAT, [], [0]), const("u", T.FLOAT, [], [8000])]
+                        + op("MelWeightMatrix", ["n", "d", "r", "l", "u"]), 21, ()),
+    "HannWindow": ([const("n", T.INT64, [], [N])] + op("HannWindow", ["n"]), 21, ()),
+    "Scan, a running sum": (rand("x", [N // 16, 16]) + fill("s0", [16], T.FLOAT, 0) + op(
+        "Scan", ["s0", "x"], ["s", "y"], num_scan_inputs=1,
+        body=h.make_graph([h.make_node("Add", ["si", "xi"], ["so"]), h.make_node("Identity", ["so"], ["yo"])], "b",
+                          [h.make_tensor_value_info("si", T.FLOAT, [16]), h.make_tensor_value_info("xi", T.FLOAT, [16])],
+                          [h.make_tensor_value_info("so", T.FLOAT, [16]), h.make_tensor_value_info("yo", T.FLOAT, [16])])), 21, ()),
+    "CenterCropPad": (rand("x", [2048, 2048]) + [const("s", T.INT64, [2], [4096, 1024])] + op("CenterCropPad", ["x", "s"]), 21, ()),
+    "Col2Im, many blocks": (rand("x", [1, 4, N // 4]) + [const("i", T.INT64, [2], [1025, 1025]), const("b", T.INT64, [2], [2, 2])]
+                            + op("Col2Im", ["x", "i", "b"]), 21, ()),
     "Multinomial, N samples": (rand("x", [1, 2]) + op("Multinomial", ["x"], sample_size=N), 21, ()),
     "Softmax, axis 0": (rand("x", [N // 2, 2]) + op("Softmax", ["x"], axis=0), 21, ()),
     "Hardmax, axis 0": (rand("x", [N // 2, 2]) + op("Hardmax", ["x"], axis=0), 21, ()),
