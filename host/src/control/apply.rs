@@ -568,8 +568,7 @@ async fn load_model(
         batching: Batching::default(),
         drift: Drift::default(),
         breaker: BreakerSettings::default(),
-        origin: ModelOrigin::Upload,
-        uploaded_by: Some(tenant.spec().id.clone()),
+        origin: ModelOrigin::Upload { by: tenant.spec().id.clone() },
         idle_unload: None,
         warmup: Warmup::default().batch_sizes,
         // Only the operator pins: an upload that could never leave memory would let one

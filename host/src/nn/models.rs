@@ -340,7 +340,7 @@ impl CopyKey {
             idle_unload: spec.idle_unload,
             pinned: spec.pinned,
             warmup: spec.warmup.clone(),
-            uploaded_by: spec.uploaded_by.clone(),
+            uploaded_by: spec.origin.uploaded_by().cloned(),
         }
     }
 
@@ -374,16 +374,16 @@ impl ModelStore {
         defaults: &ModelDefaults,
     ) -> Result<Arc<ModelCopy>, ModelLoadError> {
         let candidates: Vec<Arc<dyn Backend>> =
-            match (spec.backend.or(defaults.backend), spec.origin) {
+            match (spec.backend.or(defaults.backend), &spec.origin) {
                 (Some(kind), _) => {
                     vec![backends.get(kind).ok_or_else(|| ModelLoadError::BackendMissing {
                         model: spec.name.to_string(),
                         backend: kind,
                     })?]
                 }
-                (None, ModelOrigin::Upload) => vec![
+                (None, ModelOrigin::Upload { .. }) => vec![
                     backends
-                        .for_tenant_graphs()
+                        .for_tenant_graphs(None)
                         .ok_or_else(|| ModelLoadError::NoEngineForTenants { model: spec.name.to_string() })?,
                 ],
                 (None, ModelOrigin::Manifest) => backends.available.clone(),
@@ -391,8 +391,8 @@ impl ModelStore {
         // Weights never make an engine open a file, except an operator's beside the model.
         let refused = |reason| ModelLoadError::Refused { model: spec.name.to_string(), reason };
         let inspection = inspect(&spec.bytes).map_err(refused)?;
-        let model_file = match spec.origin {
-            ModelOrigin::Upload => {
+        let model_file = match &spec.origin {
+            ModelOrigin::Upload { .. } => {
                 inspection.check_tenant().map_err(refused)?;
                 None
             }
@@ -400,7 +400,7 @@ impl ModelStore {
                 check_external_data_within(&spec.bytes, &spec.path).map_err(refused)?.then(|| spec.path.clone())
             }
         };
-        let author = author_of(spec.origin);
+        let author = author_of(&spec.origin);
         // What the engine holds of the weights as it loads, sparse tensors dense.
         let weights = inspection.loaded_bytes();
         let mut reasons = Vec::new();
@@ -614,9 +614,9 @@ fn prime(backend: &dyn Backend, device: DeviceId) {
 
 /// Whose weights a model of `origin` holds: a tenant's upload computes nothing from its
 /// constants as it loads (see [`Author`]).
-fn author_of(origin: ModelOrigin) -> Author {
+fn author_of(origin: &ModelOrigin) -> Author {
     match origin {
-        ModelOrigin::Upload => Author::Tenant,
+        ModelOrigin::Upload { .. } => Author::Tenant,
         ModelOrigin::Manifest => Author::Operator,
     }
 }
@@ -789,7 +789,7 @@ fn reloader(
 ) -> Loader {
     let (path, sha256, model) = (spec.path.clone(), spec.sha256.clone(), spec.name.clone());
     let (placements, warmup) = (placed.placements.clone(), spec.warmup.clone());
-    let author = author_of(spec.origin);
+    let author = author_of(&spec.origin);
     Arc::new(move |reason| {
         // Requests waiting for a load on demand are its first run: warming it up on zeros
         // first would only make them wait longer.
@@ -1421,7 +1421,6 @@ mod tests {
             drift: Drift::default(),
             breaker: BreakerSettings::default(),
             origin: ModelOrigin::Manifest,
-            uploaded_by: None,
             idle_unload: None,
             warmup: Vec::new(),
             pinned: false,

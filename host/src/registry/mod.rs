@@ -58,9 +58,6 @@ pub struct ModelSpec {
     pub drift: Drift,
     pub breaker: BreakerSettings,
     pub origin: ModelOrigin,
-    /// The tenant whose upload these weights are: its copy is its own, never another tenant's
-    /// (`None`: the operator's, shared where identical).
-    pub uploaded_by: Option<TenantId>,
     /// Leave memory after this long without a call (zero: never); `None`: the server's default.
     pub idle_unload: Option<std::time::Duration>,
     /// Batch sizes each loaded instance runs once on zeros before it serves.
@@ -77,12 +74,23 @@ pub struct ModelSpec {
 }
 
 /// Who supplied a model's weights, which decides whether they may name other files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelOrigin {
     /// The operator's manifest: external data is allowed inside the model file's directory.
     Manifest,
     /// A tenant's upload: the weights must embed every tensor.
-    Upload,
+    Upload { by: TenantId },
+}
+
+impl ModelOrigin {
+    /// The tenant whose upload these weights are: its copy is its own, never another tenant's
+    /// (`None`: the operator's, shared where identical).
+    pub fn uploaded_by(&self) -> Option<&TenantId> {
+        match self {
+            Self::Manifest => None,
+            Self::Upload { by } => Some(by),
+        }
+    }
 }
 
 /// One app version's component.
@@ -396,7 +404,6 @@ fn load_model(manifest: &Path, name: ModelName, model: ModelManifest) -> Result<
         drift: model.drift,
         breaker: model.breaker,
         origin: ModelOrigin::Manifest,
-        uploaded_by: None,
         idle_unload: model.idle_unload_s.map(std::time::Duration::from_secs),
         warmup: model.warmup.batch_sizes,
         pinned,

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::nn::backend::{Backend, Backends};
 use crate::nn::models::{ModelCopy, ModelDefaults, ModelStore, TenantModels};
 use crate::registry::ids::{AppName, ModelName, ModelVersion, TenantId};
-use crate::registry::manifest::{BackendKind, Quotas};
+use crate::registry::manifest::Quotas;
 use crate::registry::store::Store;
 use crate::registry::{Registry, Tenant};
 use crate::rollout::app::{AppState, AppVersion};
@@ -156,12 +156,7 @@ impl TenantState {
         mut keep: impl FnMut(&(ModelName, ModelVersion), &Unrestored) -> bool,
     ) -> Vec<((ModelName, ModelVersion), Unrestored)> {
         let mut unrestored = self.unrestored.lock().unwrap_or_else(PoisonError::into_inner);
-        let taken: Vec<_> =
-            unrestored.iter().filter(|(key, sha256)| !keep(key, sha256)).map(|(k, v)| (k.clone(), v.clone())).collect();
-        for (key, _) in &taken {
-            unrestored.remove(key);
-        }
-        taken
+        unrestored.extract_if(.., |key, entry| !keep(key, entry)).collect()
     }
 
     /// A place for one more upload in progress, held until it is answered; `None` when
@@ -324,7 +319,7 @@ impl ServingState {
 
     /// The backend a tenant allowed raw `load` uses.
     pub(crate) fn raw_backend(&self) -> Option<Arc<dyn Backend>> {
-        raw_backend(self.model_defaults.backend, &self.backends)
+        self.backends.for_tenant_graphs(self.model_defaults.backend)
     }
 
     /// The tenant owning an API key.
@@ -456,7 +451,7 @@ impl ServingState {
                 tracing::info!(tenant = %tenant.id, app = %name, stable = %spec.traffic.stable, versions = spec.versions.len(), "app serves");
                 apps.insert(name.clone(), Arc::new(AppState::new(spec.clone(), versions)));
             }
-            let raw_backend = raw_backend(model_defaults.backend, &backends);
+            let raw_backend = backends.for_tenant_graphs(model_defaults.backend);
             let state = TenantState::new(tenant.clone(), models, apps, raw_backend);
             tenants.insert(tenant.id.clone(), Arc::new(state));
         }
@@ -481,10 +476,4 @@ impl ServingState {
             readiness: Arc::default(),
         })
     }
-}
-
-/// The backend tenants' raw `load`s use: the server's pinned one (`--backend`), else the one
-/// engine tenants' graphs load on ([`Backends::for_tenant_graphs`]); none, no raw loads.
-fn raw_backend(pinned: Option<BackendKind>, backends: &Backends) -> Option<Arc<dyn Backend>> {
-    pinned.map_or_else(|| backends.for_tenant_graphs(), |kind| backends.get(kind))
 }

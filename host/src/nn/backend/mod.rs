@@ -312,13 +312,13 @@ impl Backends {
         self.available.first().cloned()
     }
 
-    /// The one engine a tenant's own graphs (uploads, raw loads) load on, where the server
-    /// pins none: ONNX Runtime, whose capped arena bounds what their runs hold; tract bounds
-    /// nothing, so without ONNX Runtime none. Never another engine after it refuses a graph: a
-    /// tenant made ONNX Runtime refuse a graph (an IR version it does not know) to have tract
-    /// load it, then made one request take 2 GiB under a 64 MiB cap.
-    pub fn for_tenant_graphs(&self) -> Option<Arc<dyn Backend>> {
-        self.get(BackendKind::Onnxruntime)
+    /// The one engine a tenant's own graphs (uploads, raw loads) load on: the one the server
+    /// pins (`--backend`), else ONNX Runtime, whose capped arena bounds what their runs hold;
+    /// tract bounds nothing, so without ONNX Runtime none. Never another engine after it
+    /// refuses a graph: a tenant made ONNX Runtime refuse a graph (an IR version it does not
+    /// know) to have tract load it, then made one request take 2 GiB under a 64 MiB cap.
+    pub fn for_tenant_graphs(&self, pinned: Option<BackendKind>) -> Option<Arc<dyn Backend>> {
+        self.get(pinned.unwrap_or(BackendKind::Onnxruntime))
     }
 }
 
