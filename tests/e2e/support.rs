@@ -623,24 +623,40 @@ pub fn digits_grpc_request(x: Vec<f32>) -> sluice::api::grpc::proto::ModelInferR
 /// `component` with a custom section named `name` at its end: another component to the
 /// server (its own digest, compiled apart), the same code.
 pub fn with_custom_section(component: &[u8], name: &str) -> Vec<u8> {
-    let leb = |mut n: usize| {
-        let mut bytes = Vec::new();
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            bytes.push(if n == 0 { byte } else { byte | 0x80 });
-            if n == 0 {
-                return bytes;
-            }
-        }
-    };
-    let mut payload = leb(name.len());
-    payload.extend_from_slice(name.as_bytes());
+    use wasm_encoder::ComponentSection;
     let mut out = component.to_vec();
-    out.push(0);
-    out.extend(leb(payload.len()));
-    out.extend(payload);
+    wasm_encoder::CustomSection { name: name.into(), data: (&[][..]).into() }.append_to_component(&mut out);
     out
+}
+
+/// `component` with every core memory it defines or imports at least `mib` MiB at its
+/// start: the same code, asking for as much memory as a component with that much static
+/// data (an interpreter's heap image, say) does.
+pub fn with_memory_of(component: &[u8], mib: u64) -> Vec<u8> {
+    use wasm_encoder::reencode::{Error, Reencode, ReencodeComponent};
+    struct AtLeast {
+        pages: u64,
+    }
+    impl Reencode for AtLeast {
+        type Error = std::convert::Infallible;
+        fn memory_type(
+            &mut self,
+            memory: wasmparser::MemoryType,
+        ) -> Result<wasm_encoder::MemoryType, Error<Self::Error>> {
+            Ok(wasm_encoder::MemoryType {
+                minimum: memory.initial.max(self.pages),
+                maximum: memory.maximum.map(|maximum| maximum.max(self.pages)),
+                memory64: memory.memory64,
+                shared: memory.shared,
+                page_size_log2: memory.page_size_log2,
+            })
+        }
+    }
+    impl ReencodeComponent for AtLeast {}
+    let mut out = wasm_encoder::Component::new();
+    let mut larger = AtLeast { pages: (mib << 20) >> 16 };
+    larger.parse_component(&mut out, wasmparser::Parser::new(0), component).expect("a component wasm-encoder reads");
+    out.finish()
 }
 
 /// The hostile guest's request to load `graph` from its bytes (wasi:nn `load`).

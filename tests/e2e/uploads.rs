@@ -385,3 +385,82 @@ async fn a_saved_model_the_server_now_refuses_stops_no_start_and_is_kept_until_d
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&control).expect("saved")).expect("json");
     assert!(saved["models"].get("nonzero").is_none(), "{saved}");
 }
+
+/// A saved app version this server can no longer prepare (its operator lowered guest memory
+/// below what the component asks for at its start) stops no start: the build before stopped
+/// at "restoring the saved control state", every tenant's server with it. It is listed as
+/// unavailable with its reason, answered 503, and kept (its blob, its saved state, its
+/// version's name) until its tenant deletes it.
+#[tokio::test]
+async fn a_saved_component_the_server_can_no_longer_prepare_stops_no_start_and_is_kept_until_deleted() {
+    const OTHER: &str = "test-key-other";
+    const SMALL: &str = "test-key-small";
+    let data = tempfile::tempdir().expect("tmp");
+    let echo = std::fs::read(guest("echo_guest")).expect("component");
+    let big = with_memory_of(&echo, 40);
+    let tenants_with = |memory_mib: u64| {
+        let tenants = Tenants::new();
+        let quotas = format!("guest_memory_mib = {memory_mib}\nmax_component_bytes = 100000000");
+        let manifest = tenant_header("acme", KEY, &quotas) + &app_entry("digits", &guest("digits"));
+        tenants.write("acme.toml", &manifest);
+        tenants
+            .write("other.toml", &(tenant_header("other", OTHER, &quotas) + &app_entry("echo", &guest("echo_guest"))));
+        tenants.write("small.toml", &tenant_header("small", SMALL, "guest_memory_mib = 16"));
+        tenants
+    };
+    let x = serde_json::json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }] });
+    let roomy = tenants_with(64);
+    {
+        let server = Server::start_in(roomy.path(), data.path(), &[]).expect("starts");
+        let (code, body) = server.send(Method::PUT, "/control/v1/apps/big/versions/1", KEY, big.clone()).await;
+        assert_eq!(code, 201, "{body}");
+        assert_eq!(server.infer("big", KEY, &x).await.0, 200, "it serves in 64 MiB");
+        // A tenant given less memory than it asks for at its start is refused it, saying why
+        // (the build before took it, 201, then failed every request it got, 500).
+        let (code, body) = server.send(Method::PUT, "/control/v1/apps/big/versions/1", SMALL, big.clone()).await;
+        assert_eq!(code, 400, "{body}");
+        assert!(error_message(&body).contains("needs 40 MiB of memory at its start"), "{body}");
+    }
+
+    let tight = tenants_with(16);
+    let server = Server::start_in(tight.path(), data.path(), &[]).expect("starts with the component saved");
+    assert_eq!(server.infer("echo", OTHER, &x).await.0, 200, "the other tenant serves");
+    let (code, body) = server.infer("big", KEY, &x).await;
+    assert_eq!(code, 503, "{body}");
+    let message = error_message(&body);
+    assert!(message.contains("could not be prepared") && message.contains("big/1.wasm"), "{body}");
+    let data_dir = data.path().to_str().expect("utf-8");
+    assert!(!message.contains(data_dir) && !message.contains("blobs"), "no server path: {body}");
+    let (code, index) = server.post_raw("/v2/repository/index", Some(KEY), Vec::new()).await;
+    assert_eq!(code, 200, "{index}");
+    let entry = index.as_array().expect("index").iter().find(|e| e["name"] == "big").cloned().expect("listed");
+    assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
+    assert!(entry["reason"].as_str().is_some_and(|r| r.contains("memory")), "{entry}");
+    let (code, status) = server.get("/control/v1/apps/big", Some(KEY)).await;
+    assert_eq!(code, 200, "{status}");
+    assert!(status["unavailable"]["1"].as_str().is_some_and(|r| r.contains("memory")), "{status}");
+
+    // Kept through the tenant's other changes; its name taken until it is deleted.
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/big/versions/1", KEY, echo.clone()).await;
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = server.send(Method::PUT, "/control/v1/apps/big/versions/2", KEY, echo.clone()).await;
+    assert_eq!(code, 201, "{body}");
+    let control = data.path().join("registry/control/acme.json");
+    let saved =
+        || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&control).expect("saved")).expect("json") };
+    let big_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&big));
+    assert_eq!(saved()["apps"]["big"]["versions"]["1"], serde_json::json!(big_sha256), "{}", saved());
+    let blob = data.path().join("registry/blobs/sha256").join(&big_sha256);
+    assert!(blob.exists(), "its blob is kept");
+    let (code, body) = server.send(Method::DELETE, "/control/v1/apps/big/versions/1", KEY, Vec::new()).await;
+    assert_eq!(code, 409, "the stable version: {body}");
+    let stable = serde_json::json!({ "stable": "2" }).to_string().into_bytes();
+    assert_eq!(server.send(Method::PUT, "/control/v1/apps/big/traffic", KEY, stable).await.0, 200);
+    assert_eq!(server.infer("big", KEY, &x).await.0, 200, "its new stable version serves");
+    let (code, body) = server.send(Method::DELETE, "/control/v1/apps/big/versions/1", KEY, Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(!blob.exists(), "deleted, its blob goes");
+    assert!(saved()["apps"]["big"]["versions"].get("1").is_none(), "{}", saved());
+    let (_, status) = server.get("/control/v1/apps/big", Some(KEY)).await;
+    assert!(status.get("unavailable").is_none(), "{status}");
+}

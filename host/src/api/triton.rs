@@ -113,11 +113,23 @@ pub struct IndexEntry {
 
 /// The caller's apps and own models with where each stands; `ready_only`: the ready ones.
 pub fn repository_index(tenant: &TenantState, ready_only: bool) -> Vec<IndexEntry> {
-    let apps = tenant.apps().into_iter().map(|(name, app)| IndexEntry {
-        name: name.to_string(),
-        version: app.traffic().stable.to_string(),
-        state: "READY",
-        reason: String::new(),
+    // An app's stable version, and each version this server could not prepare.
+    let apps = tenant.apps().into_iter().flat_map(|(name, app)| {
+        let stable = app.traffic().stable;
+        let unprepared = app.unprepared();
+        let serving = (!unprepared.contains_key(&stable)).then(|| IndexEntry {
+            name: name.to_string(),
+            version: stable.to_string(),
+            state: "READY",
+            reason: String::new(),
+        });
+        let unavailable = unprepared.into_iter().map(move |(version, unprepared)| IndexEntry {
+            name: name.to_string(),
+            version: version.to_string(),
+            state: "UNAVAILABLE",
+            reason: unprepared.reason,
+        });
+        serving.into_iter().chain(unavailable)
     });
     let models = tenant.models.states().into_iter().map(|(name, version, state)| {
         let (state, reason) = state_and_reason(state);

@@ -18,9 +18,9 @@ use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quot
 use crate::registry::placement::{OnMissingDevice, Placement};
 use crate::registry::store::{NewerState, SaveError, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
-use crate::rollout::app::{AppState, AppVersion};
+use crate::rollout::app::{AppState, AppVersion, UnpreparedVersion};
 use crate::rollout::traffic::Traffic;
-use crate::runtime::{Component, RuntimeError, World};
+use crate::runtime::{Component, RuntimeError, World, initial_memory_bytes};
 use crate::state::{ServingState, TenantState, Unrestored};
 
 /// What is saved per tenant: its uploaded models' versions (by weights digest) and each
@@ -163,14 +163,13 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
         .apps()
         .into_iter()
         .map(|(name, app)| {
-            let versions: Vec<(VersionName, AppVersion)> =
-                app.version_names().into_iter().filter_map(|v| Some((v.clone(), app.version(&v)?))).collect();
+            let versions = app.saved_versions();
             let pins = versions
                 .iter()
-                .filter(|(_, version)| !version.models.is_empty())
-                .map(|(name, version)| (name.clone(), (*version.models).clone()))
+                .filter(|(_, (_, models))| !models.is_empty())
+                .map(|(name, (_, models))| (name.clone(), (**models).clone()))
                 .collect();
-            let versions = versions.into_iter().map(|(name, version)| (name, version.sha256)).collect();
+            let versions = versions.into_iter().map(|(name, (sha256, _))| (name, sha256)).collect();
             (name, AppControl { versions, pins, traffic: app.traffic() })
         })
         .collect();
@@ -278,11 +277,12 @@ fn parse_saved(saved: &NewerState) -> Result<TenantControl, ControlError> {
 /// What a saved document adds that takes long to make (models loaded, components compiled:
 /// seconds each), made before the control lock is taken, since every tenant's changes wait
 /// on that lock: one tenant's uploads applied under it stalled them all. Kept by model version
-/// and by component digest; what failed here is made again under the lock, for its error.
+/// and by component digest; a model that failed here is loaded again under the lock, for its
+/// error; a component's compile is kept with its error (it fails the same way again).
 #[derive(Default)]
 struct MadeAhead {
     models: BTreeMap<(ModelName, ModelVersion), (String, Arc<ModelCopy>)>,
-    components: BTreeMap<String, Component>,
+    components: BTreeMap<String, Result<Component, String>>,
 }
 
 /// Load the models and compile the components `saved` names that `tenant` lacks (on its turn
@@ -304,20 +304,22 @@ async fn make_ahead(state: &ServingState, tenant: &TenantState, saved: &TenantCo
         }
     }
     for (name, app) in &saved.apps {
-        for sha256 in app.versions.values() {
-            let have = tenant.app(name.as_str()).is_some_and(|app| {
-                app.version_names().iter().any(|v| app.version(v).is_some_and(|version| version.sha256 == *sha256))
-            });
+        for (version, sha256) in &app.versions {
+            let have = tenant.app(name.as_str()).is_some_and(|app| app.digests().contains(sha256));
             if have || made.components.contains_key(sha256) {
                 continue;
             }
             let Ok(bytes) = read_blob(state, sha256).await else { continue };
-            if let Ok(component) = compile_upload(state, tenant, state.store.blob_path(sha256), sha256, bytes).await {
-                made.components.insert(sha256.clone(), component);
-            }
+            let compiled = compile_upload(state, tenant, component_label(name, version), sha256, bytes).await;
+            made.components.insert(sha256.clone(), compiled.map_err(|e| e.to_string()));
         }
     }
     made
+}
+
+/// How an app version's component is named in what its tenant is told (never a server path).
+fn component_label(app: &AppName, version: &VersionName) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("{app}/{version}.wasm"))
 }
 
 /// Compile a component `tenant` uploaded, on its turn of uploads, into a compiled form of its
@@ -416,21 +418,32 @@ async fn apply_saved(
             if app.version(version).is_some() {
                 continue;
             }
+            match app.unprepared().get(version) {
+                Some(unprepared) if unprepared.sha256 == *sha256 => continue,
+                Some(_) => left.extend(app.remove_unprepared(version).map(|unprepared| unprepared.sha256)),
+                None => {}
+            }
             let prepared = match made.components.get(sha256).cloned() {
-                Some(component) => component,
+                Some(compiled) => compiled,
                 None => {
                     let bytes = read_blob(state, sha256).await?;
-                    let path = state.store.blob_path(sha256);
-                    state.runtime.prepare(&path, sha256, &bytes, Some(id.as_str())).map_err(|e| {
-                        store_failure("preparing a saved component", format!("app '{name}', version '{version}': {e}"))
-                    })?
+                    let label = component_label(name, version);
+                    state.runtime.prepare(&label, sha256, &bytes, Some(id.as_str())).map_err(|e| e.to_string())
                 }
             };
-            let pins = saved_app.pins.get(version).cloned().unwrap_or_default();
-            app.add_version(version.clone(), AppVersion::new(prepared, sha256.clone(), Arc::new(pins)));
+            let pins = Arc::new(saved_app.pins.get(version).cloned().unwrap_or_default());
+            match prepared {
+                Ok(component) => _ = app.add_version(version.clone(), AppVersion::new(component, sha256.clone(), pins)),
+                Err(reason) => {
+                    tracing::error!(tenant = %id, app = %name, %version, %reason,
+                        "a saved app version could not be prepared here: it is not served, and kept until its tenant deletes it");
+                    let unprepared = UnpreparedVersion { sha256: sha256.clone(), models: pins, reason };
+                    app.set_unprepared(version.clone(), unprepared);
+                }
+            }
         }
         if app.traffic() != saved_app.traffic {
-            let names = app.version_names();
+            let names = app.all_version_names();
             match saved_app.traffic.check(|v| names.contains(v)) {
                 Ok(()) => {
                     app.update_traffic(|traffic| *traffic = saved_app.traffic.clone());
@@ -440,16 +453,17 @@ async fn apply_saved(
             }
         }
         let in_traffic = app.traffic();
-        for version in app.version_names() {
+        for version in app.all_version_names() {
             let declared = saved_app.versions.contains_key(&version) || app.spec.versions.contains_key(&version);
             if !declared && !in_traffic.uses(&version) {
                 left.extend(app.remove_version(&version).map(|v| v.sha256));
+                left.extend(app.remove_unprepared(&version).map(|v| v.sha256));
             }
         }
     }
     for (name, app) in tenant.apps() {
         if !saved.apps.contains_key(&name) && !spec.apps.contains_key(&name) {
-            left.extend(app.version_names().iter().filter_map(|v| app.version(v)).map(|v| v.sha256));
+            left.extend(app.digests());
             tenant.remove_app(&name);
         }
     }
@@ -472,7 +486,7 @@ pub async fn add_app_version(
     pins: BTreeMap<ModelName, ModelVersion>,
     uploaded: Uploaded,
 ) -> Result<Arc<AppState>, ControlError> {
-    if tenant.app(app_name.as_str()).is_some_and(|app| app.version(&version).is_some()) {
+    if tenant.app(app_name.as_str()).is_some_and(|app| app.all_version_names().contains(&version)) {
         return Err(ControlError::Conflict(format!(
             "version '{version}' of app '{app_name}' exists; versions are immutable, upload a new one"
         )));
@@ -481,7 +495,15 @@ pub async fn add_app_version(
     check_pins(tenant, &version, &pins)?;
     let pins = Arc::new(pins);
     let bytes = uploaded.read().map_err(|e| internal("reading the upload", e))?;
-    let label = std::path::PathBuf::from(format!("{app_name}/{version}.wasm"));
+    let (needed, quota) = (initial_memory_bytes(&bytes), tenant.spec().quotas.guest_memory_mib);
+    if needed > quota << 20 {
+        return Err(ControlError::Invalid(format!(
+            "not a usable component: it needs {} MiB of memory at its start, and this tenant's components may have \
+             {quota} MiB (guest_memory_mib)",
+            needed.div_ceil(1 << 20)
+        )));
+    }
+    let label = component_label(&app_name, &version);
     let prepared = compile_upload(state, tenant, label, &uploaded.sha256, bytes)
         .await
         .map_err(|e| ControlError::Invalid(format!("not a usable component: {e}")))?;
@@ -650,6 +672,12 @@ pub async fn set_traffic(
 ) -> Result<(), ControlError> {
     // Checked inside the critical section: a version deleted meanwhile is not in traffic.
     let replace = || {
+        if let Some((version, unprepared)) = app.unprepared().into_iter().find(|(version, _)| traffic.uses(version)) {
+            return Err(ControlError::Invalid(format!(
+                "version '{version}' of app '{}' could not be prepared on this server ({}); it cannot take traffic",
+                app.spec.name, unprepared.reason
+            )));
+        }
         let names = app.version_names();
         traffic
             .check(|v| names.contains(v))
@@ -734,8 +762,8 @@ pub async fn delete_model(
 /// The first app version that pins `version` of model `name` (any version: `None`), said.
 fn pinned_by(tenant: &TenantState, name: &ModelName, version: Option<ModelVersion>) -> Option<String> {
     tenant.apps().into_iter().find_map(|(app_name, app)| {
-        app.version_names().into_iter().find_map(|app_version| {
-            let pinned = *app.version(&app_version)?.models.get(name)?;
+        app.saved_versions().into_iter().find_map(|(app_version, (_, models))| {
+            let pinned = *models.get(name)?;
             version.is_none_or(|version| version == pinned).then(|| {
                 format!("version {pinned} of model '{name}' is pinned by version '{app_version}' of app '{app_name}'")
             })
@@ -753,7 +781,7 @@ pub async fn delete_version(
 ) -> Result<VersionName, ControlError> {
     let app_name = &app.spec.name;
     let not_found = || ControlError::NotFound(format!("version '{version}' of app '{app_name}' not found"));
-    let version = app.version_names().into_iter().find(|v| v.as_str() == version).ok_or_else(not_found)?;
+    let version = app.all_version_names().into_iter().find(|v| v.as_str() == version).ok_or_else(not_found)?;
     if app.spec.versions.contains_key(&version) {
         return Err(ControlError::Conflict(format!(
             "version '{version}' of app '{app_name}' is declared in the tenant's manifest; remove it there"
@@ -775,14 +803,21 @@ pub async fn delete_version(
                 "version '{version}' of app '{app_name}' is its {role}; change the traffic first"
             )));
         }
-        app.remove_version(&version).ok_or_else(not_found)
+        match app.remove_version(&version) {
+            Some(served) => Ok(Ok(served)),
+            None => app.remove_unprepared(&version).map(Err).ok_or_else(not_found),
+        }
     };
-    let undo = |removed: &AppVersion| {
-        app.add_version(version.clone(), removed.clone());
+    let undo = |removed: &Result<AppVersion, UnpreparedVersion>| match removed {
+        Ok(served) => _ = app.add_version(version.clone(), served.clone()),
+        Err(unprepared) => app.set_unprepared(version.clone(), unprepared.clone()),
     };
-    let removed = change_and_save(state, tenant, None, remove, undo).await?;
-    collect_blob(state, &removed.sha256).await;
-    tracing::info!(tenant = %tenant.spec().id, app = %app_name, %version, sha256 = %removed.sha256, "app version deleted");
+    let sha256 = match change_and_save(state, tenant, None, remove, undo).await? {
+        Ok(served) => served.sha256,
+        Err(unprepared) => unprepared.sha256,
+    };
+    collect_blob(state, &sha256).await;
+    tracing::info!(tenant = %tenant.spec().id, app = %app_name, %version, %sha256, "app version deleted");
     Ok(version)
 }
 
@@ -808,9 +843,7 @@ fn forget_unreferenced(state: &ServingState, sha256: &str) {
     let referenced = state.all_tenants().iter().any(|tenant| {
         tenant.models.own_weights().iter().any(|(_, _, digest)| digest == sha256)
             || tenant.unrestored().values().any(|unrestored| unrestored.sha256 == sha256)
-            || tenant.apps().iter().any(|(_, app)| {
-                app.version_names().iter().any(|v| app.version(v).is_some_and(|version| version.sha256 == sha256))
-            })
+            || tenant.apps().iter().any(|(_, app)| app.digests().iter().any(|digest| digest == sha256))
     });
     if referenced {
         return;
@@ -855,17 +888,17 @@ pub fn check_storage(
     match addition {
         Addition::Model => {
             // Each version is a model of its own in memory, queues and metric series.
-            let models = tenant.models.own_weights().len();
+            let models = tenant.models.own_weights().len() + tenant.unrestored().len();
             if models >= quotas.max_models as usize {
                 return Err(full(format!("the tenant has {models} model versions, its limit (max_models)")));
             }
         }
         Addition::Version { app } => match tenant.app(app) {
-            Some(app) if app.version_names().len() >= quotas.max_versions_per_app as usize => {
+            Some(app) if app.all_version_names().len() >= quotas.max_versions_per_app as usize => {
                 return Err(full(format!(
                     "app '{}' has {} versions, its limit (max_versions_per_app)",
                     app.spec.name,
-                    app.version_names().len()
+                    app.all_version_names().len()
                 )));
             }
             None if tenant.apps().len() >= quotas.max_apps as usize => {
@@ -886,13 +919,16 @@ pub fn check_storage(
 }
 
 /// The tenant's uploaded blobs (its models' weights and its apps' components that are in
-/// the store) and their sizes.
+/// the store, served or not) and their sizes.
 fn uploaded_blobs(state: &ServingState, tenant: &TenantState) -> BTreeMap<String, u64> {
     let models = tenant.models.own_weights().into_iter().map(|(_, _, digest)| digest);
-    let versions = tenant.apps().into_iter().flat_map(|(_, app)| {
-        app.version_names().into_iter().filter_map(move |v| app.version(&v)).map(|v| v.sha256).collect::<Vec<_>>()
-    });
-    models.chain(versions).filter_map(|digest| state.store.blob_size(&digest).map(|size| (digest, size))).collect()
+    let unrestored = tenant.unrestored().into_values().map(|unrestored| unrestored.sha256);
+    let versions = tenant.apps().into_iter().flat_map(|(_, app)| app.digests());
+    models
+        .chain(unrestored)
+        .chain(versions)
+        .filter_map(|digest| state.store.blob_size(&digest).map(|size| (digest, size)))
+        .collect()
 }
 
 /// The spec of an app created through the API: no declared tensors, default analysis.

@@ -9,7 +9,7 @@ use crate::control::ControlError;
 use crate::nn::models::RepositoryError;
 use crate::nn::scheduler::{ComputeError, LOAD_RETRY};
 use crate::oip::types::InvalidRequest;
-use crate::rollout::app::UnknownVersion;
+use crate::rollout::app::VersionError;
 use crate::runtime::GuestError;
 use crate::tenancy::TenancyError;
 
@@ -244,9 +244,12 @@ impl From<InvalidRequest> for ApiError {
     }
 }
 
-impl From<UnknownVersion> for ApiError {
-    fn from(error: UnknownVersion) -> Self {
-        Self::not_found(error.to_string())
+impl From<VersionError> for ApiError {
+    fn from(error: VersionError) -> Self {
+        match error {
+            VersionError::Unknown(message) => Self::not_found(message),
+            VersionError::Unprepared(message) => Self::new(ErrorKind::Unavailable, message),
+        }
     }
 }
 

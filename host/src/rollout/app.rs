@@ -17,10 +17,29 @@ use crate::telemetry::slo::AppSlo;
 use crate::telemetry::stats::Counters;
 use crate::telemetry::versions::{VersionSnapshot, VersionStats};
 
-/// A pinned version the app does not have (the message names the versions it has).
+/// Why a version cannot take a request.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct UnknownVersion(String);
+pub enum VersionError {
+    /// A pinned version the app does not have (the message names the versions it has).
+    #[error("{0}")]
+    Unknown(String),
+    /// A saved version this server could not prepare (the message says why).
+    #[error("{0}")]
+    Unprepared(String),
+}
+
+/// A saved version of the app this server could not prepare (its component no longer fits
+/// the guest memory the operator gives, say): not served, but kept in its tenant's saved state
+/// and its blob until the tenant deletes it. One tenant's such version stopped every tenant's
+/// server at its start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnpreparedVersion {
+    pub sha256: String,
+    /// The model versions it pins, kept for its saved state.
+    pub models: ModelPins,
+    /// Why, for its tenant.
+    pub reason: String,
+}
 
 /// One version of an app: its component, ready to instantiate, and its outcomes.
 #[derive(Clone)]
@@ -52,6 +71,8 @@ pub struct AppState {
     pub analysis: Mutex<AnalysisState>,
     /// The app's objectives and their counts, when its manifest sets any.
     pub slo: Option<Arc<AppSlo>>,
+    /// Its saved versions this server could not prepare, by name (none of them in `versions`).
+    unprepared: RwLock<BTreeMap<VersionName, UnpreparedVersion>>,
 }
 
 impl AppState {
@@ -66,6 +87,7 @@ impl AppState {
             shadow: Arc::default(),
             analysis: Mutex::default(),
             slo,
+            unprepared: RwLock::default(),
         }
     }
 
@@ -92,10 +114,13 @@ impl AppState {
         self.versions.read().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect()
     }
 
-    /// Add a version; `false` if one of that name exists (versions are immutable).
+    /// Add a version; `false` if one of that name exists, served or not (versions are
+    /// immutable).
     pub fn add_version(&self, name: VersionName, version: AppVersion) -> bool {
         let mut versions = self.versions.write().unwrap_or_else(PoisonError::into_inner);
-        if versions.contains_key(&name) {
+        if versions.contains_key(&name)
+            || self.unprepared.read().unwrap_or_else(PoisonError::into_inner).contains_key(&name)
+        {
             return false;
         }
         versions.insert(name, version);
@@ -107,22 +132,88 @@ impl AppState {
         self.versions.write().unwrap_or_else(PoisonError::into_inner).remove(name)
     }
 
-    /// The pinned version, or the stable one; an unknown one is refused naming the known.
-    pub fn select(&self, pinned: Option<&str>) -> Result<(VersionName, AppVersion), UnknownVersion> {
+    /// Its saved versions this server could not prepare.
+    pub fn unprepared(&self) -> BTreeMap<VersionName, UnpreparedVersion> {
+        self.unprepared.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Record a saved version this server could not prepare (none of that name serves).
+    pub fn set_unprepared(&self, name: VersionName, version: UnpreparedVersion) {
+        self.unprepared.write().unwrap_or_else(PoisonError::into_inner).insert(name, version);
+    }
+
+    /// Forget a saved version this server could not prepare, returning it.
+    pub fn remove_unprepared(&self, name: &VersionName) -> Option<UnpreparedVersion> {
+        self.unprepared.write().unwrap_or_else(PoisonError::into_inner).remove(name)
+    }
+
+    /// Every version as its tenant's saved state names it, served or not: its component's
+    /// digest and the model versions it pins.
+    pub fn saved_versions(&self) -> BTreeMap<VersionName, (String, ModelPins)> {
+        let served = self.versions.read().unwrap_or_else(PoisonError::into_inner);
+        let mut saved: BTreeMap<_, _> = served
+            .iter()
+            .map(|(name, version)| (name.clone(), (version.sha256.clone(), version.models.clone())))
+            .collect();
+        drop(served);
+        let unprepared = self.unprepared.read().unwrap_or_else(PoisonError::into_inner);
+        saved.extend(
+            unprepared.iter().map(|(name, version)| (name.clone(), (version.sha256.clone(), version.models.clone()))),
+        );
+        saved
+    }
+
+    /// Every version's component digest, served or not.
+    pub fn digests(&self) -> Vec<String> {
+        self.saved_versions().into_values().map(|(sha256, _)| sha256).collect()
+    }
+
+    /// The names of every version it has, served or not.
+    pub fn all_version_names(&self) -> Vec<VersionName> {
+        self.saved_versions().into_keys().collect()
+    }
+
+    /// The pinned version, or the stable one; an unknown one is refused naming the known, one
+    /// this server could not prepare saying why.
+    pub fn select(&self, pinned: Option<&str>) -> Result<(VersionName, AppVersion), VersionError> {
         let stable = self.traffic().stable;
+        let wanted = pinned.unwrap_or(stable.as_str());
         let versions = self.versions.read().unwrap_or_else(PoisonError::into_inner);
-        let chosen = match pinned {
-            None => versions.get_key_value(&stable),
-            Some(version) => versions.iter().find(|(name, _)| name.as_str() == version),
-        };
-        chosen.map(|(name, version)| (name.clone(), version.clone())).ok_or_else(|| {
-            let known: Vec<&str> = versions.keys().map(VersionName::as_str).collect();
-            UnknownVersion(format!(
-                "version '{}' of model '{}' not found; versions: {known:?}",
-                pinned.unwrap_or(stable.as_str()),
-                self.spec.name
-            ))
-        })
+        if let Some((name, version)) = versions.iter().find(|(name, _)| name.as_str() == wanted) {
+            return Ok((name.clone(), version.clone()));
+        }
+        drop(versions);
+        let unprepared = self.unprepared.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some((name, _)) = unprepared.iter().find(|(name, _)| name.as_str() == wanted) {
+            return Err(self.unprepared_error(name, &unprepared));
+        }
+        let known: Vec<String> = self.all_version_names().iter().map(ToString::to_string).collect();
+        Err(VersionError::Unknown(format!(
+            "version '{wanted}' of model '{}' not found; versions: {known:?}",
+            self.spec.name
+        )))
+    }
+
+    /// The version `name` the app's traffic routes a request to; `None` if it has no such
+    /// version at all (the traffic names only versions it has).
+    pub fn routed(&self, name: &VersionName) -> Option<Result<AppVersion, VersionError>> {
+        if let Some(version) = self.version(name) {
+            return Some(Ok(version));
+        }
+        let unprepared = self.unprepared.read().unwrap_or_else(PoisonError::into_inner);
+        unprepared.contains_key(name).then(|| Err(self.unprepared_error(name, &unprepared)))
+    }
+
+    fn unprepared_error(
+        &self,
+        name: &VersionName,
+        unprepared: &BTreeMap<VersionName, UnpreparedVersion>,
+    ) -> VersionError {
+        let reason = unprepared.get(name).map_or("", |version| version.reason.as_str());
+        VersionError::Unprepared(format!(
+            "version '{name}' of app '{}' could not be prepared on this server: {reason}",
+            self.spec.name
+        ))
     }
 
     /// This replica's counters of each of its versions, for the store.

@@ -22,6 +22,9 @@ pub struct RolloutStatus {
     pub shadow: Option<Sampled>,
     pub sticky_header: Option<String>,
     pub versions: BTreeMap<String, VersionStatus>,
+    /// Its saved versions this server could not prepare, each with why.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unavailable: BTreeMap<String, String>,
     pub shadow_comparison: ShadowReport,
     /// The canary analysis' decisions, oldest first.
     pub events: Vec<Event>,
@@ -78,6 +81,7 @@ pub fn status(app: &AppState) -> RolloutStatus {
         shadow: traffic.shadow.map(|s| Sampled { version: s.version.to_string(), sample: s.sample }),
         sticky_header: traffic.sticky_header,
         versions,
+        unavailable: app.unprepared().into_iter().map(|(name, version)| (name.to_string(), version.reason)).collect(),
         shadow_comparison: app.shadow.report(),
         events: app.analysis.lock().unwrap_or_else(std::sync::PoisonError::into_inner).events.iter().cloned().collect(),
         slo: app.slo.as_ref().map(|slo| slo.report()),

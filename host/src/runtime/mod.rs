@@ -33,7 +33,7 @@ pub use http::HttpCall;
 pub use invoke::{GuestCall, GuestError};
 pub use store::{GuestLog, StoreState};
 pub use warm::WarmPool;
-pub use world::World;
+pub use world::{World, initial_memory_bytes};
 
 /// A `sluice:tenant/component` ready to instantiate: compiled and linked against the host's imports.
 pub type Prepared = bindings::ComponentPre<StoreState>;

@@ -109,6 +109,23 @@ pub fn check(wasm: &[u8]) -> Result<World, String> {
     Ok(world)
 }
 
+/// The most linear memory any one of the component's core modules defines at its start, in
+/// bytes (each memory is held to the tenant's guest memory on its own, its start included).
+/// Read from the headers: a component whose start exceeds the tenant's memory would be
+/// accepted, then fail every request. Unreadable sections count as nothing ([`check`] refuses
+/// them).
+pub fn initial_memory_bytes(wasm: &[u8]) -> u64 {
+    let mut largest = 0u64;
+    for payload in Parser::new(0).parse_all(wasm) {
+        let Ok(Payload::MemorySection(memories)) = payload else { continue };
+        for memory in memories.into_iter().flatten() {
+            let page_bytes = 1u64.checked_shl(memory.page_size_log2.unwrap_or(16)).unwrap_or(u64::MAX);
+            largest = largest.max(memory.initial.saturating_mul(page_bytes));
+        }
+    }
+    largest
+}
+
 /// The worlds accepted, for messages.
 fn accepted() -> String {
     format!(
@@ -140,6 +157,9 @@ mod tests {
                 && other.contains("wasi:http/proxy"),
             "{other}"
         );
+        // Rust's guests start with a megabyte or two (their stack and data).
+        let echo = initial_memory_bytes(&guest("echo_guest"));
+        assert!((1 << 20..4 << 20).contains(&echo), "{echo}");
         let module = check(b"\0asm\x01\0\0\0").expect_err("a core module");
         assert!(module.contains("core WebAssembly module"), "{module}");
         assert!(check(b"not wasm").expect_err("garbage").contains("not a WebAssembly component"));
