@@ -167,6 +167,51 @@ CASES = {
         rand("x", [1, 1, 64, 64]) + fill("r", [N // 64, 4], T.FLOAT, 0) + fill("b", [N // 64], T.INT32, 0)
         + [const("c", T.INT32, [2], [8, 8])] + op("CropAndResize", ["x", "r", "b", "c"], domain="com.microsoft"), 21, MS),
     "com.microsoft Inverse": (rand("x", [N // 4, 2, 2]) + op("Inverse", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft DynamicTimeWarping, a column": (rand("x", [N, 1]) + op("DynamicTimeWarping", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft DynamicTimeWarping, a row": (rand("x", [1, N]) + op("DynamicTimeWarping", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft DynamicTimeWarping, square": (rand("x", [2048, 2048]) + op("DynamicTimeWarping", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft MultiHeadAttention, 8,192 long": (
+        rand("q", [1, 8192, 8]) + op("MultiHeadAttention", ["q", "q", "q"], domain="com.microsoft", num_heads=1), 21, MS),
+    "com.microsoft Attention, 4,096 long": (rand("x", [1, 4096, 8]) + rand("w", [8, 24]) + rand("b", [24])
+                                            + op("Attention", ["x", "w", "b"], domain="com.microsoft", num_heads=1), 21, MS),
+    "com.microsoft GroupQueryAttention, 16,384 long": (
+        rand("q", [1, N // 256, 64]) + rand("k", [1, N // 256, 64]) + rand("v", [1, N // 256, 64])
+        + [const("sl", T.INT32, [1], [N // 256 - 1]), const("tl", T.INT32, [], [N // 256])]
+        + op("GroupQueryAttention", ["q", "k", "v", "", "", "sl", "tl"], ["y", "pk", "pv"], domain="com.microsoft",
+             num_heads=1, kv_num_heads=1), 21, MS),
+    "com.microsoft UnfoldTensor": (rand("x", [N]) + op("UnfoldTensor", ["x"], domain="com.microsoft", dim=0, size=4, step=1), 21, MS),
+    "com.microsoft NGramHashMapping": (
+        fill("i", [1, N // 4], T.INT64, 7) + [const("m", T.INT64, [2], [3, 5]), const("v", T.INT64, [1], [1000])]
+        + op("NGramHashMapping", ["i", "m", "v"], domain="com.microsoft", max_ngram_size=2, n_head_per_ngram=1, pad_id=0), 21, MS),
+    "com.microsoft GridSample": (rand("x", [1, 1, 512, 512]) + rand("g", [1, 1024, 1024, 2])
+                                 + op("GridSample", ["x", "g"], domain="com.microsoft", mode="bilinear"), 21, MS),
+    "com.microsoft MaxpoolWithMask": (rand("x", [1, 1, 2048, 2048]) + rand("m", [1, 1, 2048, 2048], T.INT32)
+                                      + op("MaxpoolWithMask", ["x", "m"], domain="com.microsoft", kernel_shape=[2, 2]), 21, MS),
+    "com.microsoft NhwcMaxPool": (rand("x", [1, 2048, 2048, 1], T.UINT8)
+                                  + op("NhwcMaxPool", ["x"], domain="com.microsoft", kernel_shape=[2, 2]), 21, MS),
+    "com.microsoft Range": ([const("a", T.INT64, [], [0]), const("b", T.INT64, [], [N])]
+                            + op("Range", ["a", "b"], domain="com.microsoft"), 21, MS),
+    "com.microsoft FusedMatMul": (rand("a", [1024, 1024]) + rand("b", [1024, 1024])
+                                  + op("FusedMatMul", ["a", "b"], domain="com.microsoft", transB=1), 21, MS),
+    "com.microsoft FusedGemm": (rand("a", [1024, 1024]) + rand("b", [1024, 1024])
+                                + op("FusedGemm", ["a", "b"], domain="com.microsoft", activation="Relu"), 21, MS),
+    "com.microsoft FusedConv, 64×64 kernel": (rand("x", [1, 1, 512, 512]) + rand("w", [1, 1, 64, 64])
+                                             + op("FusedConv", ["x", "w"], domain="com.microsoft", activation="Relu"), 21, MS),
+    "com.microsoft BiasGelu": (rand("x", [N // 4, 4]) + rand("b", [4]) + op("BiasGelu", ["x", "b"], domain="com.microsoft"), 21, MS),
+    "com.microsoft SkipLayerNormalization": (
+        rand("x", [1, N // 4, 4]) + rand("s", [1, N // 4, 4]) + rand("g", [4]) + rand("b", [4])
+        + op("SkipLayerNormalization", ["x", "s", "g", "b"], domain="com.microsoft"), 21, MS),
+    "com.microsoft DynamicQuantizeMatMul": (rand("a", [1024, 1024]) + rand("b", [1024, 1024], T.INT8) + rand("s", [1])
+                                            + op("DynamicQuantizeMatMul", ["a", "b", "s"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearConv, 64×64 kernel": (
+        rand("x", [1, 1, 512, 512], T.UINT8) + [const("xs", T.FLOAT, [], [0.1]), const("xz", T.UINT8, [], [0])]
+        + rand("w", [1, 1, 64, 64], T.UINT8) + [const("ws", T.FLOAT, [], [0.1]), const("wz", T.UINT8, [], [0]),
+                                                const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0])]
+        + op("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearSoftmax": (
+        rand("x", [N // 2, 2], T.UINT8) + [const("xs", T.FLOAT, [], [0.1]), const("xz", T.UINT8, [], [0]),
+                                           const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0])]
+        + op("QLinearSoftmax", ["x", "xs", "xz", "ys", "yz"], domain="com.microsoft", opset=13), 21, MS),
 }
 
 

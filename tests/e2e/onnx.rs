@@ -781,6 +781,31 @@ pub fn suppression_of_shape() -> Vec<u8> {
     })
 }
 
+/// ONNX Runtime's `DynamicTimeWarping` (its `com.microsoft` domain) through a matrix of ones of
+/// the input `shape` (INT64 [2]); output `steps` (INT64 [2]) is the shape of the path. It keeps
+/// its cost and trace matrices in the heap, two vectors a row: ~180 bytes a row of one column.
+pub fn time_warping_of_shape() -> Vec<u8> {
+    let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
+    let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
+    let warp =
+        NodeProto { domain: "com.microsoft".into(), ..node("DynamicTimeWarping", &["costs"], &["path"], Vec::new()) };
+    let graph = GraphProto {
+        node: vec![
+            node("ConstantOfShape", &["shape"], &["costs"], vec![fill]),
+            warp,
+            node("Shape", &["path"], &["steps"], Vec::new()),
+        ],
+        name: "time-warping".into(),
+        input: vec![value("shape", INT64, &[Some(2)])],
+        output: vec![value("steps", INT64, &[Some(2)])],
+        ..Default::default()
+    };
+    let opsets = ["", "com.microsoft"]
+        .map(|domain| OperatorSetIdProto { domain: domain.into(), version: if domain.is_empty() { 17 } else { 1 } });
+    ModelProto { ir_version: 8, graph: Some(graph), opset_import: opsets.to_vec(), functions: Vec::new() }
+        .encode_to_vec()
+}
+
 /// `total` (INT64 [1]): the sum of `Range(0, n)` for the scalar input `n` (INT64), a run that
 /// needs `8 n` bytes at once whatever the size of its answer.
 pub fn sum_of_range() -> Vec<u8> {

@@ -581,8 +581,11 @@ const STRING: i32 = 8;
 /// machine's memory by default, lets be large enough to take the rest of it.
 /// `NonMaxSuppression` lists each box it keeps, 24 bytes, before it makes its output: six times
 /// its scores (one box scored in 12 million classes grew the server by 453 MiB under a 64 MiB
-/// cap, then failed for its output).
-const UNBOUNDED_OPERATORS: [&[u8]; 5] = [b"RoiAlign", b"NonZero", b"Unique", b"DFT", b"NonMaxSuppression"];
+/// cap, then failed for its output). `DynamicTimeWarping` (ONNX Runtime's `com.microsoft`
+/// domain) keeps its cost and trace matrices as two vectors a row, ~180 bytes a row of one
+/// column: a matrix of 4 million rows grew the server by 688 MiB under a 64 MiB cap, answered.
+const UNBOUNDED_OPERATORS: [&[u8]; 6] =
+    [b"RoiAlign", b"NonZero", b"Unique", b"DFT", b"NonMaxSuppression", b"DynamicTimeWarping"];
 /// The operators that resize images. In cubic mode without antialiasing (ONNX Runtime 1.32)
 /// they keep each one-dimensional interpolation they compute in a hash map of the heap, ~50
 /// bytes an entry, up to four entries for each element of their output: one row of 2 million
@@ -1110,7 +1113,7 @@ mod tests {
         }
         let regions = graph_of(vec![in_branch(op("RoiAlign", vec![int("sampling_ratio", 2)]))]);
         assert!(matches!(check_tenant_model(&regions), Err(OnnxError::UnboundedOperator { .. })));
-        for operator in ["NonZero", "Unique", "DFT", "NonMaxSuppression"] {
+        for operator in ["NonZero", "Unique", "DFT", "NonMaxSuppression", "DynamicTimeWarping"] {
             let used = called(op(operator, Vec::new()));
             assert!(matches!(check_tenant_model(&used), Err(OnnxError::UnboundedOperator { .. })), "{operator}");
         }
