@@ -167,6 +167,81 @@ CASES = {
         rand("x", [1, 1, 64, 64]) + fill("r", [N // 64, 4], T.FLOAT, 0) + fill("b", [N // 64], T.INT32, 0)
         + [const("c", T.INT32, [2], [8, 8])] + op("CropAndResize", ["x", "r", "b", "c"], domain="com.microsoft"), 21, MS),
     "com.microsoft Inverse": (rand("x", [N // 4, 2, 2]) + op("Inverse", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft Gelu": (rand("x", [N]) + op("Gelu", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft FastGelu": (rand("x", [N]) + op("FastGelu", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QuickGelu": (rand("x", [N]) + op("QuickGelu", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft ScaledSiLU": (rand("x", [N]) + op("ScaledSiLU", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft SampleOp": (rand("x", [N]) + op("SampleOp", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft Trilu": (rand("x", [2048, 2048]) + op("Trilu", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft ExpandDims": (rand("x", [N]) + [const("a", T.INT32, [], [0])] + op("ExpandDims", ["x", "a"], domain="com.microsoft"), 21, MS),
+    "com.microsoft MurmurHash3": (rand("x", [N], T.INT32) + op("MurmurHash3", ["x"], domain="com.microsoft"), 21, MS),
+    "com.microsoft SkipSimplifiedLayerNormalization": (
+        rand("x", [1, N // 4, 4]) + rand("s", [1, N // 4, 4]) + rand("g", [4])
+        + op("SkipSimplifiedLayerNormalization", ["x", "s", "g"], domain="com.microsoft"), 21, MS),
+    "com.microsoft TransposeMatMul": (rand("a", [1024, 1024]) + rand("b", [1024, 1024])
+                                      + op("TransposeMatMul", ["a", "b"], domain="com.microsoft", transA=1), 21, MS),
+    "com.microsoft MatMulIntegerToFloat": (
+        rand("a", [1024, 1024], T.UINT8) + rand("b", [1024, 1024], T.UINT8) + rand("sa", [1]) + rand("sb", [1])
+        + op("MatMulIntegerToFloat", ["a", "b", "sa", "sb"], domain="com.microsoft"), 21, MS),
+    "com.microsoft MatMulInteger16": (rand("a", [1024, 1024], T.INT16) + rand("b", [1024, 1024], T.INT16)
+                                      + op("MatMulInteger16", ["a", "b"], domain="com.microsoft"), 21, MS),
+    "com.microsoft MatMulNBits, 4 bits": (
+        rand("a", [1024, 1024]) + rand("b", [1024, 32, 16], T.UINT8) + rand("s", [1024 * 32])
+        + op("MatMulNBits", ["a", "b", "s"], domain="com.microsoft", K=1024, N=1024, bits=4, block_size=32), 21, MS),
+    "com.microsoft QGemm": (
+        rand("a", [1024, 1024], T.UINT8) + [const("as", T.FLOAT, [], [0.1]), const("az", T.UINT8, [], [0])] + rand("b", [1024, 1024], T.UINT8) + [const("bs", T.FLOAT, [], [0.1]), const("bz", T.UINT8, [], [0])]
+        + op("QGemm", ["a", "as", "az", "b", "bs", "bz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearAdd, broadcast": (
+        rand("a", [N // 2, 2], T.UINT8) + [const("as", T.FLOAT, [], [0.1]), const("az", T.UINT8, [], [0])] + rand("b", [2], T.UINT8) + [const("bs", T.FLOAT, [], [0.1]), const("bz", T.UINT8, [], [0]), const("cs", T.FLOAT, [], [0.1]), const("cz", T.UINT8, [], [0])]
+        + op("QLinearAdd", ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearMul": (
+        rand("a", [N], T.UINT8) + [const("as", T.FLOAT, [], [0.1]), const("az", T.UINT8, [], [0])] + rand("b", [N], T.UINT8) + [const("bs", T.FLOAT, [], [0.1]), const("bz", T.UINT8, [], [0]), const("cs", T.FLOAT, [], [0.1]), const("cz", T.UINT8, [], [0])]
+        + op("QLinearMul", ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearSigmoid": (rand("x", [N], T.UINT8) + [const("xs", T.FLOAT, [], [0.1]), const("xz", T.UINT8, [], [0]), const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0])]
+                                     + op("QLinearSigmoid", ["x", "xs", "xz", "ys", "yz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearLeakyRelu": (rand("x", [N], T.UINT8) + [const("xs", T.FLOAT, [], [0.1]), const("xz", T.UINT8, [], [0]), const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0])]
+                                       + op("QLinearLeakyRelu", ["x", "xs", "xz", "ys", "yz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearAveragePool": (
+        rand("x", [1, 1, 2048, 2048], T.UINT8) + [const("xs", T.FLOAT, [], [0.1]), const("xz", T.UINT8, [], [0]), const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0])]
+        + op("QLinearAveragePool", ["x", "xs", "xz", "ys", "yz"], domain="com.microsoft", kernel_shape=[8, 8]), 21, MS),
+    "com.microsoft QLinearGlobalAveragePool": (
+        rand("x", [1, 1024, 64, 64], T.UINT8) + [const("xs", T.FLOAT, [], [0.1]), const("xz", T.UINT8, [], [0]), const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0])]
+        + op("QLinearGlobalAveragePool", ["x", "xs", "xz", "ys", "yz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearWhere": (
+        fill("c", [N], T.BOOL, 1) + rand("x", [N], T.UINT8) + rand("w", [N], T.UINT8)
+        + [const("xs", T.FLOAT, [], [0.1]), const("xz", T.UINT8, [], [0]), const("ws", T.FLOAT, [], [0.1]), const("wz", T.UINT8, [], [0]),
+           const("zs", T.FLOAT, [], [0.1]), const("zz", T.UINT8, [], [0])]
+        + op("QLinearWhere", ["c", "x", "xs", "xz", "w", "ws", "wz", "zs", "zz"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QLinearConcat": (
+        rand("a", [N // 2], T.UINT8) + [const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0]), const("as", T.FLOAT, [], [0.1]), const("az", T.UINT8, [], [0])]
+        + op("QLinearConcat", ["ys", "yz", "a", "as", "az", "a", "as", "az"], domain="com.microsoft", axis=0), 21, MS),
+    "com.microsoft QuantizeLinear": (rand("x", [N]) + [const("s", T.FLOAT, [], [0.1]), const("z", T.UINT8, [], [0])]
+                                     + op("QuantizeLinear", ["x", "s", "z"], domain="com.microsoft"), 21, MS),
+    "com.microsoft DequantizeLinear": (rand("x", [N], T.UINT8) + [const("s", T.FLOAT, [], [0.1]), const("z", T.UINT8, [], [0])]
+                                       + op("DequantizeLinear", ["x", "s", "z"], domain="com.microsoft"), 21, MS),
+    "com.microsoft QAttention, 2,048 long": (
+        rand("x", [1, 2048, 8], T.UINT8) + rand("w", [8, 24], T.UINT8) + rand("b", [24])
+        + [const("xs", T.FLOAT, [], [0.1]), const("ws", T.FLOAT, [], [0.1])]
+        + op("QAttention", ["x", "w", "b", "xs", "ws"], domain="com.microsoft", num_heads=1), 21, MS),
+    "com.microsoft EmbedLayerNormalization": (
+        fill("i", [1, 4096], T.INT32, 1) + rand("we", [64, 1024]) + rand("pe", [4096, 1024]) + rand("g", [1024]) + rand("b", [1024])
+        + op("EmbedLayerNormalization", ["i", "", "we", "pe", "", "g", "b"], ["y", "m"], domain="com.microsoft"), 21, MS),
+    "com.microsoft GatherBlockQuantized": (
+        rand("d", [4096, 512], T.UINT8) + fill("i", [N // 1024], T.INT64, 1) + rand("s", [4096, 16])
+        + op("GatherBlockQuantized", ["d", "i", "s"], domain="com.microsoft", block_size=32, quantize_axis=1, bits=8), 21, MS),
+    "com.microsoft GatherND": (rand("x", [N]) + fill("i", [N // 2, 1], T.INT64, 0) + op("GatherND", ["x", "i"], domain="com.microsoft"), 21, MS),
+    "com.microsoft Pad, reflect": (rand("x", [2048, 2048]) + [const("p", T.INT64, [4], [1, 1, 1, 1])]
+                                   + op("Pad", ["x", "p"], domain="com.microsoft", mode="reflect"), 21, MS),
+    "com.microsoft ConvTransposeWithDynamicPads, 16×16 kernel": (
+        rand("x", [1, 1, 128, 128]) + rand("w", [1, 1, 16, 16]) + [const("p", T.INT64, [4], [0, 0, 0, 0])]
+        + op("ConvTransposeWithDynamicPads", ["x", "w", "p"], domain="com.microsoft"), 21, MS),
+    "com.microsoft RotaryEmbedding, 65,536 long": (
+        rand("x", [1, N // 64, 64]) + [const("p", T.INT64, [], [0])] + rand("c", [N // 64, 32]) + rand("s", [N // 64, 32])
+        + op("RotaryEmbedding", ["x", "p", "c", "s"], domain="com.microsoft", num_heads=1), 21, MS),
+    "com.microsoft DecoderMaskedMultiHeadAttention": (
+        rand("q", [4, 1, 64]) + rand("pk", [4, 1, 4096, 64]) + rand("pv", [4, 1, 4096, 64]) + [const("pl", T.INT32, [1], [4095])]
+        + op("DecoderMaskedMultiHeadAttention", ["q", "q", "q", "", "", "pk", "pv", "pl"], ["y", "k", "v"], domain="com.microsoft",
+             num_heads=1, past_present_share_buffer=1), 21, MS),
     "com.microsoft DynamicTimeWarping, a column": (rand("x", [N, 1]) + op("DynamicTimeWarping", ["x"], domain="com.microsoft"), 21, MS),
     "com.microsoft DynamicTimeWarping, a row": (rand("x", [1, N]) + op("DynamicTimeWarping", ["x"], domain="com.microsoft"), 21, MS),
     "com.microsoft DynamicTimeWarping, square": (rand("x", [2048, 2048]) + op("DynamicTimeWarping", ["x"], domain="com.microsoft"), 21, MS),

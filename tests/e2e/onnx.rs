@@ -781,27 +781,27 @@ pub fn suppression_of_shape() -> Vec<u8> {
     })
 }
 
-/// ONNX Runtime's `DynamicTimeWarping` (its `com.microsoft` domain) through a matrix of ones of
-/// the input `shape` (INT64 [2]); output `steps` (INT64 [2]) is the shape of the path. It keeps
-/// its cost and trace matrices in the heap, two vectors a row: ~180 bytes a row of one column.
-pub fn time_warping_of_shape() -> Vec<u8> {
+/// ONNX Runtime's own operator `op_type` (its `com.microsoft` domain) of a matrix of ones of the
+/// input `shape` (INT64 [2]); output `steps` (INT64) is the shape of what it makes. For
+/// `DynamicTimeWarping` (a path through the matrix), which keeps its cost and trace matrices in
+/// the heap, two vectors a row: ~180 bytes a row of one column.
+pub fn contrib_of_shape(op_type: &str) -> Vec<u8> {
     let one = tensor("value", FLOAT, &[1], 1f32.to_le_bytes().to_vec());
     let fill = AttributeProto { name: "value".into(), t: Some(one), r#type: 4, ..Default::default() };
-    let warp =
-        NodeProto { domain: "com.microsoft".into(), ..node("DynamicTimeWarping", &["costs"], &["path"], Vec::new()) };
+    let contrib = NodeProto { domain: "com.microsoft".into(), ..node(op_type, &["ones"], &["made"], Vec::new()) };
     let graph = GraphProto {
         node: vec![
-            node("ConstantOfShape", &["shape"], &["costs"], vec![fill]),
-            warp,
-            node("Shape", &["path"], &["steps"], Vec::new()),
+            node("ConstantOfShape", &["shape"], &["ones"], vec![fill]),
+            contrib,
+            node("Shape", &["made"], &["steps"], Vec::new()),
         ],
-        name: "time-warping".into(),
+        name: "contrib".into(),
         input: vec![value("shape", INT64, &[Some(2)])],
-        output: vec![value("steps", INT64, &[Some(2)])],
+        output: vec![value("steps", INT64, &[None])],
         ..Default::default()
     };
-    let opsets = ["", "com.microsoft"]
-        .map(|domain| OperatorSetIdProto { domain: domain.into(), version: if domain.is_empty() { 17 } else { 1 } });
+    let opsets =
+        [("", 17), ("com.microsoft", 1)].map(|(domain, version)| OperatorSetIdProto { domain: domain.into(), version });
     ModelProto { ir_version: 8, graph: Some(graph), opset_import: opsets.to_vec(), functions: Vec::new() }
         .encode_to_vec()
 }

@@ -74,6 +74,12 @@ pub enum OnnxError {
          past it with its inputs; a tenant's model may not"
     )]
     UnboundedOperator { owner: String },
+    #[error(
+        "the model uses {owner}, one of ONNX Runtime's own operators that has not been measured to work within the \
+         memory that model runs may hold; a tenant's model may use ONNX's operators and, of ONNX Runtime's, those \
+         measured (the README lists them; ONNX Runtime makes its fused forms from ONNX's operators as it loads)"
+    )]
+    UnmeasuredOperator { owner: String },
 }
 
 /// Calls of model-local functions a tenant's model may make once expanded. ONNX Runtime inlines
@@ -118,6 +124,8 @@ struct Found {
     not_numbers: Option<String>,
     /// The first node whose operator works in memory outside the cap ([`NodeHead::unbounded`]).
     unbounded: Option<String>,
+    /// The first node of ONNX Runtime's own operators not among [`MEASURED_CONTRIB_OPERATORS`].
+    unmeasured: Option<String>,
 }
 
 impl Found {
@@ -178,6 +186,9 @@ impl Found {
         }
         if self.unbounded.is_none() {
             self.unbounded = head.unbounded(node)?;
+        }
+        if self.unmeasured.is_none() && head.unmeasured() {
+            self.unmeasured = Some(head.describe_with_domain());
         }
         for field in Fields::of(node) {
             if let (NODE_ATTRIBUTE, value) = field? {
@@ -319,6 +330,9 @@ impl Inspection {
         }
         if let Some(owner) = &self.found.unbounded {
             return Err(OnnxError::UnboundedOperator { owner: owner.clone() });
+        }
+        if let Some(owner) = &self.found.unmeasured {
+            return Err(OnnxError::UnmeasuredOperator { owner: owner.clone() });
         }
         let Expanded { calls, constants, inputs, outputs, .. } = self.expanded;
         if calls > MAX_TENANT_FUNCTION_CALLS {
@@ -586,6 +600,75 @@ const STRING: i32 = 8;
 /// column: a matrix of 4 million rows grew the server by 688 MiB under a 64 MiB cap, answered.
 const UNBOUNDED_OPERATORS: [&[u8]; 6] =
     [b"RoiAlign", b"NonZero", b"Unique", b"DFT", b"NonMaxSuppression", b"DynamicTimeWarping"];
+/// ONNX Runtime's own operators (its `com.microsoft` domain) a tenant's graph may use: those
+/// measured with `scripts/ort_working_memory.py` (ONNX Runtime 1.32) to work within about the
+/// cap, or refused by its arena first. Of the 86 it runs on the CPU, two measured so far work
+/// outside the cap (`Unique`, `DynamicTimeWarping`: 11× it); the ones not measured (generation
+/// loops, mixtures of experts, recurrent and state-space kernels, a tokenizer...) are refused
+/// rather than trusted. Tenants' graphs need none of them: ONNX Runtime fuses ONNX's operators
+/// into its own as it loads. Sorted, for the search.
+const MEASURED_CONTRIB_OPERATORS: [&[u8]; 54] = [
+    b"Attention",
+    b"BiasGelu",
+    b"CDist",
+    b"ConvTransposeWithDynamicPads",
+    b"CropAndResize",
+    b"DecoderMaskedMultiHeadAttention",
+    b"DequantizeLinear",
+    b"DynamicQuantizeMatMul",
+    b"EmbedLayerNormalization",
+    b"ExpandDims",
+    b"FastGelu",
+    b"FusedConv",
+    b"FusedGemm",
+    b"FusedMatMul",
+    b"GatherBlockQuantized",
+    b"GatherND",
+    b"Gelu",
+    b"GridSample",
+    b"GroupQueryAttention",
+    b"Inverse",
+    b"MatMulInteger16",
+    b"MatMulIntegerToFloat",
+    b"MatMulNBits",
+    b"MaxpoolWithMask",
+    b"MultiHeadAttention",
+    b"MurmurHash3",
+    b"NGramHashMapping",
+    b"NGramRepeatBlock",
+    b"NhwcMaxPool",
+    b"Pad",
+    b"QAttention",
+    b"QGemm",
+    b"QLinearAdd",
+    b"QLinearAveragePool",
+    b"QLinearConcat",
+    b"QLinearConv",
+    b"QLinearGlobalAveragePool",
+    b"QLinearLeakyRelu",
+    b"QLinearMul",
+    b"QLinearSigmoid",
+    b"QLinearSoftmax",
+    b"QLinearWhere",
+    b"QuantizeLinear",
+    b"QuickGelu",
+    b"Range",
+    b"RotaryEmbedding",
+    b"SampleOp",
+    b"ScaledSiLU",
+    b"SkipLayerNormalization",
+    b"SkipSimplifiedLayerNormalization",
+    b"TransposeMatMul",
+    b"Trilu",
+    b"UnfoldTensor",
+    b"WordConvEmbedding",
+];
+/// ONNX Runtime's domain of its own operators.
+const CONTRIB_DOMAIN: &[u8] = b"com.microsoft";
+/// The prefixes of ONNX Runtime's layout domains (`com.microsoft.nchwc`,
+/// `com.ms.internal.nhwc`): what its optimiser makes, none measured. A model-local function
+/// named in one would not be called: ONNX Runtime runs its own operator of that name instead.
+const RUNTIME_DOMAIN_PREFIXES: [&[u8]; 2] = [b"com.microsoft.", b"com.ms."];
 /// The operators that resize images. In cubic mode without antialiasing (ONNX Runtime 1.32)
 /// they keep each one-dimensional interpolation they compute in a hash map of the heap, ~50
 /// bytes an entry, up to four entries for each element of their output: one row of 2 million
@@ -666,6 +749,23 @@ impl<'a> NodeHead<'a> {
     fn describe(&self) -> String {
         let (name, op_type) = (String::from_utf8_lossy(self.name), String::from_utf8_lossy(self.op_type));
         format!("node '{}' ({})", shorten(&name), shorten(&op_type))
+    }
+
+    /// `node 'name' (domain OpType)`, for messages.
+    fn describe_with_domain(&self) -> String {
+        let (name, op_type) = (String::from_utf8_lossy(self.name), String::from_utf8_lossy(self.op_type));
+        let domain = String::from_utf8_lossy(self.domain);
+        format!("node '{}' ({} {})", shorten(&name), shorten(&domain), shorten(&op_type))
+    }
+
+    /// Whether the node calls one of ONNX Runtime's own operators that is not among
+    /// [`MEASURED_CONTRIB_OPERATORS`], or any in its layout domains. A model-local function
+    /// of the same domain and name does not count: ONNX Runtime runs its own operator instead.
+    fn unmeasured(&self) -> bool {
+        if self.domain == CONTRIB_DOMAIN {
+            return MEASURED_CONTRIB_OPERATORS.binary_search(&self.op_type).is_err();
+        }
+        RUNTIME_DOMAIN_PREFIXES.iter().any(|prefix| self.domain.starts_with(prefix))
     }
 
     /// Whether the node `node` (read as `self`) makes strings, sequences or maps from tensors of
@@ -1165,6 +1265,65 @@ mod tests {
         let digits = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/digits/model/digits.onnx"))
             .expect("the digits model");
         assert_eq!(check_tenant_model(&digits), Ok(()));
+    }
+
+    #[test]
+    fn of_onnx_runtimes_own_operators_only_the_measured_pass() {
+        assert!(MEASURED_CONTRIB_OPERATORS.windows(2).all(|pair| pair[0] < pair[1]), "sorted, for the search");
+        let op = |domain: &str, op_type: &str| NodeProto {
+            domain: domain.as_bytes().to_vec(),
+            name: b"n".to_vec(),
+            op_type: op_type.as_bytes().to_vec(),
+            attributes: Vec::new(),
+        };
+        let in_branch = |node: NodeProto| {
+            let branch = GraphProto { nodes: vec![node], ..Default::default() };
+            NodeProto { attributes: vec![AttributeProto { graph: Some(branch), ..Default::default() }], ..op("", "If") }
+        };
+        let graph_of = |nodes: Vec<NodeProto>| model(GraphProto { nodes, ..Default::default() });
+        // A model-local function is called by its domain and name; one named as ONNX Runtime
+        // names its own operator is not called (ONNX Runtime runs its own), so counts as that.
+        let with_function = |call: NodeProto, body: NodeProto| {
+            let function = FunctionProto {
+                name: call.op_type.clone(),
+                domain: call.domain.clone(),
+                nodes: vec![body],
+                attribute_defaults: Vec::new(),
+            };
+            ModelProto {
+                graph: Some(GraphProto { nodes: vec![call], ..Default::default() }),
+                training_info: Vec::new(),
+                functions: vec![function],
+            }
+            .encode_to_vec()
+        };
+        let refused = [
+            ("a generation loop", graph_of(vec![op("com.microsoft", "BeamSearch")])),
+            ("a mixture of experts in a branch", graph_of(vec![in_branch(op("com.microsoft", "MoE"))])),
+            ("a layout operator", graph_of(vec![op("com.microsoft.nchwc", "Conv")])),
+            ("an internal one", graph_of(vec![op("com.ms.internal.nhwc", "MaxPool")])),
+            ("one in a function", with_function(op("local", "f"), op("com.microsoft", "Tokenizer"))),
+            ("a function named as one", with_function(op("com.microsoft", "Sampling"), op("", "Neg"))),
+        ];
+        for (what, onnx) in refused {
+            let message = check_tenant_model(&onnx).expect_err(what);
+            assert!(matches!(message, OnnxError::UnmeasuredOperator { .. }), "{what}: {message}");
+        }
+        let message = check_tenant_model(&graph_of(vec![op("com.microsoft", "BeamSearch")])).expect_err("refused");
+        assert!(
+            message.to_string().starts_with("the model uses node 'n' (com.microsoft BeamSearch), one of"),
+            "{message}"
+        );
+        let allowed = [
+            graph_of(vec![op("com.microsoft", "FusedMatMul"), op("com.microsoft", "SkipLayerNormalization")]),
+            graph_of(vec![in_branch(op("com.microsoft", "MatMulNBits"))]),
+            with_function(op("local", "f"), op("com.microsoft", "Gelu")),
+            // ONNX's own operators, by either of their domain's names.
+            graph_of(vec![op("ai.onnx", "MatMul"), op("ai.onnx.ml", "TreeEnsembleRegressor")]),
+        ];
+        for onnx in allowed {
+            assert_eq!(check_tenant_model(&onnx), Ok(()));
+        }
     }
 
     #[test]
