@@ -28,7 +28,7 @@ fn tenants() -> Tenants {
     tenants
 }
 
-async fn client(server: &Server) -> GrpcInferenceServiceClient<Channel> {
+pub async fn client(server: &Server) -> GrpcInferenceServiceClient<Channel> {
     GrpcInferenceServiceClient::connect(format!("http://{}", server.grpc)).await.expect("gRPC connects")
 }
 

@@ -436,6 +436,11 @@ async fn a_saved_component_the_server_can_no_longer_prepare_stops_no_start_and_i
     let entry = index.as_array().expect("index").iter().find(|e| e["name"] == "big").cloned().expect("listed");
     assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
     assert!(entry["reason"].as_str().is_some_and(|r| r.contains("memory")), "{entry}");
+    let (code, ready) = server.get("/v2/models/big/ready", Some(KEY)).await;
+    assert_eq!((code, &ready["ready"]), (400, &serde_json::json!(false)), "{ready}");
+    let mut grpc = crate::grpc::client(&server).await;
+    let ready = sluice::api::grpc::proto::ModelReadyRequest { name: "big".into(), version: String::new() };
+    assert!(!grpc.model_ready(authed(ready, KEY)).await.expect("answered").into_inner().ready);
     let (code, status) = server.get("/control/v1/apps/big", Some(KEY)).await;
     assert_eq!(code, 200, "{status}");
     assert!(status["unavailable"]["1"].as_str().is_some_and(|r| r.contains("memory")), "{status}");

@@ -76,8 +76,8 @@ impl GrpcInferenceService for GrpcApi {
     async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
         let tenant = &self.tenant(&request)?;
         let message = request.get_ref();
-        let target = infer::resolve(tenant, &message.name, version(&message.version))?;
-        Ok(Response::new(ModelReadyResponse { ready: triton::is_ready(tenant, &message.name, &target) }))
+        let ready = triton::readiness(tenant, &message.name, version(&message.version))?;
+        Ok(Response::new(ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(

@@ -299,8 +299,7 @@ async fn model_ready(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let tenant = &authenticate(&state, &headers)?;
-    let target = infer::resolve(tenant, &path.model, path.version.as_deref())?;
-    let ready = triton::is_ready(tenant, &path.model, &target);
+    let ready = triton::readiness(tenant, &path.model, path.version.as_deref())?;
     // The protocol's answer is the status: 200 ready, a 4xx not.
     let status = if ready { StatusCode::OK } else { StatusCode::BAD_REQUEST };
     Ok((status, Json(serde_json::json!({ "name": path.model, "ready": ready }))).into_response())

@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::infer::Target;
-use crate::infer::error::ApiError;
+use crate::infer::error::{ApiError, ErrorKind};
 use crate::nn::backend::{BackendKind, TensorSpec};
 use crate::nn::models::ModelState;
 use crate::nn::scheduler::Residency;
@@ -164,7 +164,17 @@ pub(super) fn state_and_reason(state: ModelState) -> (&'static str, String) {
 
 /// Whether a request for the target is served now (a model that left memory is: the request
 /// loads it); not after its tenant unloaded it or while its last load stands failed.
-pub fn is_ready(tenant: &TenantState, name: &str, target: &Target) -> bool {
+/// Whether `name` (at `version`) serves the caller: Triton's model readiness. An app whose
+/// version could not be prepared on this server exists (not 404) and is not ready.
+pub fn readiness(tenant: &TenantState, name: &str, version: Option<&str>) -> Result<bool, ApiError> {
+    match crate::infer::resolve(tenant, name, version) {
+        Ok(target) => Ok(is_ready(tenant, name, &target)),
+        Err(error) if error.kind == ErrorKind::Unavailable => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+fn is_ready(tenant: &TenantState, name: &str, target: &Target) -> bool {
     match target {
         Target::App { .. } => true,
         Target::Model { model, .. } => {

@@ -45,6 +45,10 @@ pub fn status(app: &str, status: &Value) -> String {
             if pins.is_empty() { "-".to_string() } else { pins.join(",") }
         );
     }
+    // Saved versions this server could not prepare, each with why.
+    for (version, reason) in status["unavailable"].as_object().into_iter().flatten() {
+        let _ = writeln!(text, "  {version:<8} unavailable: {}", reason.as_str().unwrap_or("?"));
+    }
     let shadow = &status["shadow_comparison"];
     if shadow["mirrored"].as_u64().unwrap_or(0) > 0 {
         let _ = writeln!(
@@ -190,16 +194,18 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn status_shows_the_model_versions_each_version_pins() {
+    fn status_shows_the_model_versions_each_version_pins_and_the_unavailable_ones() {
         let status = json!({
             "stable": "1",
             "versions": {
                 "1": { "requests": 3, "errors": 0, "p99_ms": null },
                 "2": { "requests": 1, "errors": 0, "p99_ms": 1.5, "models": { "digits-mlp": "2" } },
             },
+            "unavailable": { "3": "component digits/3.wasm is not usable: memory" },
             "shadow_comparison": { "mirrored": 0 },
         });
         let text = super::status("digits", &status);
+        assert!(text.contains("  3        unavailable: component digits/3.wasm is not usable: memory\n"), "{text}");
         let row = |version: &str| text.lines().find(|line| line.trim_start().starts_with(&format!("{version} ")));
         assert!(row("2").is_some_and(|line| line.ends_with("  digits-mlp:2")), "{text}");
         assert!(row("1").is_some_and(|line| line.ends_with("  -")), "{text}");
