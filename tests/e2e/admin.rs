@@ -172,3 +172,41 @@ async fn a_revoked_key_stops_the_requests_of_a_stream_it_opened() {
     let after = answers.message().await.expect("an answer").expect("not the end");
     assert!(after.error_message.contains("key"), "a revoked key's stream is refused: {after:?}");
 }
+
+/// Guest memory slots are sized at start from the saved quotas of admin-managed tenants too,
+/// not only from the manifests: a tenant given 128 MiB while a manifest tenant asked for as
+/// much kept its quota after that manifest went, but its slots shrank to the manifests' 64 MiB.
+/// On the build before, its component that starts with 100 MiB no longer served (before that
+/// build, the server did not start), and no change to its quotas passed ("exceeds this server's
+/// guest memory slots").
+#[tokio::test]
+async fn a_tenant_given_more_memory_than_the_manifests_ask_keeps_it_after_a_restart() {
+    let data = tempfile::tempdir().expect("tmp");
+    let big = with_memory_of(&std::fs::read(guest("echo_guest")).expect("component"), 100);
+    let x = json!({ "inputs": [{ "name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.0] }] });
+    let roomy = Tenants::new();
+    roomy.write("acme.toml", &tenant_header("acme", ACME, "guest_memory_mib = 128"));
+    let key = {
+        let server = Server::start_in(roomy.path(), data.path(), &["--admin-token", ADMIN]).expect("starts");
+        let quotas = json!({ "guest_memory_mib": 128, "max_component_bytes": 100_000_000 });
+        let (code, body) =
+            admin(&server, Method::POST, "/admin/v1/tenants", json!({ "id": "initech", "quotas": quotas })).await;
+        assert_eq!(code, 201, "{body}");
+        let (code, issued) = admin(&server, Method::POST, "/admin/v1/tenants/initech/keys", Value::Null).await;
+        assert_eq!(code, 201, "{issued}");
+        let key = issued["key"].as_str().expect("key").to_string();
+        let (code, body) = server.send(Method::PUT, "/control/v1/apps/big/versions/1", &key, big.clone()).await;
+        assert_eq!(code, 201, "{body}");
+        assert_eq!(server.infer("big", &key, &x).await.0, 200);
+        key
+    };
+    // The manifest tenant that asked for 128 MiB now asks for the default.
+    let plain = Tenants::new();
+    plain.write("acme.toml", &tenant_header("acme", ACME, ""));
+    let server = Server::start_in(plain.path(), data.path(), &["--admin-token", ADMIN]).expect("starts");
+    let (code, body) = server.infer("big", &key, &x).await;
+    assert_eq!(code, 200, "its component serves in the memory its quota gives: {body}");
+    let patch = json!({ "max_requests_per_second": 100 });
+    let (code, body) = admin(&server, Method::PATCH, "/admin/v1/tenants/initech/quotas", patch).await;
+    assert_eq!(code, 200, "{body}");
+}

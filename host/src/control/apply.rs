@@ -16,7 +16,7 @@ use crate::nn::models::{CapFull, ModelCopy, ModelLoadError, forget_optimized};
 use crate::registry::ids::{AppName, ModelName, ModelVersion, TenantId, VersionName};
 use crate::registry::manifest::{Analysis, Batching, BreakerSettings, Drift, Quotas, VersionPolicy, Warmup};
 use crate::registry::placement::{OnMissingDevice, Placement};
-use crate::registry::store::{NewerState, SaveError, Uploaded};
+use crate::registry::store::{NewerState, SaveError, Store, Uploaded};
 use crate::registry::{AppSpec, ModelOrigin, ModelSpec, Tenant};
 use crate::rollout::app::{AppState, AppVersion, UnpreparedVersion};
 use crate::rollout::traffic::Traffic;
@@ -193,6 +193,22 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
         (None, None)
     };
     TenantControl { quotas, keys, models, model_versions, apps }
+}
+
+/// The most guest memory the saved quotas of admin-managed tenants give, in MiB (`None`: no
+/// such tenant, or the store could not be read). The guest memory slots are sized at start,
+/// from the manifests and from this: a tenant created with more memory than the manifests ask
+/// for (which a manifest tenant since removed allowed) kept a quota larger than its slots after
+/// a restart, its components that needed it no longer prepared, and no change to its quotas
+/// passed the admin API's check until its memory was lowered.
+pub async fn saved_guest_memory_mib(store: &Store) -> Option<u64> {
+    let saved = store
+        .newer_states(None)
+        .await
+        .inspect_err(|error| tracing::warn!(%error, "the saved quotas could not be read; guest memory slots are sized from the manifests"))
+        .ok()?;
+    let documents = saved.iter().filter_map(|saved| parse_saved(saved).ok());
+    documents.filter_map(|document| document.quotas).map(|quotas| quotas.guest_memory_mib).max()
 }
 
 /// Apply the versions of tenants' control state this replica does not serve yet: at start

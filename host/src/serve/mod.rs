@@ -300,7 +300,12 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         anyhow::bail!("--backend {kind} was requested but is not available here");
     }
 
-    let max_memory_mib = registry.tenants().map(|t| t.quotas.guest_memory_mib).max().unwrap_or(64);
+    let shared = config.store.as_deref().map(SharedStore::open).transpose()?;
+    let store = crate::registry::store::Store::open(&config.data_dir, shared)
+        .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
+    let declared_mib = registry.tenants().map(|t| t.quotas.guest_memory_mib).max();
+    let saved_mib = crate::control::apply::saved_guest_memory_mib(&store).await;
+    let max_memory_mib = declared_mib.into_iter().chain(saved_mib).max().unwrap_or(64);
     let runtime = Runtime::new(RuntimeSettings {
         max_instances: config.max_instances,
         max_memory_bytes: usize::try_from(max_memory_mib << 20).context("guest memory quota too large")?,
@@ -312,9 +317,6 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
         turns => turns,
     };
     let turns = crate::tenancy::turns::Turns::new(cpu_turns, config.max_waiting_requests);
-    let shared = config.store.as_deref().map(SharedStore::open).transpose()?;
-    let store = crate::registry::store::Store::open(&config.data_dir, shared)
-        .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
     let admin_token = config.admin_token.as_deref();
     let inventory = crate::nn::inventory::Inventory::probe();
     inventory.log();
