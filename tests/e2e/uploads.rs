@@ -469,3 +469,44 @@ async fn a_saved_component_the_server_can_no_longer_prepare_stops_no_start_and_i
     let (_, status) = server.get("/control/v1/apps/big", Some(KEY)).await;
     assert!(status.get("unavailable").is_none(), "{status}");
 }
+
+/// A saved upload whose blob is gone from the data directory (lost to a disk fault, or removed
+/// by hand) stops no start either: the build before stopped every tenant's server at "restoring
+/// the saved control state". The model and the app version are listed as unavailable, and kept
+/// until their tenant deletes them.
+#[tokio::test]
+async fn a_saved_upload_whose_bytes_are_gone_stops_no_start() {
+    use sha2::Digest;
+    let tenants = tenants();
+    let data = tempfile::tempdir().expect("tmp");
+    let weights = std::fs::read(digits_small_model()).expect("weights");
+    let component = std::fs::read(guest("echo_guest")).expect("component");
+    {
+        let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts");
+        let (code, body) = server.send(Method::PUT, "/control/v1/models/small", KEY, weights.clone()).await;
+        assert_eq!(code, 201, "{body}");
+        let (code, body) = server.send(Method::PUT, "/control/v1/apps/echo/versions/1", KEY, component.clone()).await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let blobs = data.path().join("registry/blobs/sha256");
+    for bytes in [&weights, &component] {
+        std::fs::remove_file(blobs.join(hex::encode(sha2::Sha256::digest(bytes)))).expect("the blob was stored");
+    }
+
+    let server = Server::start_in(tenants.path(), data.path(), &[]).expect("starts with its blobs gone");
+    let request = serde_json::json!({ "inputs": [{ "name": "X", "shape": [1, 64], "datatype": "FP32", "data": vec![0.5f32; 64] }] });
+    assert_eq!(server.infer("digits-mlp", KEY, &request).await.0, 200, "the manifest's model serves");
+    let (code, index) = server.post_raw("/v2/repository/index", Some(KEY), Vec::new()).await;
+    assert_eq!(code, 200, "{index}");
+    for name in ["small", "echo"] {
+        let entry = index.as_array().expect("index").iter().find(|e| e["name"] == name).cloned().expect("listed");
+        assert_eq!(entry["state"], "UNAVAILABLE", "{entry}");
+        let reason = entry["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("reading a stored blob failed") && !reason.contains("/"), "{entry}");
+    }
+    let (code, body) = server.send(Method::DELETE, "/control/v1/models/small", KEY, Vec::new()).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = server.send(Method::PUT, "/control/v1/models/small", KEY, weights).await;
+    assert_eq!(code, 201, "uploaded again: {body}");
+    assert_eq!(server.infer("small", KEY, &request).await.0, 200);
+}

@@ -393,7 +393,12 @@ async fn apply_saved(
         let key = (name.clone(), *version);
         let loaded = match made.models.remove(&key) {
             Some((made_from, model)) if made_from == *sha256 => Ok(model),
-            _ => load_model(state, tenant, (name, *version), sha256, read_blob(state, sha256).await?).await,
+            _ => match read_blob(state, sha256).await {
+                Ok(bytes) => load_model(state, tenant, (name, *version), sha256, bytes).await,
+                // A shared store may answer later; a blob missing at a local start is recorded.
+                Err(error) if retry => return Err(error),
+                Err(error) => Err(error),
+            },
         };
         let model = match loaded {
             Ok(model) => model,
@@ -441,11 +446,14 @@ async fn apply_saved(
             }
             let prepared = match made.components.get(sha256).cloned() {
                 Some(compiled) => compiled,
-                None => {
-                    let bytes = read_blob(state, sha256).await?;
-                    let label = component_label(name, version);
-                    state.runtime.prepare(&label, sha256, &bytes, Some(id.as_str())).map_err(|e| e.to_string())
-                }
+                None => match read_blob(state, sha256).await {
+                    Ok(bytes) => {
+                        let label = component_label(name, version);
+                        state.runtime.prepare(&label, sha256, &bytes, Some(id.as_str())).map_err(|e| e.to_string())
+                    }
+                    Err(error) if retry => return Err(error),
+                    Err(error) => Err(format!("its saved component could not be read here: {error}")),
+                },
             };
             let pins = Arc::new(saved_app.pins.get(version).cloned().unwrap_or_default());
             match prepared {
