@@ -152,6 +152,38 @@ CASES = {
     "Expand to rank 22": (rand("x", [1]) + [const("s", T.INT64, [22], [2] * 22)] + op("Expand", ["x", "s"]), 21, ()),
     "MaxRoiPool, many regions": (rand("x", [1, 1, 64, 64]) + fill("r", [N // 16, 5], T.FLOAT, 0)
                                  + op("MaxRoiPool", ["x", "r"], pooled_shape=[4, 4]), 21, ()),
+    "AffineGrid, 2048²": (rand("t", [1, 2, 3]) + [const("s", T.INT64, [4], [1, 1, 2048, 2048])] + op("AffineGrid", ["t", "s"]), 21, ()),
+    "AffineGrid, 4096²": (rand("t", [1, 2, 3]) + [const("s", T.INT64, [4], [1, 1, 4096, 4096])] + op("AffineGrid", ["t", "s"]), 21, ()),
+    "AffineGrid, 3-D 256³": (rand("t", [1, 3, 4]) + [const("s", T.INT64, [5], [1, 1, 256, 256, 256])] + op("AffineGrid", ["t", "s"]), 21, ()),
+    "MaxUnpool": (rand("x", [1, 1, 1024, 1024]) + fill("i", [1, 1, 1024, 1024], T.INT64, 0)
+                  + op("MaxUnpool", ["x", "i"], kernel_shape=[2, 2], strides=[2, 2]), 21, ()),
+    "RNN, a long sequence": (rand("x", [N // 64, 1, 16]) + rand("w", [1, 16, 16]) + rand("r", [1, 16, 16])
+                             + op("RNN", ["x", "w", "r"], hidden_size=16), 21, ()),
+    "TensorScatter, a long cache": (fill("c", [1, N // 16, 16]) + fill("u", [1, N // 32, 16]) + op("TensorScatter", ["c", "u"], axis=1), 24, ()),
+    "CumProd": (fill("x", [N]) + [const("a", T.INT64, [], [0])] + op("CumProd", ["x", "a"], reverse=1), 26, ()),
+    "RMSNormalization": (fill("x", [4, N // 4]) + fill("s", [N // 4]) + op("RMSNormalization", ["x", "s"]), 24, ()),
+    "Tile, 4096 times": (rand("x", [1024]) + [const("r", T.INT64, [1], [4096])] + op("Tile", ["x", "r"]), 21, ()),
+    "GatherElements, axis 0": (rand("x", [N // 2, 2]) + fill("i", [N // 2, 2], T.INT64, 0) + op("GatherElements", ["x", "i"]), 21, ()),
+    "ConvInteger, 64×64 kernel": (rand("x", [1, 1, 512, 512], T.UINT8) + rand("w", [1, 1, 64, 64], T.UINT8) + op("ConvInteger", ["x", "w"]), 21, ()),
+    "QLinearMatMul": (rand("a", [1024, 1024], T.UINT8) + [const("as", T.FLOAT, [], [0.1]), const("az", T.UINT8, [], [0])]
+                      + rand("b", [1024, 1024], T.UINT8) + [const("bs", T.FLOAT, [], [0.1]), const("bz", T.UINT8, [], [0]),
+                                                           const("ys", T.FLOAT, [], [0.1]), const("yz", T.UINT8, [], [0])]
+                      + op("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"]), 21, ()),
+    "GlobalLpPool": (rand("x", [1, 1024, 64, 64]) + op("GlobalLpPool", ["x"]), 21, ()),
+    "LpNormalization, axis 0": (rand("x", [N // 2, 2]) + op("LpNormalization", ["x"], axis=0), 21, ()),
+    "ReduceProd, axis 0": (rand("x", [N // 2, 2]) + [const("a", T.INT64, [1], [0])] + op("ReduceProd", ["x", "a"]), 21, ()),
+    "AveragePool, 64×64 kernel": (rand("x", [1, 1, 1024, 1024]) + op("AveragePool", ["x"], kernel_shape=[64, 64]), 21, ()),
+    "Gemm": (rand("a", [1024, 1024]) + rand("b", [1024, 1024]) + op("Gemm", ["a", "b"], transB=1), 21, ()),
+    "Slice, step -1": (rand("x", [N]) + [const("s", T.INT64, [1], [-1]), const("e", T.INT64, [1], [-N - 1]), const("a", T.INT64, [1], [0]),
+                                          const("p", T.INT64, [1], [-1])] + op("Slice", ["x", "s", "e", "a", "p"]), 21, ()),
+    "Concat of 1,024": (rand("x", [N // 1024]) + op("Concat", ["x"] * 1024, axis=0), 21, ()),
+    "BatchNormalization": (rand("x", [1, 64, 256, 256]) + rand("s", [64]) + rand("b", [64]) + rand("m", [64]) + rand("v", [64])
+                           + op("BatchNormalization", ["x", "s", "b", "m", "v"]), 21, ()),
+    "EyeLike": (rand("x", [2048, 2048]) + op("EyeLike", ["x"]), 21, ()),
+    "BitCast": (fill("x", [N]) + op("BitCast", ["x"], to=T.INT32), 26, ()),
+    "Attention (ONNX), 4,096 long": (fill("q", [1, 1, 4096, 8]) + op("Attention", ["q", "q", "q"]), 23, ()),
+    "RotaryEmbedding (ONNX), 65,536 long": (fill("x", [1, 1, N // 64, 64]) + fill("c", [1, N // 64, 32]) + fill("s", [1, N // 64, 32])
+                                            + op("RotaryEmbedding", ["x", "c", "s"]), 23, ()),
     "ai.onnx.ml TreeEnsembleRegressor": (rand("x", [N, 1]) + op(
         "TreeEnsembleRegressor", ["x"], domain="ai.onnx.ml", n_targets=1, nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2],
         nodes_featureids=[0, 0, 0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0, 0],

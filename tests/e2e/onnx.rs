@@ -806,6 +806,32 @@ pub fn contrib_of_shape(op_type: &str) -> Vec<u8> {
         .encode_to_vec()
 }
 
+/// `AffineGrid` of the identity transform to the input `size` (INT64 [5]: a 3-D grid, [N, C,
+/// D, H, W]); output `extent` (INT64 [5]) is the shape of the grid. ONNX Runtime builds the
+/// grid in the heap first, about four times its output.
+pub fn affine_grid_of_size() -> Vec<u8> {
+    let identity = [1f32, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0];
+    model_at(
+        GraphProto {
+            node: vec![
+                node("AffineGrid", &["theta", "size"], &["grid"], Vec::new()),
+                node("Shape", &["grid"], &["extent"], Vec::new()),
+            ],
+            name: "affine-grid".into(),
+            initializer: vec![tensor(
+                "theta",
+                FLOAT,
+                &[1, 3, 4],
+                identity.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )],
+            input: vec![value("size", INT64, &[Some(5)])],
+            output: vec![value("extent", INT64, &[Some(5)])],
+            ..Default::default()
+        },
+        20,
+    )
+}
+
 /// `total` (INT64 [1]): the sum of `Range(0, n)` for the scalar input `n` (INT64), a run that
 /// needs `8 n` bytes at once whatever the size of its answer.
 pub fn sum_of_range() -> Vec<u8> {

@@ -598,8 +598,11 @@ const STRING: i32 = 8;
 /// cap, then failed for its output). `DynamicTimeWarping` (ONNX Runtime's `com.microsoft`
 /// domain) keeps its cost and trace matrices as two vectors a row, ~180 bytes a row of one
 /// column: a matrix of 4 million rows grew the server by 688 MiB under a 64 MiB cap, answered.
-const UNBOUNDED_OPERATORS: [&[u8]; 6] =
-    [b"RoiAlign", b"NonZero", b"Unique", b"DFT", b"NonMaxSuppression", b"DynamicTimeWarping"];
+/// `AffineGrid` builds its grid in the heap first, about four times its output: a 3-D grid of
+/// 168³ grew the server by 263 MiB under a 64 MiB cap (a quarter of the machine's memory by
+/// default, so four times it is more than the machine has).
+const UNBOUNDED_OPERATORS: [&[u8]; 7] =
+    [b"RoiAlign", b"NonZero", b"Unique", b"DFT", b"NonMaxSuppression", b"DynamicTimeWarping", b"AffineGrid"];
 /// ONNX Runtime's own operators (its `com.microsoft` domain) a tenant's graph may use: those
 /// measured with `scripts/ort_working_memory.py` (ONNX Runtime 1.32) to work within about the
 /// cap, or refused by its arena first. Of the 86 it runs on the CPU, two measured so far work
@@ -1213,7 +1216,7 @@ mod tests {
         }
         let regions = graph_of(vec![in_branch(op("RoiAlign", vec![int("sampling_ratio", 2)]))]);
         assert!(matches!(check_tenant_model(&regions), Err(OnnxError::UnboundedOperator { .. })));
-        for operator in ["NonZero", "Unique", "DFT", "NonMaxSuppression", "DynamicTimeWarping"] {
+        for operator in ["NonZero", "Unique", "DFT", "NonMaxSuppression", "DynamicTimeWarping", "AffineGrid"] {
             let used = called(op(operator, Vec::new()));
             assert!(matches!(check_tenant_model(&used), Err(OnnxError::UnboundedOperator { .. })), "{operator}");
         }
