@@ -162,8 +162,6 @@ pub(super) fn state_and_reason(state: ModelState) -> (&'static str, String) {
     }
 }
 
-/// Whether a request for the target is served now (a model that left memory is: the request
-/// loads it); not after its tenant unloaded it or while its last load stands failed.
 /// Whether `name` (at `version`) serves the caller: Triton's model readiness. An app whose
 /// version could not be prepared on this server exists (not 404) and is not ready.
 pub fn readiness(tenant: &TenantState, name: &str, version: Option<&str>) -> Result<bool, ApiError> {
@@ -174,6 +172,8 @@ pub fn readiness(tenant: &TenantState, name: &str, version: Option<&str>) -> Res
     }
 }
 
+/// Whether a request for the target is served now (a model that left memory is: the request
+/// loads it); not after its tenant unloaded it or while its last load stands failed.
 fn is_ready(tenant: &TenantState, name: &str, target: &Target) -> bool {
     match target {
         Target::App { .. } => true,
