@@ -195,20 +195,20 @@ fn control_document(state: &ServingState, tenant: &TenantState) -> TenantControl
     TenantControl { quotas, keys, models, model_versions, apps }
 }
 
-/// The most guest memory the saved quotas of admin-managed tenants give, in MiB (`None`: no
-/// such tenant, or the store could not be read). The guest memory slots are sized at start,
-/// from the manifests and from this: a tenant created with more memory than the manifests ask
-/// for (which a manifest tenant since removed allowed) kept a quota larger than its slots after
-/// a restart, its components that needed it no longer prepared, and no change to its quotas
-/// passed the admin API's check until its memory was lowered.
-pub async fn saved_guest_memory_mib(store: &Store) -> Option<u64> {
-    let saved = store
-        .newer_states(None)
-        .await
-        .inspect_err(|error| tracing::warn!(%error, "the saved quotas could not be read; guest memory slots are sized from the manifests"))
-        .ok()?;
+/// The most guest memory the quotas of admin-managed tenants in `saved` give, in MiB (`None`:
+/// no such tenant). The guest memory slots are sized at start, from the manifests and from
+/// this: a tenant created with more memory than the manifests ask for (which a manifest tenant
+/// since removed allowed) kept a quota larger than its slots after a restart, its components
+/// that needed it no longer prepared, and no change to its quotas passed the admin API's check
+/// until its memory was lowered.
+pub fn saved_guest_memory_mib(saved: &[NewerState]) -> Option<u64> {
     let documents = saved.iter().filter_map(|saved| parse_saved(saved).ok());
     documents.filter_map(|document| document.quotas).map(|quotas| quotas.guest_memory_mib).max()
+}
+
+/// The versions of tenants' control state this replica does not serve yet, read from the store.
+pub async fn newer_states(store: &Store) -> Result<Vec<NewerState>, ControlError> {
+    store.newer_states(None).await.map_err(|e| store_failure("reading the saved control state", e))
 }
 
 /// Apply the versions of tenants' control state this replica does not serve yet: at start
@@ -218,11 +218,15 @@ pub async fn saved_guest_memory_mib(store: &Store) -> Option<u64> {
 /// again at the next poll, without holding up the other tenants; only a failure to read the
 /// store, or to restore the data directory's state at start, is an error.
 pub async fn sync_control(state: &ServingState) -> Result<usize, ControlError> {
+    apply_newer(state, newer_states(&state.store).await?).await
+}
+
+/// [`sync_control`] of the versions `newer` read from the store (at start, read before the
+/// serving state is made: they size its guest memory too).
+pub async fn apply_newer(state: &ServingState, newer: Vec<NewerState>) -> Result<usize, ControlError> {
     // Read without the lock (the store may be slow), and what the documents add made without
     // it too; applied under it, unless a save of this replica's has moved past the version
     // meanwhile.
-    let newer =
-        state.store.newer_states(None).await.map_err(|e| store_failure("reading the saved control state", e))?;
     let mut made = BTreeMap::new();
     for saved in &newer {
         let tenant = TenantId::new(&saved.tenant).ok().and_then(|id| state.tenant(&id));

@@ -456,7 +456,7 @@ fn routed_by_traffic(app: &AppState, name: &str, caller: Caller<'_>) -> Result<(
     let traffic = app.traffic();
     let key = traffic.sticky_header.as_deref().and_then(caller.header);
     let route = traffic.route(name, key.as_deref(), fastrand::f64(), fastrand::f64());
-    let chosen = app.routed(&route.version).ok_or_else(|| {
+    let chosen = app.serving(&route.version).ok_or_else(|| {
         ApiError::new(ErrorKind::Internal, format!("routed to version '{}', which is not loaded", route.version))
     })??;
     Ok((route, chosen))

@@ -176,32 +176,33 @@ impl AppState {
     /// The pinned version, or the stable one; an unknown one is refused naming the known, one
     /// this server could not prepare saying why.
     pub fn select(&self, pinned: Option<&str>) -> Result<(VersionName, AppVersion), VersionError> {
-        let stable = self.traffic().stable;
-        let wanted = pinned.unwrap_or(stable.as_str());
-        let versions = self.versions.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some((name, version)) = versions.iter().find(|(name, _)| name.as_str() == wanted) {
-            return Ok((name.clone(), version.clone()));
+        let name = match pinned {
+            None => self.traffic().stable,
+            Some(wanted) => VersionName::new(wanted).map_err(|_| self.unknown(wanted))?,
+        };
+        match self.serving(&name) {
+            Some(chosen) => chosen.map(|version| (name, version)),
+            None => Err(self.unknown(name.as_str())),
         }
-        drop(versions);
-        let unprepared = self.unprepared.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some((name, _)) = unprepared.iter().find(|(name, _)| name.as_str() == wanted) {
-            return Err(self.unprepared_error(name, &unprepared));
-        }
-        let known: Vec<String> = self.all_version_names().iter().map(ToString::to_string).collect();
-        Err(VersionError::Unknown(format!(
-            "version '{wanted}' of model '{}' not found; versions: {known:?}",
-            self.spec.name
-        )))
     }
 
-    /// The version `name` the app's traffic routes a request to; `None` if it has no such
-    /// version at all (the traffic names only versions it has).
-    pub fn routed(&self, name: &VersionName) -> Option<Result<AppVersion, VersionError>> {
+    /// The version `name`, as a request gets it: served, or one this server could not prepare
+    /// (an error saying why); `None` if the app has no such version.
+    pub fn serving(&self, name: &VersionName) -> Option<Result<AppVersion, VersionError>> {
         if let Some(version) = self.version(name) {
             return Some(Ok(version));
         }
         let unprepared = self.unprepared.read().unwrap_or_else(PoisonError::into_inner);
         unprepared.contains_key(name).then(|| Err(self.unprepared_error(name, &unprepared)))
+    }
+
+    /// A version `wanted` the app does not have, naming the ones it has.
+    fn unknown(&self, wanted: &str) -> VersionError {
+        let known: Vec<String> = self.all_version_names().iter().map(ToString::to_string).collect();
+        VersionError::Unknown(format!(
+            "version '{wanted}' of model '{}' not found; versions: {known:?}",
+            self.spec.name
+        ))
     }
 
     fn unprepared_error(

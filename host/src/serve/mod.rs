@@ -303,8 +303,10 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     let shared = config.store.as_deref().map(SharedStore::open).transpose()?;
     let store = crate::registry::store::Store::open(&config.data_dir, shared)
         .with_context(|| format!("cannot open the registry in {}", config.data_dir.display()))?;
+    // Read once: the saved quotas size the guest memory slots, then the states are applied.
+    let saved = crate::control::apply::newer_states(&store).await;
     let declared_mib = registry.tenants().map(|t| t.quotas.guest_memory_mib).max();
-    let saved_mib = crate::control::apply::saved_guest_memory_mib(&store).await;
+    let saved_mib = saved.as_deref().ok().and_then(crate::control::apply::saved_guest_memory_mib);
     let max_memory_mib = declared_mib.into_iter().chain(saved_mib).max().unwrap_or(64);
     let runtime = Runtime::new(RuntimeSettings {
         max_instances: config.max_instances,
@@ -348,9 +350,13 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<ServingState> {
     };
     let mut state = ServingState::build(registry, runtime, backends, defaults, turns, store, admin_token).await?;
     state.body_timeouts = config.body_timeouts;
+    let restored = match saved {
+        Ok(saved) => crate::control::apply::apply_newer(&state, saved).await,
+        Err(error) => Err(error),
+    };
     if config.store.is_none() {
-        crate::control::apply::sync_control(&state).await.context("restoring the saved control state")?;
-    } else if let Err(error) = crate::control::apply::sync_control(&state).await {
+        restored.context("restoring the saved control state")?;
+    } else if let Err(error) = restored {
         // It serves what its manifests declare meanwhile; ready once the store answers.
         tracing::error!(%error, "the shared store could not be read; not ready until it can");
         state.readiness.set_synced(false);
